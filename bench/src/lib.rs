@@ -1,0 +1,7 @@
+//! Sluice benchmarks.
+//!
+//! - `benches/wal.rs` (criterion): WAL appends with group commit, many appenders at once.
+//! - `benches/apply.rs` (criterion): applying rows to partition buffers.
+//! - `src/bin/http_write.rs`: end to end, N single-row HTTP writes from C connections against
+//!   the real binary, with PostgreSQL doing single-row durable INSERTs from C connections
+//!   (pgbench) in the same run, and the ratio.

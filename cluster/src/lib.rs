@@ -1,0 +1,1 @@
+//! Cluster: openraft-replicated partition logs. Empty until the cluster issue lands.

@@ -1,0 +1,348 @@
+//! Sluice configuration.
+//!
+//! [`Config`] is the whole configuration, with `Default` giving the embedded defaults that
+//! `conf/sluice.toml` documents key by key. It is built in three layers, each overriding the
+//! one before: the TOML file ([`Config::from_toml`]), the `SLUICE_*` environment
+//! ([`Config::apply_env`]), then command-line flags (set by the binary on the struct).
+//! [`Config::validate`] runs last. Durations are written as `"10m"`, `"30 days"` and parsed by
+//! [`parse_duration`]; sizes are plain byte counts.
+
+mod duration;
+mod env;
+mod error;
+
+pub use duration::parse_duration;
+pub use error::{Error, Result};
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The whole server configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Directory holding the WAL, the catalog and (by default) the Parquet files.
+    pub data_dir: PathBuf,
+    /// Log filter in `RUST_LOG` syntax; `RUST_LOG` itself wins when set.
+    pub log: String,
+    /// The HTTP API.
+    pub http: HttpConfig,
+    /// The write-ahead log.
+    pub wal: WalConfig,
+    /// In-memory buffers and when they become Parquet.
+    pub buffer: BufferConfig,
+    /// Where Parquet files and manifests live.
+    pub storage: StorageConfig,
+    /// Merging small files.
+    pub compaction: CompactionConfig,
+    /// Dropping partitions past their table's TTL.
+    pub retention: RetentionConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("./data"),
+            log: "info".into(),
+            http: HttpConfig::default(),
+            wal: WalConfig::default(),
+            buffer: BufferConfig::default(),
+            storage: StorageConfig::default(),
+            compaction: CompactionConfig::default(),
+            retention: RetentionConfig::default(),
+        }
+    }
+}
+
+/// HTTP listener and request limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Address the HTTP API listens on. Port 0 picks a free port (printed at start).
+    pub listen: SocketAddr,
+    /// Largest request body accepted, in bytes; larger bodies get 413.
+    pub max_body_bytes: usize,
+    /// Write requests allowed to wait for the WAL at once; more get 503.
+    pub max_pending_writes: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: 16 * 1024 * 1024,
+            max_pending_writes: 4096,
+        }
+    }
+}
+
+/// How appends reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// Acknowledge after `fdatasync`: nothing acknowledged is lost by a crash or power cut.
+    Fsync,
+    /// Acknowledge after `write(2)` only, without fdatasync. For measuring; a power cut
+    /// loses acknowledged rows (a process crash does not).
+    None,
+}
+
+/// Write-ahead log settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WalConfig {
+    /// `"fsync"` (default) or `"none"` (no fdatasync; for measuring only).
+    pub durability: Durability,
+    /// A WAL segment is closed and a new one started past this many bytes.
+    pub segment_bytes: u64,
+    /// Most bytes one group commit writes before syncing; appends beyond wait for the next.
+    pub max_group_bytes: usize,
+}
+
+impl Default for WalConfig {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Fsync,
+            segment_bytes: 64 * 1024 * 1024,
+            max_group_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+/// When in-memory buffers are written out as Parquet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BufferConfig {
+    /// A partition's buffer is persisted once it holds this many rows.
+    pub partition_max_rows: usize,
+    /// All buffers together: past this many bytes the largest are persisted.
+    pub total_max_bytes: usize,
+    /// A buffer is persisted once its oldest row has waited this long.
+    pub max_age: String,
+    /// How often the flusher looks at the buffers.
+    pub check_interval: String,
+}
+
+impl Default for BufferConfig {
+    fn default() -> Self {
+        Self {
+            partition_max_rows: 1_000_000,
+            total_max_bytes: 512 * 1024 * 1024,
+            max_age: "10m".into(),
+            check_interval: "1s".into(),
+        }
+    }
+}
+
+/// Object storage for Parquet files and manifests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// Empty: the local directory `<data_dir>/objects`. Otherwise `file:///abs/path` or
+    /// `s3://bucket/prefix` (an S3-compatible store, configured by the `s3_*` keys).
+    pub url: String,
+    /// S3 endpoint, e.g. `http://127.0.0.1:9000` for MinIO; empty for AWS.
+    pub s3_endpoint: String,
+    /// S3 region.
+    pub s3_region: String,
+    /// S3 access key id (the `AWS_ACCESS_KEY_ID` environment variable also works).
+    pub s3_access_key_id: String,
+    /// S3 secret access key (the `AWS_SECRET_ACCESS_KEY` environment variable also works).
+    pub s3_secret_access_key: String,
+    /// Allow plain-HTTP endpoints.
+    pub s3_allow_http: bool,
+    /// Rows per Parquet row group.
+    pub row_group_rows: usize,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            s3_endpoint: String::new(),
+            s3_region: "us-east-1".into(),
+            s3_access_key_id: String::new(),
+            s3_secret_access_key: String::new(),
+            s3_allow_http: false,
+            row_group_rows: 128 * 1024,
+        }
+    }
+}
+
+/// Merging a partition's small files into large ones.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompactionConfig {
+    /// Off: files are never merged.
+    pub enabled: bool,
+    /// A partition is compacted once it has this many files smaller than `target_file_bytes`.
+    pub min_files: usize,
+    /// Files at least this large are left alone.
+    pub target_file_bytes: u64,
+    /// How often the compactor looks for work.
+    pub interval: String,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            min_files: 4,
+            target_file_bytes: 128 * 1024 * 1024,
+            interval: "30s".into(),
+        }
+    }
+}
+
+/// Dropping expired partitions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// How often partitions are checked against their table's TTL.
+    pub interval: String,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            interval: "1m".into(),
+        }
+    }
+}
+
+impl Config {
+    /// Parses a TOML document; missing keys keep their defaults, unknown keys are errors.
+    pub fn from_toml(text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|source| Error::Toml { source })
+    }
+
+    /// Reads and parses a TOML file.
+    pub fn from_file(path: &std::path::Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml(&text)
+    }
+
+    /// Applies `SLUICE_*` variables from `vars` (normally `std::env::vars()`):
+    /// `SLUICE_DATA_DIR`, `SLUICE_HTTP_LISTEN`, `SLUICE_WAL_DURABILITY`, ... i.e. the key
+    /// path upper-cased and joined with `_`.
+    pub fn apply_env(&mut self, vars: impl IntoIterator<Item = (String, String)>) -> Result<()> {
+        env::apply(self, vars)
+    }
+
+    /// Checks values that parse but make no sense.
+    pub fn validate(&self) -> Result<()> {
+        for (key, value) in [
+            ("buffer.max_age", &self.buffer.max_age),
+            ("buffer.check_interval", &self.buffer.check_interval),
+            ("compaction.interval", &self.compaction.interval),
+            ("retention.interval", &self.retention.interval),
+        ] {
+            parse_duration(value).map_err(|reason| Error::Invalid {
+                key: key.into(),
+                reason,
+            })?;
+        }
+        let positive = [
+            (
+                "buffer.partition_max_rows",
+                self.buffer.partition_max_rows as u64,
+            ),
+            ("wal.segment_bytes", self.wal.segment_bytes),
+            ("wal.max_group_bytes", self.wal.max_group_bytes as u64),
+            (
+                "http.max_pending_writes",
+                self.http.max_pending_writes as u64,
+            ),
+            ("storage.row_group_rows", self.storage.row_group_rows as u64),
+            ("compaction.min_files", self.compaction.min_files as u64),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(Error::Invalid {
+                    key: key.into(),
+                    reason: "must be greater than 0".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A duration key known to be valid after [`Config::validate`].
+    pub fn duration(value: &str) -> Duration {
+        parse_duration(value).unwrap_or(Duration::from_secs(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documented_defaults_equal_code_defaults() {
+        let text = include_str!("../sluice.toml");
+        let parsed = Config::from_toml(text).expect("conf/sluice.toml parses");
+        assert_eq!(parsed, Config::default());
+        // Every key of the default must be written in the file, not merely defaulted.
+        let written: toml::Value = toml::from_str(text).unwrap();
+        let full = toml::Value::try_from(Config::default()).unwrap();
+        assert_eq!(written, full, "conf/sluice.toml must spell out every key");
+        parsed.validate().unwrap();
+    }
+
+    #[test]
+    fn env_overrides_file() {
+        let mut c = Config::from_toml("[http]\nlisten = \"127.0.0.1:1\"\n").unwrap();
+        c.apply_env([
+            ("SLUICE_HTTP_LISTEN".to_string(), "127.0.0.1:2".to_string()),
+            ("SLUICE_DATA_DIR".into(), "/tmp/x".into()),
+            ("SLUICE_WAL_DURABILITY".into(), "none".into()),
+            ("SLUICE_BUFFER_PARTITION_MAX_ROWS".into(), "7".into()),
+            ("SLUICE_STORAGE_S3_ALLOW_HTTP".into(), "true".into()),
+            ("PATH".into(), "/bin".into()),
+        ])
+        .unwrap();
+        assert_eq!(c.http.listen.port(), 2);
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(c.wal.durability, Durability::None);
+        assert_eq!(c.buffer.partition_max_rows, 7);
+        assert!(c.storage.s3_allow_http);
+    }
+
+    #[test]
+    fn bad_env_is_named() {
+        let mut c = Config::default();
+        let err = c
+            .apply_env([("SLUICE_HTTP_LISTNE".to_string(), "x".to_string())])
+            .unwrap_err();
+        assert!(err.to_string().contains("SLUICE_HTTP_LISTNE"), "{err}");
+        let err = c
+            .apply_env([(
+                "SLUICE_BUFFER_PARTITION_MAX_ROWS".to_string(),
+                "many".to_string(),
+            )])
+            .unwrap_err();
+        assert!(err.to_string().contains("many"), "{err}");
+    }
+
+    #[test]
+    fn unknown_file_keys_are_refused() {
+        assert!(Config::from_toml("[http]\nlistem = \"x\"\n").is_err());
+    }
+
+    #[test]
+    fn validate_names_the_key() {
+        let mut c = Config::default();
+        c.buffer.max_age = "soon".into();
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("buffer.max_age")
+        );
+    }
+}

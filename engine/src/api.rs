@@ -1,0 +1,57 @@
+//! The one interface the protocol layers (HTTP now, MQTT next, the cluster later) call.
+//! A single-node [`crate::Engine`] implements it; so will a cluster node.
+
+use crate::decode::Format;
+use crate::error::Result;
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+
+/// A statement's result.
+#[derive(Debug, Clone)]
+pub struct QueryOutput {
+    /// Result schema (empty for statements without rows).
+    pub schema: SchemaRef,
+    /// Result rows.
+    pub batches: Vec<RecordBatch>,
+}
+
+/// An acknowledged write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteReceipt {
+    /// Rows stored.
+    pub rows: usize,
+    /// Log position of the write.
+    pub lsn: u64,
+}
+
+/// Health as `/health` reports it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Health {
+    /// Last applied log position.
+    pub applied_lsn: u64,
+    /// WAL segment files on disk.
+    pub wal_segments: usize,
+    /// Rows in memory, not yet in Parquet.
+    pub buffered_rows: u64,
+}
+
+/// What a database offers its clients.
+#[async_trait]
+pub trait Database: Send + Sync + 'static {
+    /// Executes one SQL statement.
+    async fn execute(&self, sql: &str) -> Result<QueryOutput>;
+
+    /// Decodes `payload` for `database.table` and stores it as one durable append; returns
+    /// only once the rows are durable and visible to queries. All rows or none.
+    async fn write(
+        &self,
+        database: &str,
+        table: &str,
+        format: Format,
+        payload: &[u8],
+    ) -> Result<WriteReceipt>;
+
+    /// Current health figures.
+    fn health(&self) -> Health;
+}

@@ -1,0 +1,344 @@
+//! In-memory partition buffers: rows applied from the log, as Arrow columns.
+//!
+//! Rows go into typed Arrow builders; every [`SEAL_ROWS`] rows the builders are sealed into an
+//! immutable `RecordBatch`, so a query's snapshot costs a few `Arc` clones plus a copy of at
+//! most one small unsealed chunk. A buffer remembers the LSN range it holds so that a flush
+//! can say exactly which log records are persisted for its partition.
+
+use crate::types::{ColumnType, Value};
+use datafusion::arrow::array::{
+    ArrayRef, BinaryBuilder, BooleanBuilder, Date32Builder, Float32Builder, Float64Builder,
+    Int8Builder, Int16Builder, Int32Builder, Int64Builder, StringBuilder,
+    TimestampMicrosecondBuilder, UInt8Builder, UInt16Builder, UInt32Builder, UInt64Builder,
+    new_null_array,
+};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Rows per sealed chunk.
+pub const SEAL_ROWS: usize = 8192;
+
+#[derive(Debug)]
+enum Col {
+    Bool(BooleanBuilder),
+    I8(Int8Builder),
+    I16(Int16Builder),
+    I32(Int32Builder),
+    I64(Int64Builder),
+    U8(UInt8Builder),
+    U16(UInt16Builder),
+    U32(UInt32Builder),
+    U64(UInt64Builder),
+    F32(Float32Builder),
+    F64(Float64Builder),
+    Str(StringBuilder),
+    Bin(BinaryBuilder),
+    Ts(TimestampMicrosecondBuilder),
+    Date(Date32Builder),
+}
+
+impl Col {
+    fn new(ty: ColumnType) -> Self {
+        use ColumnType as T;
+        match ty {
+            T::Bool => Col::Bool(BooleanBuilder::new()),
+            T::Int8 => Col::I8(Int8Builder::new()),
+            T::Int16 => Col::I16(Int16Builder::new()),
+            T::Int32 => Col::I32(Int32Builder::new()),
+            T::Int64 => Col::I64(Int64Builder::new()),
+            T::UInt8 => Col::U8(UInt8Builder::new()),
+            T::UInt16 => Col::U16(UInt16Builder::new()),
+            T::UInt32 => Col::U32(UInt32Builder::new()),
+            T::UInt64 => Col::U64(UInt64Builder::new()),
+            T::Float32 => Col::F32(Float32Builder::new()),
+            T::Float64 => Col::F64(Float64Builder::new()),
+            T::String => Col::Str(StringBuilder::new()),
+            T::Binary => Col::Bin(BinaryBuilder::new()),
+            T::Timestamp => Col::Ts(TimestampMicrosecondBuilder::new()),
+            T::Date => Col::Date(Date32Builder::new()),
+        }
+    }
+
+    /// Appends one value. The decoder has already converted values to the column's type and
+    /// range; anything else (only possible for a corrupt log) is stored as NULL.
+    fn push(&mut self, v: &Value) {
+        // Narrowing casts below cannot truncate: decode range-checked them.
+        match (self, v) {
+            (Col::Bool(b), Value::Bool(x)) => b.append_value(*x),
+            (Col::I8(b), Value::Int(x)) => b.append_value(*x as i8),
+            (Col::I16(b), Value::Int(x)) => b.append_value(*x as i16),
+            (Col::I32(b), Value::Int(x)) => b.append_value(*x as i32),
+            (Col::I64(b), Value::Int(x)) => b.append_value(*x),
+            (Col::U8(b), Value::UInt(x)) => b.append_value(*x as u8),
+            (Col::U16(b), Value::UInt(x)) => b.append_value(*x as u16),
+            (Col::U32(b), Value::UInt(x)) => b.append_value(*x as u32),
+            (Col::U64(b), Value::UInt(x)) => b.append_value(*x),
+            (Col::F32(b), Value::Float(x)) => b.append_value(*x as f32),
+            (Col::F64(b), Value::Float(x)) => b.append_value(*x),
+            (Col::Str(b), Value::Str(x)) => b.append_value(x),
+            (Col::Bin(b), Value::Bytes(x)) => b.append_value(x),
+            (Col::Ts(b), Value::Timestamp(x)) => b.append_value(*x),
+            (Col::Date(b), Value::Date(x)) => b.append_value(*x),
+            (col, _) => col.push_null(),
+        }
+    }
+
+    fn push_null(&mut self) {
+        match self {
+            Col::Bool(b) => b.append_null(),
+            Col::I8(b) => b.append_null(),
+            Col::I16(b) => b.append_null(),
+            Col::I32(b) => b.append_null(),
+            Col::I64(b) => b.append_null(),
+            Col::U8(b) => b.append_null(),
+            Col::U16(b) => b.append_null(),
+            Col::U32(b) => b.append_null(),
+            Col::U64(b) => b.append_null(),
+            Col::F32(b) => b.append_null(),
+            Col::F64(b) => b.append_null(),
+            Col::Str(b) => b.append_null(),
+            Col::Bin(b) => b.append_null(),
+            Col::Ts(b) => b.append_null(),
+            Col::Date(b) => b.append_null(),
+        }
+    }
+
+    fn finish(&mut self) -> ArrayRef {
+        macro_rules! fin {
+            ($b:expr) => {
+                Arc::new($b.finish()) as ArrayRef
+            };
+        }
+        match self {
+            Col::Bool(b) => fin!(b),
+            Col::I8(b) => fin!(b),
+            Col::I16(b) => fin!(b),
+            Col::I32(b) => fin!(b),
+            Col::I64(b) => fin!(b),
+            Col::U8(b) => fin!(b),
+            Col::U16(b) => fin!(b),
+            Col::U32(b) => fin!(b),
+            Col::U64(b) => fin!(b),
+            Col::F32(b) => fin!(b),
+            Col::F64(b) => fin!(b),
+            Col::Str(b) => fin!(b),
+            Col::Bin(b) => fin!(b),
+            Col::Ts(b) => fin!(b),
+            Col::Date(b) => fin!(b),
+        }
+    }
+}
+
+/// One partition's rows that are not yet in Parquet.
+#[derive(Debug)]
+pub struct PartitionBuffer {
+    schema: SchemaRef,
+    cols: Vec<Col>,
+    active_rows: usize,
+    sealed: Vec<RecordBatch>,
+    /// Rows held (sealed and active).
+    pub rows: usize,
+    /// Approximate bytes held.
+    pub bytes: usize,
+    /// LSN of the first record applied here (0 when empty).
+    pub min_lsn: u64,
+    /// LSN of the last record applied here.
+    pub max_lsn: u64,
+    /// When the first row arrived.
+    pub since: Option<Instant>,
+    /// Time range of the rows (microseconds), when the table has a time column.
+    pub time_range: Option<(i64, i64)>,
+}
+
+impl PartitionBuffer {
+    /// An empty buffer for a table of this schema and these column types.
+    pub fn new(schema: SchemaRef, types: &[ColumnType]) -> Self {
+        Self {
+            schema,
+            cols: types.iter().map(|t| Col::new(*t)).collect(),
+            active_rows: 0,
+            sealed: Vec::new(),
+            rows: 0,
+            bytes: 0,
+            min_lsn: 0,
+            max_lsn: 0,
+            since: None,
+            time_range: None,
+        }
+    }
+
+    /// Widens the buffer after `ALTER TABLE ... ADD COLUMN`: new columns are NULL for the
+    /// rows already held.
+    pub fn widen(&mut self, schema: SchemaRef, types: &[ColumnType]) {
+        for t in &types[self.cols.len()..] {
+            let mut c = Col::new(*t);
+            for _ in 0..self.active_rows {
+                c.push_null();
+            }
+            self.cols.push(c);
+        }
+        self.schema = schema;
+    }
+
+    /// Appends one row (shorter rows, written before an ADD COLUMN, are padded with NULL).
+    pub fn push(&mut self, lsn: u64, row: &[Value], time_col: Option<usize>) {
+        for (i, col) in self.cols.iter_mut().enumerate() {
+            match row.get(i) {
+                Some(v) => col.push(v),
+                None => col.push_null(),
+            }
+        }
+        self.bytes += row.iter().map(Value::size).sum::<usize>();
+        if self.min_lsn == 0 {
+            self.min_lsn = lsn;
+            self.since = Some(Instant::now());
+        }
+        self.max_lsn = lsn;
+        if let Some(t) = time_col.and_then(|i| row.get(i)).and_then(Value::as_micros) {
+            self.time_range = Some(match self.time_range {
+                Some((lo, hi)) => (lo.min(t), hi.max(t)),
+                None => (t, t),
+            });
+        }
+        self.rows += 1;
+        self.active_rows += 1;
+        if self.active_rows >= SEAL_ROWS {
+            self.seal();
+        }
+    }
+
+    fn seal(&mut self) {
+        if self.active_rows == 0 {
+            return;
+        }
+        let arrays = self.cols.iter_mut().map(|c| c.finish()).collect();
+        let batch =
+            RecordBatch::try_new(self.schema.clone(), arrays).expect("builders match schema");
+        self.sealed.push(batch);
+        self.active_rows = 0;
+    }
+
+    /// The rows as batches of `schema` (the table's current schema), without taking them.
+    pub fn snapshot(&self, schema: &SchemaRef) -> Vec<RecordBatch> {
+        let mut out: Vec<RecordBatch> = self.sealed.iter().map(|b| widen(b, schema)).collect();
+        if self.active_rows > 0 {
+            let batch = self.active_clone();
+            out.push(widen(&batch, schema));
+        }
+        out
+    }
+
+    fn active_clone(&self) -> RecordBatch {
+        // Builders' `finish_cloned` takes `&self`.
+        let arrays: Vec<ArrayRef> = self
+            .cols
+            .iter()
+            .map(|c| match c {
+                Col::Bool(b) => Arc::new(b.finish_cloned()) as ArrayRef,
+                Col::I8(b) => Arc::new(b.finish_cloned()),
+                Col::I16(b) => Arc::new(b.finish_cloned()),
+                Col::I32(b) => Arc::new(b.finish_cloned()),
+                Col::I64(b) => Arc::new(b.finish_cloned()),
+                Col::U8(b) => Arc::new(b.finish_cloned()),
+                Col::U16(b) => Arc::new(b.finish_cloned()),
+                Col::U32(b) => Arc::new(b.finish_cloned()),
+                Col::U64(b) => Arc::new(b.finish_cloned()),
+                Col::F32(b) => Arc::new(b.finish_cloned()),
+                Col::F64(b) => Arc::new(b.finish_cloned()),
+                Col::Str(b) => Arc::new(b.finish_cloned()),
+                Col::Bin(b) => Arc::new(b.finish_cloned()),
+                Col::Ts(b) => Arc::new(b.finish_cloned()),
+                Col::Date(b) => Arc::new(b.finish_cloned()),
+            })
+            .collect();
+        RecordBatch::try_new(self.schema.clone(), arrays).expect("builders match schema")
+    }
+
+    /// Takes every row out (for a flush), leaving the buffer empty.
+    pub fn take(&mut self) -> Vec<RecordBatch> {
+        self.seal();
+        let schema = self.schema.clone();
+        let sealed = std::mem::take(&mut self.sealed);
+        self.rows = 0;
+        self.bytes = 0;
+        self.min_lsn = 0;
+        self.since = None;
+        self.time_range = None;
+        sealed.into_iter().map(|b| widen(&b, &schema)).collect()
+    }
+
+    /// True when no rows are held.
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+}
+
+/// Pads a batch written before columns were added with NULL columns.
+pub fn widen(batch: &RecordBatch, schema: &SchemaRef) -> RecordBatch {
+    if batch.num_columns() == schema.fields().len() {
+        return batch.clone();
+    }
+    let mut cols = batch.columns().to_vec();
+    for f in &schema.fields()[cols.len()..] {
+        cols.push(new_null_array(f.data_type(), batch.num_rows()));
+    }
+    RecordBatch::try_new(schema.clone(), cols).expect("padded batch matches schema")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::{Field, Schema};
+
+    #[test]
+    fn rows_seal_widen_and_take() {
+        let types = [ColumnType::Timestamp, ColumnType::Float64];
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("ts", types[0].arrow(), true),
+            Field::new("v", types[1].arrow(), true),
+        ]));
+        let mut b = PartitionBuffer::new(schema.clone(), &types);
+        for i in 0..(SEAL_ROWS as i64 + 10) {
+            b.push(
+                i as u64 + 1,
+                &[Value::Timestamp(i), Value::Float(i as f64)],
+                Some(0),
+            );
+        }
+        let snap = b.snapshot(&schema);
+        assert_eq!(
+            snap.iter().map(|b| b.num_rows()).sum::<usize>(),
+            SEAL_ROWS + 10
+        );
+        assert_eq!(b.time_range, Some((0, SEAL_ROWS as i64 + 9)));
+        let types3 = [
+            ColumnType::Timestamp,
+            ColumnType::Float64,
+            ColumnType::String,
+        ];
+        let mut fields = schema.fields().to_vec();
+        fields.push(Arc::new(Field::new("s", types3[2].arrow(), true)));
+        let schema3 = Arc::new(Schema::new(fields));
+        b.widen(schema3.clone(), &types3);
+        b.push(
+            99_999,
+            &[
+                Value::Timestamp(1),
+                Value::Float(1.0),
+                Value::Str("x".into()),
+            ],
+            Some(0),
+        );
+        let snap = b.snapshot(&schema3);
+        assert!(snap.iter().all(|b| b.num_columns() == 3));
+        assert_eq!((b.min_lsn, b.max_lsn), (1, 99_999));
+        let taken = b.take();
+        assert_eq!(
+            taken.iter().map(|b| b.num_rows()).sum::<usize>(),
+            SEAL_ROWS + 11
+        );
+        assert!(b.is_empty() && b.snapshot(&schema3).is_empty());
+    }
+}

@@ -1,0 +1,270 @@
+//! The single-node engine: opens the catalog, the manifest and the log, replays, and then
+//! serves writes (decode -> log -> apply -> ack) and SQL, while a background task persists
+//! buffers, compacts files and applies retention.
+
+use crate::api::{Database, Health, QueryOutput, WriteReceipt};
+use crate::catalog::{Catalog, TableDef};
+use crate::ddl::{self, Statement};
+use crate::decode::{Format, decode};
+use crate::error::{Error, Result};
+use crate::provider::{Shared, SluiceCatalog};
+use crate::state::{Frozen, Partition, TableState, Tables};
+use crate::storage::{Manifest, Storage};
+use crate::wal::record::WriteRecord;
+use crate::wal::{self, Wal};
+use async_trait::async_trait;
+use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
+use sluice_conf::Config;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+mod maintenance;
+mod statements;
+
+/// The engine. Cheap to share behind an `Arc`.
+pub struct Engine {
+    config: Config,
+    shared: Arc<Shared>,
+    wal: Wal,
+    ctx: SessionContext,
+    /// The current manifest; its lock also serialises flush, compaction, retention and DDL
+    /// that touches files.
+    manifest: tokio::sync::Mutex<Manifest>,
+    /// Files replaced by compaction, deleted once queries that may read them are done.
+    graveyard: parking_lot::Mutex<Vec<(Instant, Vec<String>)>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("data_dir", &self.config.data_dir)
+            .finish()
+    }
+}
+
+fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+impl Engine {
+    /// Opens (or creates) the data directory, recovers, and starts the log.
+    pub async fn open(config: Config) -> Result<Arc<Self>> {
+        let dir = config.data_dir.clone();
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let catalog = Catalog::open(&dir)?;
+        let storage = Storage::open(&config.storage, &dir)?;
+        let mut manifest = storage.load_manifest().await?;
+        let cat = catalog.snapshot();
+        let tables = Arc::new(Tables::default());
+        // Files of tables dropped before a crash finished deleting them.
+        let known: std::collections::HashSet<u64> = cat.tables().map(|t| t.id).collect();
+        let dropped: Vec<u64> = manifest
+            .tables
+            .keys()
+            .filter(|id| !known.contains(id))
+            .copied()
+            .collect();
+        let mut max_flushed = 0;
+        for def in cat.tables() {
+            let state = TableState::new(def.clone());
+            {
+                let mut parts = state.parts.write();
+                for (key, pm) in manifest.tables.get(&def.id).into_iter().flatten() {
+                    let p = state.partition_mut(&mut parts, *key);
+                    p.files = pm.files.clone();
+                    p.flushed_lsn = pm.flushed_lsn;
+                    max_flushed = max_flushed.max(pm.flushed_lsn);
+                }
+            }
+            tables.by_id.write().insert(def.id, Arc::new(state));
+        }
+        if !dropped.is_empty() {
+            for id in &dropped {
+                manifest.tables.remove(id);
+            }
+            storage.save_manifest(&mut manifest).await?;
+        }
+        // Parquet files the manifest does not name: a flush or compaction cut short.
+        let live: std::collections::HashSet<&str> = manifest
+            .tables
+            .values()
+            .flat_map(|t| t.values())
+            .flat_map(|p| p.files.iter().map(|f| f.path.as_str()))
+            .collect();
+        let orphans: Vec<String> = storage
+            .list("tables")
+            .await?
+            .into_iter()
+            .filter(|p| !live.contains(p.as_str()))
+            .collect();
+        if !orphans.is_empty() {
+            tracing::info!(files = orphans.len(), "removing files no manifest names");
+            storage.delete(&orphans).await?;
+        }
+
+        let wal_dir = dir.join("wal");
+        let replay_tables = tables.clone();
+        let started = Instant::now();
+        let report = tokio::task::spawn_blocking(move || {
+            wal::replay(&wal_dir, |lsn, rec| {
+                crate::wal::Applier::apply(&*replay_tables, lsn, rec)
+            })
+        })
+        .await
+        .map_err(|e| Error::io("wal replay", std::io::Error::other(e)))??;
+        tracing::info!(
+            records = report.records,
+            next_lsn = report.next_lsn,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "WAL replayed"
+        );
+        let next_lsn = report.next_lsn.max(max_flushed + 1);
+        let wal = Wal::start(
+            &dir.join("wal"),
+            &config.wal,
+            next_lsn,
+            config.http.max_pending_writes,
+            tables.clone(),
+        )?;
+
+        let shared = Arc::new(Shared {
+            catalog,
+            tables,
+            storage,
+        });
+        let ctx = session(&shared);
+        Ok(Arc::new(Self {
+            config,
+            shared,
+            wal,
+            ctx,
+            manifest: tokio::sync::Mutex::new(manifest),
+            graveyard: parking_lot::Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// Runs flushing, compaction and retention until `cancel` fires.
+    pub fn spawn_background(
+        self: &Arc<Self>,
+        cancel: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let engine = self.clone();
+        tokio::spawn(async move { engine.background(cancel).await })
+    }
+
+    /// Stops accepting writes, waits for every queued write to be durable and applied, and
+    /// persists all buffers so the next start replays nothing.
+    pub async fn shutdown(&self) -> Result<()> {
+        self.wal.close();
+        self.flush_all().await?;
+        self.bury(true).await;
+        Ok(())
+    }
+
+    /// The table definition for `database.table`.
+    pub fn table(&self, database: &str, table: &str) -> Result<Arc<TableDef>> {
+        self.shared
+            .catalog
+            .snapshot()
+            .table(database, table)
+            .cloned()
+    }
+
+    /// The write-ahead log.
+    pub fn wal(&self) -> &Wal {
+        &self.wal
+    }
+
+    /// Appends already-decoded rows for a table (what [`Database::write`] does after
+    /// decoding; the broker's payload mappings will call it directly).
+    pub async fn append_rows(
+        &self,
+        def: &TableDef,
+        rows: Vec<Vec<crate::types::Value>>,
+    ) -> Result<WriteReceipt> {
+        let n = rows.len();
+        let record = Arc::new(WriteRecord {
+            table_id: def.id,
+            ncols: def.columns.len(),
+            rows,
+        });
+        let lsn = self.wal.append(record).await?;
+        Ok(WriteReceipt { rows: n, lsn })
+    }
+}
+
+fn session(shared: &Arc<Shared>) -> SessionContext {
+    let mut cfg = SessionConfig::new()
+        .with_default_catalog_and_schema("sluice", crate::catalog::DEFAULT_DATABASE)
+        .with_create_default_catalog_and_schema(false)
+        .with_information_schema(false);
+    cfg.options_mut().sql_parser.enable_ident_normalization = false;
+    let ctx = SessionContext::new_with_config(cfg);
+    ctx.register_catalog(
+        "sluice",
+        Arc::new(SluiceCatalog {
+            shared: shared.clone(),
+        }),
+    );
+    ctx.register_object_store(shared.storage.url.as_ref(), shared.storage.store.clone());
+    ctx
+}
+
+#[async_trait]
+impl Database for Engine {
+    async fn execute(&self, sql: &str) -> Result<QueryOutput> {
+        match ddl::parse(sql)? {
+            Statement::Query => {
+                let options = SQLOptions::new()
+                    .with_allow_ddl(false)
+                    .with_allow_dml(false)
+                    .with_allow_statements(false);
+                let df = self.ctx.sql_with_options(sql, options).await?;
+                let schema = Arc::new(df.schema().as_arrow().clone());
+                let batches = df.collect().await?;
+                Ok(QueryOutput { schema, batches })
+            }
+            other => self.run_statement(other).await,
+        }
+    }
+
+    async fn write(
+        &self,
+        database: &str,
+        table: &str,
+        format: Format,
+        payload: &[u8],
+    ) -> Result<WriteReceipt> {
+        let def = self.table(database, table)?;
+        let rows = decode(&def, format, payload, now_micros())?;
+        self.append_rows(&def, rows).await
+    }
+
+    fn health(&self) -> Health {
+        let buffered_rows = self
+            .shared
+            .tables
+            .all()
+            .iter()
+            .map(|t| {
+                t.parts
+                    .read()
+                    .values()
+                    .map(|p: &Partition| {
+                        p.buffer.rows as u64
+                            + p.frozen.as_ref().map_or(0, |f: &Arc<Frozen>| f.rows as u64)
+                    })
+                    .sum::<u64>()
+            })
+            .sum();
+        Health {
+            applied_lsn: self.wal.applied_lsn(),
+            wal_segments: self.wal.segments().0,
+            buffered_rows,
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! Background work: buffers -> Parquet (flush), small files -> large ones (compaction),
+//! expired partitions dropped (retention), and the WAL truncated behind what is persisted.
+//! All of it runs under the manifest lock, one job at a time.
+
+use super::Engine;
+use crate::error::{Error, Result};
+use crate::state::{Frozen, TableState};
+use crate::storage::{FileMeta, Manifest, PartitionManifest, Storage};
+use sluice_conf::Config;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// How long replaced files stay readable for queries that started before the swap.
+const GRAVE_TIME: Duration = Duration::from_secs(60);
+
+impl Engine {
+    pub(super) async fn background(self: Arc<Self>, cancel: CancellationToken) {
+        let tick = Config::duration(&self.config.buffer.check_interval);
+        let compact_every = Config::duration(&self.config.compaction.interval);
+        let retain_every = Config::duration(&self.config.retention.interval);
+        let (mut last_compact, mut last_retain) = (Instant::now(), Instant::now());
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(tick) => {}
+            }
+            if let Err(e) = self.flush_due().await {
+                tracing::warn!(error = %e, "flush failed; rows stay in the log and will be retried");
+            }
+            if self.config.compaction.enabled && last_compact.elapsed() >= compact_every {
+                last_compact = Instant::now();
+                if let Err(e) = self.compact_all().await {
+                    tracing::warn!(error = %e, "compaction failed");
+                }
+            }
+            if last_retain.elapsed() >= retain_every {
+                last_retain = Instant::now();
+                if let Err(e) = self.apply_retention().await {
+                    tracing::warn!(error = %e, "retention failed");
+                }
+            }
+            self.bury(false).await;
+        }
+    }
+
+    /// Flushes partitions that are too big or too old, and the largest ones while the
+    /// total buffered bytes exceed the budget.
+    pub async fn flush_due(&self) -> Result<()> {
+        let max_rows = self.config.buffer.partition_max_rows;
+        let max_age = Config::duration(&self.config.buffer.max_age);
+        let mut due = Vec::new();
+        let mut sizes = Vec::new();
+        let mut total = 0usize;
+        for t in self.shared.tables.all() {
+            for (k, p) in t.parts.read().iter() {
+                if p.frozen.is_some()
+                    || p.buffer.rows >= max_rows
+                    || p.buffer.since.is_some_and(|s| s.elapsed() >= max_age)
+                {
+                    due.push((t.clone(), *k));
+                } else if !p.buffer.is_empty() {
+                    sizes.push((p.buffer.bytes, t.clone(), *k));
+                }
+                total += p.buffer.bytes;
+            }
+        }
+        sizes.sort_by(|a, b| b.0.cmp(&a.0));
+        for (bytes, t, k) in sizes {
+            if total <= self.config.buffer.total_max_bytes {
+                break;
+            }
+            total -= bytes;
+            due.push((t, k));
+        }
+        if due.is_empty() {
+            return Ok(());
+        }
+        let mut m = self.manifest.lock().await;
+        for (t, k) in due {
+            self.flush_partition(&mut m, &t, k).await?;
+        }
+        drop(m);
+        self.truncate_wal()
+    }
+
+    /// Persists every buffer of every table.
+    pub async fn flush_all(&self) -> Result<()> {
+        let tables = self.shared.tables.all();
+        let mut m = self.manifest.lock().await;
+        for t in &tables {
+            let keys: Vec<u64> = t.parts.read().keys().copied().collect();
+            for k in keys {
+                self.flush_partition(&mut m, t, k).await?;
+            }
+        }
+        drop(m);
+        self.truncate_wal()
+    }
+
+    /// Persists every buffer of one table.
+    pub async fn flush_table(&self, t: &Arc<TableState>) -> Result<usize> {
+        let mut m = self.manifest.lock().await;
+        let keys: Vec<u64> = t.parts.read().keys().copied().collect();
+        let mut files = 0;
+        for k in keys {
+            files += usize::from(self.flush_partition(&mut m, t, k).await?);
+        }
+        drop(m);
+        self.truncate_wal()?;
+        Ok(files)
+    }
+
+    /// Writes one partition's buffer as a Parquet file and records it in the manifest.
+    /// Queries keep seeing the rows (as `frozen`) until the file replaces them.
+    async fn flush_partition(
+        &self,
+        m: &mut Manifest,
+        t: &Arc<TableState>,
+        key: u64,
+    ) -> Result<bool> {
+        let def = t.def();
+        let frozen = {
+            let mut parts = t.parts.write();
+            let Some(p) = parts.get_mut(&key) else {
+                return Ok(false);
+            };
+            match &p.frozen {
+                Some(f) => f.clone(),
+                None if p.buffer.is_empty() => return Ok(false),
+                None => {
+                    let (min_lsn, max_lsn, rows, time_range) = (
+                        p.buffer.min_lsn,
+                        p.buffer.max_lsn,
+                        p.buffer.rows,
+                        p.buffer.time_range,
+                    );
+                    let f = Arc::new(Frozen {
+                        batches: p.buffer.take(),
+                        rows,
+                        min_lsn,
+                        max_lsn,
+                        time_range,
+                    });
+                    p.frozen = Some(f.clone());
+                    f
+                }
+            }
+        };
+        let schema = frozen.batches[0].schema();
+        let storage = self.shared.storage.clone();
+        let time_col = def.time_column();
+        let f2 = frozen.clone();
+        let (bytes, rows, range) = tokio::task::spawn_blocking(move || {
+            storage.encode_parquet(&schema, &f2.batches, time_col)
+        })
+        .await
+        .map_err(|e| Error::io("parquet encode", std::io::Error::other(e)))??;
+        let path = file_path(def.id, key, frozen.max_lsn);
+        let meta = FileMeta {
+            path: path.clone(),
+            rows,
+            bytes: bytes.len() as u64,
+            min_time: range.map(|r| r.0),
+            max_time: range.map(|r| r.1),
+        };
+        self.shared.storage.put_durable(&path, bytes).await?;
+        let mut next = m.clone();
+        let pm = next
+            .tables
+            .entry(def.id)
+            .or_default()
+            .entry(key)
+            .or_default();
+        pm.files.push(meta.clone());
+        pm.flushed_lsn = pm.flushed_lsn.max(frozen.max_lsn);
+        self.shared.storage.save_manifest(&mut next).await?;
+        *m = next;
+        let mut parts = t.parts.write();
+        if let Some(p) = parts.get_mut(&key) {
+            p.files.push(meta);
+            p.flushed_lsn = p.flushed_lsn.max(frozen.max_lsn);
+            p.frozen = None;
+        }
+        tracing::debug!(table = %def.name, partition = key, rows, "flushed");
+        Ok(true)
+    }
+
+    /// Deletes WAL segments whose every record is persisted.
+    pub(super) fn truncate_wal(&self) -> Result<()> {
+        // Read the applied position before scanning: a record applied during the scan has a
+        // larger LSN, so it is never cut.
+        let applied = self.wal.applied_lsn();
+        let needed = self
+            .shared
+            .tables
+            .min_unpersisted_lsn()
+            .map_or(applied + 1, |l| l.min(applied + 1));
+        let removed = self.wal.truncate_before(needed)?;
+        if removed > 0 {
+            tracing::debug!(removed, needed, "WAL segments removed");
+        }
+        Ok(())
+    }
+
+    /// Merges each partition's small files once there are enough of them.
+    pub async fn compact_all(&self) -> Result<usize> {
+        let cfg = &self.config.compaction;
+        let mut m = self.manifest.lock().await;
+        let mut merged = 0;
+        for t in self.shared.tables.all() {
+            let def = t.def();
+            let candidates: Vec<(u64, Vec<FileMeta>)> = t
+                .parts
+                .read()
+                .iter()
+                .filter_map(|(k, p)| {
+                    let small: Vec<FileMeta> = p
+                        .files
+                        .iter()
+                        .filter(|f| f.bytes < cfg.target_file_bytes)
+                        .cloned()
+                        .collect();
+                    (small.len() >= cfg.min_files).then_some((*k, small))
+                })
+                .collect();
+            for (key, small) in candidates {
+                let mut batches = Vec::new();
+                for f in &small {
+                    let bytes = self.shared.storage.get(&f.path).await?;
+                    batches.extend(
+                        tokio::task::spawn_blocking(move || Storage::decode_parquet(bytes))
+                            .await
+                            .map_err(|e| Error::io("parquet decode", std::io::Error::other(e)))??,
+                    );
+                }
+                let schema = t.schema();
+                let batches: Vec<_> = batches
+                    .iter()
+                    .map(|b| crate::buffer::widen(b, &schema))
+                    .collect();
+                let storage = self.shared.storage.clone();
+                let time_col = def.time_column();
+                let (bytes, rows, range) = tokio::task::spawn_blocking(move || {
+                    storage.encode_parquet(&schema, &batches, time_col)
+                })
+                .await
+                .map_err(|e| Error::io("parquet encode", std::io::Error::other(e)))??;
+                let flushed = t.parts.read().get(&key).map_or(0, |p| p.flushed_lsn);
+                let path = file_path(def.id, key, flushed);
+                let meta = FileMeta {
+                    path: path.clone(),
+                    rows,
+                    bytes: bytes.len() as u64,
+                    min_time: range.map(|r| r.0),
+                    max_time: range.map(|r| r.1),
+                };
+                self.shared.storage.put_durable(&path, bytes).await?;
+                let old: Vec<String> = small.iter().map(|f| f.path.clone()).collect();
+                let mut next = m.clone();
+                let pm = next
+                    .tables
+                    .entry(def.id)
+                    .or_default()
+                    .entry(key)
+                    .or_default();
+                pm.files.retain(|f| !old.contains(&f.path));
+                pm.files.push(meta.clone());
+                self.shared.storage.save_manifest(&mut next).await?;
+                *m = next;
+                if let Some(p) = t.parts.write().get_mut(&key) {
+                    p.files.retain(|f| !old.contains(&f.path));
+                    p.files.push(meta);
+                }
+                tracing::info!(table = %def.name, partition = key, files = old.len(), rows, "compacted");
+                self.graveyard.lock().push((Instant::now(), old));
+                merged += 1;
+            }
+        }
+        Ok(merged)
+    }
+
+    /// Drops partitions whose newest row is older than their table's TTL.
+    pub async fn apply_retention(&self) -> Result<usize> {
+        let now = super::now_micros();
+        let mut m = self.manifest.lock().await;
+        let mut dropped = 0;
+        for t in self.shared.tables.all() {
+            let def = t.def();
+            let Some(ttl) = def.ttl_secs else {
+                continue;
+            };
+            let cutoff = now - (ttl as i64).saturating_mul(1_000_000);
+            let expired: Vec<u64> = t
+                .parts
+                .read()
+                .iter()
+                .filter(|(_, p)| p.time_range().is_some_and(|(_, hi)| hi < cutoff))
+                .map(|(k, _)| *k)
+                .collect();
+            for key in expired {
+                // The tombstone LSN covers every record applied to the partition, so replay
+                // does not bring the dropped rows back.
+                let (files, lsn) = {
+                    let parts = t.parts.read();
+                    let Some(p) = parts.get(&key) else { continue };
+                    let lsn = p
+                        .flushed_lsn
+                        .max(p.buffer.max_lsn)
+                        .max(p.frozen.as_ref().map_or(0, |f| f.max_lsn));
+                    (
+                        p.files.iter().map(|f| f.path.clone()).collect::<Vec<_>>(),
+                        lsn,
+                    )
+                };
+                let mut next = m.clone();
+                next.tables.entry(def.id).or_default().insert(
+                    key,
+                    PartitionManifest {
+                        flushed_lsn: lsn,
+                        files: Vec::new(),
+                    },
+                );
+                self.shared.storage.save_manifest(&mut next).await?;
+                *m = next;
+                {
+                    let mut parts = t.parts.write();
+                    if let Some(p) = parts.get_mut(&key) {
+                        if p.buffer.max_lsn <= lsn {
+                            p.buffer.take();
+                        }
+                        p.frozen = None;
+                        p.files.clear();
+                        p.flushed_lsn = lsn;
+                    }
+                }
+                tracing::info!(table = %def.name, partition = key, files = files.len(), "partition expired");
+                self.graveyard.lock().push((Instant::now(), files));
+                dropped += 1;
+            }
+        }
+        drop(m);
+        self.truncate_wal()?;
+        Ok(dropped)
+    }
+
+    /// Deletes replaced files once no query can still be reading them (`now`: all of them).
+    pub(super) async fn bury(&self, now: bool) {
+        let due: Vec<String> = {
+            let mut g = self.graveyard.lock();
+            let (old, keep): (Vec<_>, Vec<_>) = g
+                .drain(..)
+                .partition(|(t, _)| now || t.elapsed() >= GRAVE_TIME);
+            *g = keep;
+            old.into_iter().flat_map(|(_, f)| f).collect()
+        };
+        if let Err(e) = self.shared.storage.delete(&due).await {
+            tracing::warn!(error = %e, "could not delete replaced files; they are removed at next start");
+        }
+    }
+}
+
+fn file_path(table_id: u64, key: u64, lsn: u64) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("tables/{table_id}/{key}/{lsn:020}-{nanos}.parquet")
+}

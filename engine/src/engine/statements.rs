@@ -1,0 +1,347 @@
+//! Executing Sluice's own statements (DDL, SHOW, DESCRIBE, FLUSH).
+
+use super::Engine;
+use crate::api::QueryOutput;
+use crate::catalog::{Catalog, DEFAULT_DATABASE, SYSTEM_DATABASE, TableDef};
+use crate::ddl::{CreateTable, Statement, TableRef};
+use crate::error::{Error, Result};
+use crate::state::TableState;
+use datafusion::arrow::array::{ArrayRef, BooleanArray, StringArray, UInt64Array};
+use datafusion::arrow::datatypes::{Field, Schema};
+use datafusion::arrow::record_batch::RecordBatch;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+fn table_output(cols: Vec<(&str, ArrayRef)>) -> Result<QueryOutput> {
+    let schema = Arc::new(Schema::new(
+        cols.iter()
+            .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
+            .collect::<Vec<_>>(),
+    ));
+    let batch = RecordBatch::try_new(schema.clone(), cols.into_iter().map(|(_, a)| a).collect())?;
+    Ok(QueryOutput {
+        schema,
+        batches: vec![batch],
+    })
+}
+
+fn strings(v: Vec<String>) -> ArrayRef {
+    Arc::new(StringArray::from(v))
+}
+
+fn no_rows() -> QueryOutput {
+    QueryOutput {
+        schema: Arc::new(Schema::empty()),
+        batches: Vec::new(),
+    }
+}
+
+fn valid_name(what: &str, name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name.chars().all(|c| c.is_alphanumeric() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "invalid {what} name '{name}': use letters, digits and '_', not starting with a digit"
+        )))
+    }
+}
+
+impl Engine {
+    pub(super) async fn run_statement(&self, stmt: Statement) -> Result<QueryOutput> {
+        let catalog = &self.shared.catalog;
+        match stmt {
+            Statement::Query => Err(Error::sql("internal: query routed as a statement")),
+            Statement::CreateDatabase {
+                name,
+                if_not_exists,
+            } => {
+                valid_name("database", &name)?;
+                if name == SYSTEM_DATABASE {
+                    return Err(Error::invalid("'system' is reserved"));
+                }
+                catalog.change(|d| {
+                    if d.databases.contains_key(&name) {
+                        return if if_not_exists {
+                            Ok(())
+                        } else {
+                            Err(Error::AlreadyExists {
+                                what: "database",
+                                name: name.clone(),
+                            })
+                        };
+                    }
+                    d.databases.insert(name.clone(), BTreeMap::new());
+                    Ok(())
+                })?;
+                Ok(no_rows())
+            }
+            Statement::DropDatabase { name, if_exists } => {
+                if name == DEFAULT_DATABASE {
+                    return Err(Error::invalid("the default database cannot be dropped"));
+                }
+                catalog.change(|d| match d.databases.get(&name) {
+                    None if if_exists => Ok(()),
+                    None => Err(Error::UnknownDatabase {
+                        database: name.clone(),
+                    }),
+                    Some(t) if !t.is_empty() => Err(Error::invalid(format!(
+                        "database '{name}' still has {} tables; drop them first",
+                        t.len()
+                    ))),
+                    Some(_) => {
+                        d.databases.remove(&name);
+                        Ok(())
+                    }
+                })?;
+                Ok(no_rows())
+            }
+            Statement::CreateTable(ct) => {
+                self.create_table(ct)?;
+                Ok(no_rows())
+            }
+            Statement::DropTable { name, if_exists } => {
+                self.drop_table(&name, if_exists).await?;
+                Ok(no_rows())
+            }
+            Statement::AddColumn {
+                name,
+                column,
+                if_not_exists,
+            } => {
+                valid_name("column", &column.name)?;
+                let def = catalog.change(|d| {
+                    let cur = d.table(&name.database, &name.table)?.clone();
+                    if cur.column_index(&column.name).is_some() {
+                        return if if_not_exists {
+                            Ok(cur)
+                        } else {
+                            Err(Error::AlreadyExists {
+                                what: "column",
+                                name: column.name.clone(),
+                            })
+                        };
+                    }
+                    let mut next = (*cur).clone();
+                    // Rows already stored have no value for it, so it must accept NULL.
+                    next.columns.push(crate::catalog::ColumnDef {
+                        nullable: true,
+                        ..column.clone()
+                    });
+                    let next = Arc::new(next);
+                    d.databases
+                        .get_mut(&name.database)
+                        .expect("checked")
+                        .insert(name.table.clone(), next.clone());
+                    Ok(next)
+                })?;
+                if let Some(t) = self.shared.tables.get(def.id) {
+                    t.alter(def);
+                }
+                Ok(no_rows())
+            }
+            Statement::ShowDatabases => {
+                let mut names: Vec<String> = catalog.snapshot().databases.keys().cloned().collect();
+                names.push(SYSTEM_DATABASE.into());
+                table_output(vec![("database_name", strings(names))])
+            }
+            Statement::ShowTables { database } => {
+                let cat = catalog.snapshot();
+                if let Some(db) = &database {
+                    if !cat.databases.contains_key(db) {
+                        return Err(Error::UnknownDatabase {
+                            database: db.clone(),
+                        });
+                    }
+                }
+                let defs: Vec<&Arc<TableDef>> = cat
+                    .tables()
+                    .filter(|t| database.as_ref().is_none_or(|d| &t.database == d))
+                    .collect();
+                table_output(vec![
+                    (
+                        "database_name",
+                        strings(defs.iter().map(|t| t.database.clone()).collect()),
+                    ),
+                    (
+                        "table_name",
+                        strings(defs.iter().map(|t| t.name.clone()).collect()),
+                    ),
+                ])
+            }
+            Statement::Describe(name) => {
+                let def = self.table(&name.database, &name.table)?;
+                let pc = def.partition_column;
+                table_output(vec![
+                    (
+                        "column_name",
+                        strings(def.columns.iter().map(|c| c.name.clone()).collect()),
+                    ),
+                    (
+                        "data_type",
+                        strings(
+                            def.columns
+                                .iter()
+                                .map(|c| c.ty.name().to_string())
+                                .collect(),
+                        ),
+                    ),
+                    (
+                        "nullable",
+                        Arc::new(BooleanArray::from(
+                            def.columns.iter().map(|c| c.nullable).collect::<Vec<_>>(),
+                        )),
+                    ),
+                    (
+                        "partition_key",
+                        strings(
+                            (0..def.columns.len())
+                                .map(|i| {
+                                    if i == pc {
+                                        def.partition.sql(&def.columns[i].name)
+                                    } else {
+                                        String::new()
+                                    }
+                                })
+                                .collect(),
+                        ),
+                    ),
+                ])
+            }
+            Statement::ShowCreateTable(name) => {
+                let def = self.table(&name.database, &name.table)?;
+                table_output(vec![("statement", strings(vec![def.create_sql()]))])
+            }
+            Statement::Flush(name) => {
+                let def = self.table(&name.database, &name.table)?;
+                let files = match self.shared.tables.get(def.id) {
+                    Some(t) => self.flush_table(&t).await?,
+                    None => 0,
+                };
+                table_output(vec![(
+                    "files_written",
+                    Arc::new(UInt64Array::from(vec![files as u64])) as ArrayRef,
+                )])
+            }
+        }
+    }
+
+    fn create_table(&self, ct: CreateTable) -> Result<()> {
+        valid_name("table", &ct.name.table)?;
+        let mut seen = std::collections::HashSet::new();
+        for c in &ct.columns {
+            valid_name("column", &c.name)?;
+            if !seen.insert(c.name.to_ascii_lowercase()) {
+                return Err(Error::invalid(format!(
+                    "column '{}' is defined twice",
+                    c.name
+                )));
+            }
+        }
+        let pc = ct
+            .columns
+            .iter()
+            .position(|c| c.name.eq_ignore_ascii_case(&ct.partition_column))
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "PARTITION BY names unknown column '{}'",
+                    ct.partition_column
+                ))
+            })?;
+        let pty = ct.columns[pc].ty;
+        if !ct.partition.accepts(pty) {
+            return Err(Error::invalid(format!(
+                "partition function {} cannot read column '{}' of type {}",
+                ct.partition.sql(&ct.columns[pc].name),
+                ct.columns[pc].name,
+                pty.name()
+            )));
+        }
+        let created = self.shared.catalog.change(|d| {
+            let db = d
+                .databases
+                .get(&ct.name.database)
+                .ok_or_else(|| Error::UnknownDatabase {
+                    database: ct.name.database.clone(),
+                })?;
+            if db.contains_key(&ct.name.table) {
+                return if ct.if_not_exists {
+                    Ok(None)
+                } else {
+                    Err(Error::AlreadyExists {
+                        what: "table",
+                        name: format!("{}.{}", ct.name.database, ct.name.table),
+                    })
+                };
+            }
+            let def = Arc::new(TableDef {
+                id: Catalog::allocate_id(d),
+                database: ct.name.database.clone(),
+                name: ct.name.table.clone(),
+                columns: ct.columns.clone(),
+                partition: ct.partition,
+                partition_column: pc,
+                ttl_secs: ct.ttl_secs,
+                options: ct.options.clone(),
+            });
+            d.databases
+                .get_mut(&ct.name.database)
+                .expect("checked")
+                .insert(ct.name.table.clone(), def.clone());
+            Ok(Some(def))
+        })?;
+        if let Some(def) = created {
+            self.shared
+                .tables
+                .by_id
+                .write()
+                .insert(def.id, Arc::new(TableState::new(def)));
+        }
+        Ok(())
+    }
+
+    async fn drop_table(&self, name: &TableRef, if_exists: bool) -> Result<()> {
+        let mut m = self.manifest.lock().await;
+        let removed = self.shared.catalog.change(|d| {
+            let Some(db) = d.databases.get_mut(&name.database) else {
+                return if if_exists {
+                    Ok(None)
+                } else {
+                    Err(Error::UnknownDatabase {
+                        database: name.database.clone(),
+                    })
+                };
+            };
+            match db.remove(&name.table) {
+                Some(def) => Ok(Some(def)),
+                None if if_exists => Ok(None),
+                None => Err(Error::UnknownTable {
+                    database: name.database.clone(),
+                    table: name.table.clone(),
+                }),
+            }
+        })?;
+        let Some(def) = removed else {
+            return Ok(());
+        };
+        self.shared.tables.by_id.write().remove(&def.id);
+        if let Some(parts) = m.tables.get(&def.id) {
+            let files: Vec<String> = parts
+                .values()
+                .flat_map(|p| p.files.iter().map(|f| f.path.clone()))
+                .collect();
+            let mut next = m.clone();
+            next.tables.remove(&def.id);
+            self.shared.storage.save_manifest(&mut next).await?;
+            *m = next;
+            self.graveyard
+                .lock()
+                .push((std::time::Instant::now(), files));
+        }
+        drop(m);
+        self.truncate_wal()
+    }
+}

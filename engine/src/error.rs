@@ -1,0 +1,195 @@
+//! Engine errors. Each variant says what a client did wrong or what failed underneath;
+//! the protocol edges (HTTP now, MQTT next) map them to wire codes in one place each.
+
+use std::path::PathBuf;
+
+/// Everything the engine can refuse or fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// SQL that does not parse or plan.
+    #[error("{message}")]
+    Sql {
+        /// What was expected and where (line:column when known).
+        message: String,
+    },
+    /// The database does not exist.
+    #[error("database '{database}' does not exist")]
+    UnknownDatabase {
+        /// Database name.
+        database: String,
+    },
+    /// The table does not exist.
+    #[error("table '{database}.{table}' does not exist")]
+    UnknownTable {
+        /// Database name.
+        database: String,
+        /// Table name.
+        table: String,
+    },
+    /// Creating something that already exists.
+    #[error("{what} '{name}' already exists")]
+    AlreadyExists {
+        /// "database", "table", "column".
+        what: &'static str,
+        /// Its name.
+        name: String,
+    },
+    /// A DDL statement that is well-formed but invalid (bad type, bad partition function...).
+    #[error("{message}")]
+    InvalidDefinition {
+        /// Why.
+        message: String,
+    },
+    /// A row that does not fit its table. `line` is 1-based within the request body.
+    #[error("line {line}, column '{column}': {reason}")]
+    BadRow {
+        /// 1-based line of the body (row index for JSON arrays).
+        line: usize,
+        /// The column (or field) at fault.
+        column: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A payload that is not valid CSV/JSON at all.
+    #[error("line {line}: {reason}")]
+    BadPayload {
+        /// 1-based line.
+        line: usize,
+        /// What was wrong.
+        reason: String,
+    },
+    /// Too many writes already waiting for the WAL.
+    #[error("overloaded: {pending} writes are waiting for the log; retry later")]
+    Overloaded {
+        /// The configured limit that was reached.
+        pending: usize,
+    },
+    /// The server is shutting down.
+    #[error("shutting down")]
+    ShuttingDown,
+    /// The WAL could not write or sync; nothing of the failed group was acknowledged.
+    #[error("write-ahead log failure at {path}: {source}")]
+    Wal {
+        /// Segment file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The WAL refused writes after an earlier sync failure (data already acknowledged is safe).
+    #[error("write-ahead log is read-only after an earlier failure: {reason}")]
+    WalPoisoned {
+        /// The failure that poisoned it.
+        reason: String,
+    },
+    /// Local file I/O (catalog, data directory).
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A stored file (catalog, manifest) is unreadable.
+    #[error("corrupt {what}: {reason}")]
+    Corrupt {
+        /// Which file.
+        what: String,
+        /// Why.
+        reason: String,
+    },
+    /// The object store failed.
+    #[error("object store: {source}")]
+    ObjectStore {
+        /// The store's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// Query planning or execution failed inside DataFusion.
+    #[error("{source}")]
+    DataFusion {
+        /// DataFusion's error.
+        #[source]
+        source: Box<datafusion::error::DataFusionError>,
+    },
+    /// Arrow or Parquet encoding failed.
+    #[error("encoding: {source}")]
+    Parquet {
+        /// The Parquet error.
+        #[source]
+        source: datafusion::parquet::errors::ParquetError,
+    },
+    /// Arrow kernels failed.
+    #[error("arrow: {source}")]
+    Arrow {
+        /// The Arrow error.
+        #[source]
+        source: datafusion::arrow::error::ArrowError,
+    },
+}
+
+impl From<datafusion::error::DataFusionError> for Error {
+    fn from(e: datafusion::error::DataFusionError) -> Self {
+        use datafusion::error::DataFusionError as D;
+        match e {
+            D::SQL(..) | D::Plan(..) | D::SchemaError(..) | D::NotImplemented(..) => Error::Sql {
+                message: e.strip_backtrace(),
+            },
+            D::Context(ctx, inner) if !matches!(*inner, D::External(_)) => {
+                let inner: Error = (*inner).into();
+                match inner {
+                    Error::Sql { message } => Error::Sql {
+                        message: format!("{ctx}: {message}"),
+                    },
+                    other => other,
+                }
+            }
+            other => Error::DataFusion {
+                source: Box::new(other),
+            },
+        }
+    }
+}
+
+impl From<object_store::Error> for Error {
+    fn from(source: object_store::Error) -> Self {
+        Error::ObjectStore { source }
+    }
+}
+
+impl From<datafusion::parquet::errors::ParquetError> for Error {
+    fn from(source: datafusion::parquet::errors::ParquetError) -> Self {
+        Error::Parquet { source }
+    }
+}
+
+impl From<datafusion::arrow::error::ArrowError> for Error {
+    fn from(source: datafusion::arrow::error::ArrowError) -> Self {
+        Error::Arrow { source }
+    }
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn sql(message: impl Into<String>) -> Self {
+        Error::Sql {
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Error::InvalidDefinition {
+            message: message.into(),
+        }
+    }
+}
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,34 @@
+//! The Sluice storage engine: everything below the protocols.
+//!
+//! Data flows: a client's payload is decoded against its table ([`decode`]) into rows; the
+//! rows become one [`wal::record::WriteRecord`], appended to the write-ahead log ([`wal`]) with
+//! group commit; once durable, the apply step ([`state`]) puts them into per-partition Arrow
+//! buffers ([`buffer`]), where SQL sees them; only then is the write acknowledged. In the
+//! background ([`engine`]'s maintenance) buffers become sorted Parquet files on an object store
+//! ([`storage`]), a new manifest names them, and the log is truncated behind them.
+//!
+//! Queries go through DataFusion: [`provider`] exposes databases as schemas and tables as
+//! providers that union Parquet files with buffers, pruning partitions by the partition key;
+//! [`system`] serves `system.*`; [`ddl`] parses Sluice's own statements.
+//!
+//! Start reading at [`api::Database`] (what HTTP and MQTT call) and [`Engine`] (how it is done).
+
+pub mod api;
+pub mod buffer;
+pub mod catalog;
+pub mod ddl;
+pub mod decode;
+pub mod engine;
+pub mod error;
+pub mod partition;
+pub mod provider;
+pub mod state;
+pub mod storage;
+pub mod system;
+pub mod types;
+pub mod wal;
+
+pub use api::{Database, Health, QueryOutput, WriteReceipt};
+pub use decode::Format;
+pub use engine::Engine;
+pub use error::{Error, Result};

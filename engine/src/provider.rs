@@ -1,0 +1,361 @@
+//! DataFusion over the catalog: a catalog provider whose schemas are Sluice databases (plus
+//! `system`), and a table provider per table that unions the table's Parquet files with its
+//! in-memory buffers, skipping partitions that the filters rule out.
+
+use crate::catalog::{SYSTEM_DATABASE, TableDef};
+use crate::state::{TableState, Tables};
+use crate::storage::Storage;
+use crate::types::Value;
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::catalog::{CatalogProvider, SchemaProvider, Session};
+use datafusion::common::{DFSchema, ScalarValue};
+use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::datasource::{MemTable, TableProvider, TableType};
+use datafusion::error::Result as DfResult;
+use datafusion::logical_expr::utils::{conjunction, split_conjunction};
+use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::union::UnionExec;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// What the SQL layer needs of the engine.
+#[derive(Debug)]
+pub struct Shared {
+    /// The catalog.
+    pub catalog: crate::catalog::Catalog,
+    /// Live state.
+    pub tables: Arc<Tables>,
+    /// Object store.
+    pub storage: Storage,
+}
+
+/// The `sluice` catalog: one schema per database, plus `system`.
+#[derive(Debug)]
+pub struct SluiceCatalog {
+    /// Engine state.
+    pub shared: Arc<Shared>,
+}
+
+impl CatalogProvider for SluiceCatalog {
+    fn schema_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .shared
+            .catalog
+            .snapshot()
+            .databases
+            .keys()
+            .cloned()
+            .collect();
+        names.push(SYSTEM_DATABASE.into());
+        names
+    }
+
+    fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
+        if name == SYSTEM_DATABASE {
+            return Some(Arc::new(crate::system::SystemSchema {
+                shared: self.shared.clone(),
+            }));
+        }
+        self.shared
+            .catalog
+            .snapshot()
+            .databases
+            .contains_key(name)
+            .then(|| {
+                Arc::new(DatabaseSchema {
+                    shared: self.shared.clone(),
+                    database: name.to_string(),
+                }) as Arc<dyn SchemaProvider>
+            })
+    }
+}
+
+#[derive(Debug)]
+struct DatabaseSchema {
+    shared: Arc<Shared>,
+    database: String,
+}
+
+#[async_trait]
+impl SchemaProvider for DatabaseSchema {
+    fn table_names(&self) -> Vec<String> {
+        self.shared
+            .catalog
+            .snapshot()
+            .databases
+            .get(&self.database)
+            .map(|t| t.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        let cat = self.shared.catalog.snapshot();
+        let Ok(def) = cat.table(&self.database, name) else {
+            return Ok(None);
+        };
+        let Some(state) = self.shared.tables.get(def.id) else {
+            return Ok(None);
+        };
+        Ok(Some(Arc::new(SluiceTable {
+            schema: state.schema(),
+            def: state.def(),
+            state,
+            storage: self.shared.storage.clone(),
+        })))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        self.shared
+            .catalog
+            .snapshot()
+            .table(&self.database, name)
+            .is_ok()
+    }
+}
+
+/// One table as DataFusion sees it.
+#[derive(Debug)]
+pub struct SluiceTable {
+    def: Arc<TableDef>,
+    schema: SchemaRef,
+    state: Arc<TableState>,
+    storage: Storage,
+}
+
+/// Which partition keys can hold rows matching the filters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyFilter {
+    /// Inclusive lower bound.
+    pub lo: u64,
+    /// Inclusive upper bound.
+    pub hi: u64,
+    /// When equality pinned the key to a set.
+    pub only: Option<BTreeSet<u64>>,
+}
+
+impl KeyFilter {
+    fn all() -> Self {
+        Self {
+            lo: 0,
+            hi: u64::MAX,
+            only: None,
+        }
+    }
+
+    /// True if partition `k` may match.
+    pub fn admits(&self, k: u64) -> bool {
+        k >= self.lo && k <= self.hi && self.only.as_ref().is_none_or(|s| s.contains(&k))
+    }
+}
+
+/// Derives key bounds from predicates on the partition column (`col op literal`).
+pub fn key_filter(def: &TableDef, filters: &[Expr]) -> KeyFilter {
+    let mut f = KeyFilter::all();
+    let col_name = &def.columns[def.partition_column].name;
+    let ty = def.columns[def.partition_column].ty;
+    for filter in filters {
+        for e in split_conjunction(filter) {
+            let Expr::BinaryExpr(BinaryExpr { left, op, right }) = e else {
+                continue;
+            };
+            let (op, lit) = match (column_of(left), column_of(right)) {
+                (Some(c), None) if c == col_name => (*op, right.as_ref()),
+                (None, Some(c)) if c == col_name => match op.swap() {
+                    Some(op) => (op, left.as_ref()),
+                    None => continue,
+                },
+                _ => continue,
+            };
+            let Some(v) = literal_value(lit, ty) else {
+                continue;
+            };
+            let k = def.partition.key(&v);
+            if !def.partition.is_monotonic() {
+                if op == Operator::Eq {
+                    let set = f.only.get_or_insert_with(|| BTreeSet::from([k]));
+                    set.retain(|x| *x == k);
+                }
+                continue;
+            }
+            match op {
+                Operator::Eq => {
+                    f.lo = f.lo.max(k);
+                    f.hi = f.hi.min(k);
+                }
+                Operator::Gt | Operator::GtEq => f.lo = f.lo.max(k),
+                Operator::Lt | Operator::LtEq => f.hi = f.hi.min(k),
+                _ => {}
+            }
+        }
+    }
+    f
+}
+
+fn column_of(e: &Expr) -> Option<&str> {
+    match e {
+        Expr::Column(c) => Some(c.name.as_str()),
+        _ => None,
+    }
+}
+
+fn literal_value(e: &Expr, ty: crate::types::ColumnType) -> Option<Value> {
+    let scalar = match e {
+        Expr::Literal(s, _) => s.clone(),
+        Expr::Cast(c) => match c.expr.as_ref() {
+            Expr::Literal(s, _) => s.cast_to(c.field.data_type()).ok()?,
+            _ => return None,
+        },
+        _ => return None,
+    };
+    if scalar.is_null() {
+        return None;
+    }
+    let micros = |s: &ScalarValue| -> Option<i64> {
+        Some(match s {
+            ScalarValue::TimestampSecond(Some(v), _) => v.checked_mul(1_000_000)?,
+            ScalarValue::TimestampMillisecond(Some(v), _) => v.checked_mul(1_000)?,
+            ScalarValue::TimestampMicrosecond(Some(v), _) => *v,
+            ScalarValue::TimestampNanosecond(Some(v), _) => v.div_euclid(1_000),
+            ScalarValue::Date32(Some(d)) => i64::from(*d) * 86_400_000_000,
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::LargeUtf8(Some(s))
+            | ScalarValue::Utf8View(Some(s)) => {
+                return crate::decode::parse_text(crate::types::ColumnType::Timestamp, s)
+                    .ok()?
+                    .as_micros();
+            }
+            _ => return None,
+        })
+    };
+    if ty.is_time() {
+        return micros(&scalar).map(Value::Timestamp);
+    }
+    match scalar {
+        ScalarValue::Int8(Some(v)) => Some(Value::Int(v.into())),
+        ScalarValue::Int16(Some(v)) => Some(Value::Int(v.into())),
+        ScalarValue::Int32(Some(v)) => Some(Value::Int(v.into())),
+        ScalarValue::Int64(Some(v)) => Some(Value::Int(v)),
+        ScalarValue::UInt8(Some(v)) => Some(Value::UInt(v.into())),
+        ScalarValue::UInt16(Some(v)) => Some(Value::UInt(v.into())),
+        ScalarValue::UInt32(Some(v)) => Some(Value::UInt(v.into())),
+        ScalarValue::UInt64(Some(v)) => Some(Value::UInt(v)),
+        _ => None,
+    }
+}
+
+/// What a scan reads, taken under the partition lock.
+#[derive(Debug, Default)]
+pub struct ScanSet {
+    /// Parquet files: path and size.
+    pub files: Vec<(String, u64)>,
+    /// In-memory rows.
+    pub batches: Vec<RecordBatch>,
+    /// Partitions kept.
+    pub partitions: usize,
+}
+
+impl SluiceTable {
+    /// Collects the files and buffered rows of the partitions that `filter` admits.
+    pub fn scan_set(&self, filter: &KeyFilter) -> ScanSet {
+        let mut set = ScanSet::default();
+        let parts = self.state.parts.read();
+        let range = parts.range(filter.lo..=filter.hi);
+        for (k, p) in range {
+            if !filter.admits(*k) {
+                continue;
+            }
+            set.partitions += 1;
+            set.files
+                .extend(p.files.iter().map(|f| (f.path.clone(), f.bytes)));
+            if let Some(f) = &p.frozen {
+                set.batches.extend(
+                    f.batches
+                        .iter()
+                        .map(|b| crate::buffer::widen(b, &self.schema)),
+                );
+            }
+            set.batches.extend(p.buffer.snapshot(&self.schema));
+        }
+        set
+    }
+}
+
+#[async_trait]
+impl TableProvider for SluiceTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> DfResult<Vec<TableProviderFilterPushDown>> {
+        // Filters prune partitions, row groups and pages, but are re-checked on the rows.
+        Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let filter = key_filter(&self.def, filters);
+        let set = self.scan_set(&filter);
+        let lanes = state.config().target_partitions().max(1);
+        let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
+        if !set.files.is_empty() {
+            let mut source = ParquetSource::new(self.schema.clone())
+                .with_enable_page_index(true)
+                .with_pushdown_filters(false);
+            if let Some(expr) = conjunction(filters.to_vec()) {
+                let df_schema = DFSchema::try_from(self.schema.clone())?;
+                source = source.with_predicate(state.create_physical_expr(expr, &df_schema)?);
+            }
+            let mut groups: Vec<Vec<PartitionedFile>> =
+                vec![Vec::new(); lanes.min(set.files.len())];
+            let n = groups.len();
+            for (i, (path, size)) in set.files.into_iter().enumerate() {
+                groups[i % n].push(PartitionedFile::new(path, size));
+            }
+            let conf = FileScanConfigBuilder::new(self.storage.url.clone(), Arc::new(source))
+                .with_file_groups(groups.into_iter().map(FileGroup::new).collect())
+                .with_projection_indices(projection.cloned())?
+                .with_limit(limit)
+                .build();
+            inputs.push(DataSourceExec::from_data_source(conf));
+        }
+        if !set.batches.is_empty() || inputs.is_empty() {
+            let n = lanes.min(set.batches.len()).max(1);
+            let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
+            for (i, b) in set.batches.into_iter().enumerate() {
+                parts[i % n].push(b);
+            }
+            inputs.push(MemorySourceConfig::try_new_exec(
+                &parts,
+                self.schema.clone(),
+                projection.cloned(),
+            )?);
+        }
+        UnionExec::try_new(inputs)
+    }
+}
+
+/// A read-only in-memory table (system tables, SHOW results).
+pub fn mem_table(batch: RecordBatch) -> DfResult<Arc<dyn TableProvider>> {
+    Ok(Arc::new(MemTable::try_new(
+        batch.schema(),
+        vec![vec![batch]],
+    )?))
+}

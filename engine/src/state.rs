@@ -1,0 +1,188 @@
+//! Live table state: per partition, the unflushed buffer, a buffer being flushed (still
+//! visible to queries) and the Parquet files. This is the engine's "apply" target: the
+//! [`Applier`] implementation here is the one step both the live log and replay run.
+
+use crate::buffer::PartitionBuffer;
+use crate::catalog::TableDef;
+use crate::storage::FileMeta;
+use crate::wal::Applier;
+use crate::wal::record::WriteRecord;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use parking_lot::RwLock;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// Rows taken out of a buffer for a flush; queries see them until the file replaces them.
+#[derive(Debug)]
+pub struct Frozen {
+    /// The rows.
+    pub batches: Vec<RecordBatch>,
+    /// Row count.
+    pub rows: usize,
+    /// First LSN among them.
+    pub min_lsn: u64,
+    /// Last LSN among them: once persisted, the partition's `flushed_lsn`.
+    pub max_lsn: u64,
+    /// Time range.
+    pub time_range: Option<(i64, i64)>,
+}
+
+/// One partition.
+#[derive(Debug)]
+pub struct Partition {
+    /// Rows not yet persisted.
+    pub buffer: PartitionBuffer,
+    /// Rows being persisted (or whose persisting failed and will be retried).
+    pub frozen: Option<Arc<Frozen>>,
+    /// Live Parquet files.
+    pub files: Vec<FileMeta>,
+    /// Log records up to this LSN are persisted (or dropped); replay skips them here.
+    pub flushed_lsn: u64,
+}
+
+impl Partition {
+    /// Rows in the partition, persisted or not.
+    pub fn rows(&self) -> u64 {
+        self.files.iter().map(|f| f.rows).sum::<u64>()
+            + self.frozen.as_ref().map_or(0, |f| f.rows as u64)
+            + self.buffer.rows as u64
+    }
+
+    /// Time range over files and buffers.
+    pub fn time_range(&self) -> Option<(i64, i64)> {
+        let ranges = self
+            .files
+            .iter()
+            .filter_map(|f| Some((f.min_time?, f.max_time?)))
+            .chain(self.frozen.as_ref().and_then(|f| f.time_range))
+            .chain(self.buffer.time_range);
+        ranges.reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
+    }
+
+    /// Smallest LSN still only in the log (not persisted), if any.
+    pub fn unpersisted_lsn(&self) -> Option<u64> {
+        let f = self.frozen.as_ref().map(|f| f.min_lsn);
+        let b = (!self.buffer.is_empty()).then_some(self.buffer.min_lsn);
+        match (f, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// One table's live state.
+#[derive(Debug)]
+pub struct TableState {
+    /// Definition and Arrow schema, replaced together by ALTER.
+    pub def: RwLock<(Arc<TableDef>, SchemaRef)>,
+    /// Partition key -> partition.
+    pub parts: RwLock<BTreeMap<u64, Partition>>,
+}
+
+impl TableState {
+    /// A table with no rows.
+    pub fn new(def: Arc<TableDef>) -> Self {
+        let schema = def.arrow_schema();
+        Self {
+            def: RwLock::new((def, schema)),
+            parts: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    /// The current definition.
+    pub fn def(&self) -> Arc<TableDef> {
+        self.def.read().0.clone()
+    }
+
+    /// The current Arrow schema.
+    pub fn schema(&self) -> SchemaRef {
+        self.def.read().1.clone()
+    }
+
+    /// Replaces the definition after ALTER, widening every buffer first.
+    pub fn alter(&self, def: Arc<TableDef>) {
+        let schema = def.arrow_schema();
+        let types: Vec<_> = def.columns.iter().map(|c| c.ty).collect();
+        let mut parts = self.parts.write();
+        for p in parts.values_mut() {
+            p.buffer.widen(schema.clone(), &types);
+        }
+        *self.def.write() = (def, schema);
+    }
+
+    fn new_partition(&self, flushed_lsn: u64) -> Partition {
+        let (def, schema) = &*self.def.read();
+        let types: Vec<_> = def.columns.iter().map(|c| c.ty).collect();
+        Partition {
+            buffer: PartitionBuffer::new(schema.clone(), &types),
+            frozen: None,
+            files: Vec::new(),
+            flushed_lsn,
+        }
+    }
+
+    /// The partition for `key`, created empty if absent.
+    pub fn partition_mut<'a>(
+        &self,
+        parts: &'a mut BTreeMap<u64, Partition>,
+        key: u64,
+    ) -> &'a mut Partition {
+        parts.entry(key).or_insert_with(|| self.new_partition(0))
+    }
+}
+
+/// Every table's live state, by id.
+#[derive(Debug, Default)]
+pub struct Tables {
+    /// Table id -> state.
+    pub by_id: RwLock<HashMap<u64, Arc<TableState>>>,
+}
+
+impl Tables {
+    /// A table's state.
+    pub fn get(&self, id: u64) -> Option<Arc<TableState>> {
+        self.by_id.read().get(&id).cloned()
+    }
+
+    /// Every table.
+    pub fn all(&self) -> Vec<Arc<TableState>> {
+        self.by_id.read().values().cloned().collect()
+    }
+
+    /// The smallest LSN still needed by some unpersisted row.
+    pub fn min_unpersisted_lsn(&self) -> Option<u64> {
+        self.all()
+            .iter()
+            .filter_map(|t| {
+                t.parts
+                    .read()
+                    .values()
+                    .filter_map(Partition::unpersisted_lsn)
+                    .min()
+            })
+            .min()
+    }
+}
+
+impl Applier for Tables {
+    fn apply(&self, lsn: u64, record: &WriteRecord) {
+        let Some(table) = self.get(record.table_id) else {
+            // Dropped since it was logged.
+            return;
+        };
+        let def = table.def();
+        let time_col = def.time_column();
+        let pc = def.partition_column;
+        let mut parts = table.parts.write();
+        for row in &record.rows {
+            let key = row.get(pc).map_or(0, |v| def.partition.key(v));
+            let part = table.partition_mut(&mut parts, key);
+            if lsn <= part.flushed_lsn {
+                // Replay of a record this partition already persisted.
+                continue;
+            }
+            part.buffer.push(lsn, row, time_col);
+        }
+    }
+}

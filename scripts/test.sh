@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command (README): formats check, lints, then every test of the workspace.
+# Installs what the tests need when missing; builds into a target directory outside the
+# clone so later runs on the same machine reuse it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice-target}"
+export CARGO_TERM_COLOR=never
+# (No system package is needed by the tests of this issue; later issues add mosquitto and
+# chromium here, installed with apt-get when missing.)
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace --no-fail-fast 2>&1 | tee "${CARGO_TARGET_DIR}/last-test.log"
+exit "${PIPESTATUS[0]}"

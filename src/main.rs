@@ -1,0 +1,106 @@
+//! The `sluice` binary: command line, configuration layering and wiring. No logic lives here.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use sluice_conf::Config;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser, Debug)]
+#[command(name = "sluice", version, about = "MQTT-native IoT database")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the server.
+    Serve {
+        /// TOML configuration file (see conf/sluice.toml); SLUICE_* variables override it.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Data directory (overrides data_dir).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// HTTP listen address (overrides http.listen); port 0 picks a free port.
+        #[arg(long)]
+        http_listen: Option<SocketAddr>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let Command::Serve {
+        config,
+        data_dir,
+        http_listen,
+    } = Cli::parse().command;
+    let mut cfg = match &config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::default(),
+    };
+    cfg.apply_env(std::env::vars())?;
+    if let Some(d) = data_dir {
+        cfg.data_dir = d;
+    }
+    if let Some(a) = http_listen {
+        cfg.http.listen = a;
+    }
+    cfg.validate()?;
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| cfg.log.clone());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .init();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(serve(cfg))
+}
+
+async fn serve(cfg: Config) -> anyhow::Result<()> {
+    let engine = sluice_engine::Engine::open(cfg.clone())
+        .await
+        .with_context(|| format!("opening data directory {}", cfg.data_dir.display()))?;
+    let cancel = CancellationToken::new();
+    let background = engine.spawn_background(cancel.clone());
+    let listener = tokio::net::TcpListener::bind(cfg.http.listen)
+        .await
+        .with_context(|| format!("binding HTTP on {}", cfg.http.listen))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, data_dir = %cfg.data_dir.display(), "sluice ready");
+    // A line on stdout that scripts and tests wait for (the port is real even when 0 was asked).
+    println!("sluice: http listening on {addr}");
+
+    let signal_cancel = cancel.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        signal_cancel.cancel();
+    });
+
+    let db: Arc<dyn sluice_engine::Database> = engine.clone();
+    sluice_web::serve(listener, db, &cfg.http, cancel.clone()).await?;
+    cancel.cancel();
+    let _ = background.await;
+    engine
+        .shutdown()
+        .await
+        .context("persisting buffers at shutdown")?;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}

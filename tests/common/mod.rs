@@ -1,0 +1,205 @@
+//! Starts the real `sluice` binary on port 0 in a temporary directory and talks to it over
+//! HTTP, as a user would.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Server {
+    pub child: Child,
+    pub addr: String,
+    pub dir: PathBuf,
+    pub log: PathBuf,
+    env: Vec<(String, String)>,
+    http: reqwest::Client,
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+impl Server {
+    /// Starts sluice on `dir` with extra `SLUICE_*` variables.
+    pub fn start(dir: &Path, env: &[(&str, &str)]) -> Server {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self::start_owned(dir, env)
+    }
+
+    fn start_owned(dir: &Path, env: Vec<(String, String)>) -> Server {
+        let log = dir.join(format!(
+            "sluice-{}.log",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("serve")
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .arg("--http-listen")
+            .arg("127.0.0.1:0")
+            .env_remove("RUST_LOG")
+            .envs(env.iter().cloned())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let mut child = cmd.spawn().expect("start sluice");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("sluice: http listening on ") {
+                    let _ = tx.send(addr.to_string());
+                }
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!(
+                    "sluice did not start; log:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+        };
+        Server {
+            child,
+            addr,
+            dir: dir.to_path_buf(),
+            log,
+            env,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub async fn sql(&self, q: &str) -> Reply {
+        self.sql_fmt(q, "json").await
+    }
+
+    pub async fn sql_fmt(&self, q: &str, format: &str) -> Reply {
+        let r = self
+            .http
+            .post(self.url(&format!("/v1/sql?format={format}")))
+            .body(q.to_string())
+            .send()
+            .await
+            .expect("sql request");
+        let status = r.status().as_u16();
+        Reply {
+            status,
+            body: r.text().await.unwrap(),
+        }
+    }
+
+    /// Runs SQL that must succeed and returns its rows.
+    pub async fn rows(&self, q: &str) -> Vec<serde_json::Value> {
+        let r = self.sql(q).await;
+        assert_eq!(r.status, 200, "{q}: {}", r.body);
+        r.json().as_array().cloned().unwrap_or_default()
+    }
+
+    /// The single number a `SELECT count(*) AS n ...` returns.
+    pub async fn count(&self, q: &str) -> u64 {
+        let rows = self.rows(q).await;
+        rows[0]
+            .as_object()
+            .unwrap()
+            .values()
+            .next()
+            .unwrap()
+            .as_u64()
+            .unwrap()
+    }
+
+    pub async fn write(
+        &self,
+        db: &str,
+        table: &str,
+        content_type: &str,
+        body: impl Into<String>,
+    ) -> Reply {
+        let r = self
+            .http
+            .post(self.url(&format!("/v1/write/{db}/{table}")))
+            .header("content-type", content_type)
+            .body(body.into())
+            .send()
+            .await
+            .expect("write request");
+        let status = r.status().as_u16();
+        Reply {
+            status,
+            body: r.text().await.unwrap(),
+        }
+    }
+
+    pub fn client(&self) -> reqwest::Client {
+        self.http.clone()
+    }
+
+    /// `kill -9`.
+    pub fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, then the exit code.
+    pub fn terminate(mut self) -> i32 {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(Instant::now() < deadline, "sluice did not stop on SIGTERM");
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts a new server on the same directory with the same settings.
+    pub fn restart_on(dir: &Path, env: &[(&str, &str)]) -> Server {
+        Self::start(dir, env)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `check` until it returns true or the deadline passes.
+pub async fn eventually<F, Fut>(what: &str, secs: u64, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::task::yield_now().await;
+        std::thread::park_timeout(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,142 @@
+//! The HTTP API of Sluice: SQL in, rows out; rows in, durable acknowledgement out.
+//!
+//! Routes ([`router`]): `POST /v1/sql` runs one statement and returns its rows as JSON, JSON
+//! lines, CSV, Arrow IPC or Parquet; `POST /v1/write/{db}/{table}` stores a CSV or JSON body
+//! and answers 204 only once it is durable; `GET /health`. Every failure is
+//! `{"error": {"code", "message"}}` with the status chosen in one place ([`error`]).
+//! Handlers talk only to [`sluice_engine::Database`], never to storage directly.
+
+mod error;
+mod format;
+
+pub use error::ApiError;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use sluice_conf::HttpConfig;
+use sluice_engine::{Database, Format};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone)]
+struct AppState {
+    db: Arc<dyn Database>,
+    max_body: usize,
+}
+
+/// The API routes over a database.
+pub fn router(db: Arc<dyn Database>, config: &HttpConfig) -> Router {
+    Router::new()
+        .route("/v1/sql", post(sql))
+        .route("/v1/write/{db}/{table}", post(write))
+        .route("/health", get(health))
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+        })
+        .with_state(AppState {
+            db,
+            max_body: config.max_body_bytes,
+        })
+}
+
+/// Serves until `cancel` fires, then stops accepting and lets requests in flight finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    db: Arc<dyn Database>,
+    config: &HttpConfig,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(db, config))
+        .with_graceful_shutdown(cancel.cancelled_owned())
+        .await
+}
+
+async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("request body is larger than {limit} bytes (http.max_body_bytes)"),
+        )
+    })
+}
+
+#[derive(serde::Deserialize)]
+struct SqlParams {
+    format: Option<String>,
+}
+
+async fn sql(
+    State(s): State<AppState>,
+    Query(q): Query<SqlParams>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let out_format = format::OutputFormat::parse(q.format.as_deref())?;
+    let body = read_body(body, s.max_body).await?;
+    let text = std::str::from_utf8(&body).map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "SQL must be UTF-8 text",
+        )
+    })?;
+    if text.trim().is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_sql",
+            "empty SQL statement",
+        ));
+    }
+    let started = std::time::Instant::now();
+    let output = s.db.execute(text).await?;
+    let rows: usize = output.batches.iter().map(|b| b.num_rows()).sum();
+    let (content_type, bytes) = tokio::task::spawn_blocking(move || out_format.encode(&output))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok((
+        [
+            (header::CONTENT_TYPE, content_type.to_string()),
+            (
+                header::HeaderName::from_static("x-sluice-rows"),
+                rows.to_string(),
+            ),
+            (
+                header::HeaderName::from_static("x-sluice-elapsed-us"),
+                started.elapsed().as_micros().to_string(),
+            ),
+        ],
+        bytes,
+    )
+        .into_response())
+}
+
+async fn write(
+    State(s): State<AppState>,
+    Path((db, table)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let body = read_body(body, s.max_body).await?;
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let format = if ct.contains("json") {
+        Format::Json
+    } else if ct.contains("csv") {
+        Format::Csv
+    } else {
+        Format::sniff(&body)
+    };
+    s.db.write(&db, &table, format, &body).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn health(State(s): State<AppState>) -> Response {
+    let h = s.db.health();
+    axum::Json(serde_json::json!({"status": "ok", "applied_lsn": h.applied_lsn, "wal_segments": h.wal_segments, "buffered_rows": h.buffered_rows})).into_response()
+}
