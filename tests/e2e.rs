@@ -80,7 +80,7 @@ async fn create_write_query_and_catalog() {
         .await;
     assert_eq!(
         parts,
-        vec![serde_json::json!({"partition": 2024050110u64, "rows": 2})]
+        vec![serde_json::json!({"partition": 2024050110u64, "rows": 3})]
     );
 
     // FLUSH writes Parquet that system.files shows, and queries give the same answers.
@@ -529,7 +529,7 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
         r.json()["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("Line: 1, Column: 22"),
+            .contains("Line: 1, Column: 23"),
         "{}",
         r.body
     );

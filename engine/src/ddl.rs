@@ -108,13 +108,12 @@ fn perr(e: ParserError) -> Error {
 
 impl P<'_> {
     fn word(&mut self, w: &str) -> bool {
-        if let Token::Word(x) = &self.p.peek_token().token {
-            if x.quote_style.is_none() && x.value.eq_ignore_ascii_case(w) {
-                self.p.next_token();
-                return true;
-            }
+        let hit = matches!(&self.p.peek_token().token,
+            Token::Word(x) if x.quote_style.is_none() && x.value.eq_ignore_ascii_case(w));
+        if hit {
+            self.p.next_token();
         }
-        false
+        hit
     }
 
     fn words(&mut self, ws: &[&str]) -> bool {
@@ -222,7 +221,7 @@ impl P<'_> {
         }
         let ty = ColumnType::parse(&name).ok_or_else(|| {
             Error::sql(format!(
-                "unknown column type '{name}' at {}; expected one of Bool, Int8..Int64, UInt8..UInt64, Float32, Float64, String, Blob, Date, DateTime (or BIGINT, DOUBLE, VARCHAR, TIMESTAMP, ...)",
+                "unknown column type '{name}'{}; expected one of Bool, Int8..Int64, UInt8..UInt64, Float32, Float64, String, Blob, Date, DateTime (or BIGINT, DOUBLE, VARCHAR, TIMESTAMP, ...)",
                 at.span.start
             ))
         })?;
@@ -275,7 +274,7 @@ impl P<'_> {
             self.expect(&Token::RParen)?;
             let f = PartitionFn::parse(&func, arg).ok_or_else(|| {
                 Error::sql(format!(
-                    "unknown partition function '{func}' at {}; expected yyyy, yyyymm, yyyymmdd, yyyymmdd3/7/10, ymdh, ymdh2/4/6/12, rem(col, n) or a column",
+                    "unknown partition function '{func}'{}; expected yyyy, yyyymm, yyyymmdd, yyyymmdd3/7/10, ymdh, ymdh2/4/6/12, rem(col, n) or a column",
                     at.span.start
                 ))
             })?;

@@ -132,21 +132,13 @@ pub enum Error {
 impl From<datafusion::error::DataFusionError> for Error {
     fn from(e: datafusion::error::DataFusionError) -> Self {
         use datafusion::error::DataFusionError as D;
-        match e {
+        // Classify by the innermost error: DataFusion wraps plan errors in context layers.
+        match e.find_root() {
             D::SQL(..) | D::Plan(..) | D::SchemaError(..) | D::NotImplemented(..) => Error::Sql {
                 message: e.strip_backtrace(),
             },
-            D::Context(ctx, inner) if !matches!(*inner, D::External(_)) => {
-                let inner: Error = (*inner).into();
-                match inner {
-                    Error::Sql { message } => Error::Sql {
-                        message: format!("{ctx}: {message}"),
-                    },
-                    other => other,
-                }
-            }
-            other => Error::DataFusion {
-                source: Box::new(other),
+            _ => Error::DataFusion {
+                source: Box::new(e),
             },
         }
     }

@@ -77,6 +77,17 @@ impl Default for Manifest {
     }
 }
 
+/// A Parquet file encoded in memory, not yet stored.
+#[derive(Debug)]
+pub struct Encoded {
+    /// The file's bytes.
+    pub bytes: Bytes,
+    /// Rows in it.
+    pub rows: u64,
+    /// Its time range (microseconds), when the table has a time column.
+    pub time_range: Option<(i64, i64)>,
+}
+
 /// The object store holding Parquet files and manifests.
 #[derive(Debug, Clone)]
 pub struct Storage {
@@ -242,7 +253,7 @@ impl Storage {
         schema: &SchemaRef,
         batches: &[RecordBatch],
         time_col: Option<usize>,
-    ) -> Result<(Bytes, u64, Option<(i64, i64)>)> {
+    ) -> Result<Encoded> {
         let batch = concat_batches(schema, batches)?;
         let batch = match time_col {
             Some(i) if batch.num_rows() > 1 => {
@@ -273,7 +284,24 @@ impl Storage {
         let mut w = ArrowWriter::try_new(&mut out, schema.clone(), Some(props.build()))?;
         w.write(&batch)?;
         w.close()?;
-        Ok((Bytes::from(out), batch.num_rows() as u64, range))
+        Ok(Encoded {
+            bytes: Bytes::from(out),
+            rows: batch.num_rows() as u64,
+            time_range: range,
+        })
+    }
+
+    /// Stores an encoded file durably at `path` and describes it for the manifest.
+    pub async fn put_file(&self, path: String, file: Encoded) -> Result<FileMeta> {
+        let meta = FileMeta {
+            path,
+            rows: file.rows,
+            bytes: file.bytes.len() as u64,
+            min_time: file.time_range.map(|r| r.0),
+            max_time: file.time_range.map(|r| r.1),
+        };
+        self.put_durable(&meta.path, file.bytes).await?;
+        Ok(meta)
     }
 
     /// Decodes a whole Parquet file (for compaction).

@@ -65,7 +65,7 @@ impl Engine {
                 total += p.buffer.bytes;
             }
         }
-        sizes.sort_by(|a, b| b.0.cmp(&a.0));
+        sizes.sort_by_key(|s| std::cmp::Reverse(s.0));
         for (bytes, t, k) in sizes {
             if total <= self.config.buffer.total_max_bytes {
                 break;
@@ -151,20 +151,17 @@ impl Engine {
         let storage = self.shared.storage.clone();
         let time_col = def.time_column();
         let f2 = frozen.clone();
-        let (bytes, rows, range) = tokio::task::spawn_blocking(move || {
+        let encoded = tokio::task::spawn_blocking(move || {
             storage.encode_parquet(&schema, &f2.batches, time_col)
         })
         .await
         .map_err(|e| Error::io("parquet encode", std::io::Error::other(e)))??;
-        let path = file_path(def.id, key, frozen.max_lsn);
-        let meta = FileMeta {
-            path: path.clone(),
-            rows,
-            bytes: bytes.len() as u64,
-            min_time: range.map(|r| r.0),
-            max_time: range.map(|r| r.1),
-        };
-        self.shared.storage.put_durable(&path, bytes).await?;
+        let rows = encoded.rows;
+        let meta = self
+            .shared
+            .storage
+            .put_file(file_path(def.id, key, frozen.max_lsn), encoded)
+            .await?;
         let mut next = m.clone();
         let pm = next
             .tables
@@ -241,21 +238,18 @@ impl Engine {
                     .collect();
                 let storage = self.shared.storage.clone();
                 let time_col = def.time_column();
-                let (bytes, rows, range) = tokio::task::spawn_blocking(move || {
+                let encoded = tokio::task::spawn_blocking(move || {
                     storage.encode_parquet(&schema, &batches, time_col)
                 })
                 .await
                 .map_err(|e| Error::io("parquet encode", std::io::Error::other(e)))??;
+                let rows = encoded.rows;
                 let flushed = t.parts.read().get(&key).map_or(0, |p| p.flushed_lsn);
-                let path = file_path(def.id, key, flushed);
-                let meta = FileMeta {
-                    path: path.clone(),
-                    rows,
-                    bytes: bytes.len() as u64,
-                    min_time: range.map(|r| r.0),
-                    max_time: range.map(|r| r.1),
-                };
-                self.shared.storage.put_durable(&path, bytes).await?;
+                let meta = self
+                    .shared
+                    .storage
+                    .put_file(file_path(def.id, key, flushed), encoded)
+                    .await?;
                 let old: Vec<String> = small.iter().map(|f| f.path.clone()).collect();
                 let mut next = m.clone();
                 let pm = next

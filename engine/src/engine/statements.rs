@@ -150,12 +150,13 @@ impl Engine {
             }
             Statement::ShowTables { database } => {
                 let cat = catalog.snapshot();
-                if let Some(db) = &database {
-                    if !cat.databases.contains_key(db) {
-                        return Err(Error::UnknownDatabase {
-                            database: db.clone(),
-                        });
-                    }
+                if let Some(db) = database
+                    .as_ref()
+                    .filter(|db| !cat.databases.contains_key(*db))
+                {
+                    return Err(Error::UnknownDatabase {
+                        database: db.clone(),
+                    });
                 }
                 let defs: Vec<&Arc<TableDef>> = cat
                     .tables()
