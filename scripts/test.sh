@@ -6,8 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice-target}"
 export CARGO_TERM_COLOR=never
-# (No system package is needed by the tests of this issue; later issues add mosquitto and
-# chromium here, installed with apt-get when missing.)
+# An S3-compatible store for tests/s3.rs: moto's server, from PyPI.
+if ! command -v moto_server >/dev/null 2>&1; then
+  python3 -m pip install --quiet 'moto[server]'
+fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --no-fail-fast 2>&1 | tee "${CARGO_TARGET_DIR}/last-test.log"

@@ -166,7 +166,7 @@ async fn create_write_query_and_catalog() {
 
     // DROP TABLE.
     assert_eq!(s.sql("DROP TABLE iot.readings").await.status, 200);
-    assert_eq!(s.sql("SELECT * FROM iot.readings").await.status, 400);
+    assert_eq!(s.sql("SELECT * FROM iot.readings").await.status, 404);
     assert_eq!(
         s.write("iot", "readings", "text/csv", "2024-05-01 10:00:00,d1,1")
             .await
@@ -536,8 +536,21 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     let r = s.sql("SELECT nope FROM iot.readings").await;
     assert_eq!(r.status, 400, "{}", r.body);
     let r = s.sql("SELECT * FROM iot.missing").await;
-    assert_eq!(r.status, 400, "{}", r.body);
-    assert!(r.body.contains("missing"));
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].as_str().unwrap()),
+        (404, "unknown_table")
+    );
+    assert!(r.body.contains("iot.missing"));
+    let r = s
+        .sql("SELECT count(*) FROM nodb.t JOIN iot.readings ON true")
+        .await;
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].as_str().unwrap()),
+        (404, "unknown_database")
+    );
+    assert_eq!(s.sql("SELECT * FROM system.nope").await.status, 404);
+    // Names inside string literals are not table references.
+    assert_eq!(s.sql("SELECT 'FROM iot.missing' AS x").await.status, 200);
     assert_eq!(s.sql("").await.status, 400);
     assert_eq!(s.sql_fmt("SELECT 1", "xml").await.status, 400);
     let r = s
@@ -597,4 +610,92 @@ async fn overload_is_refused_with_503() {
         }
     }
     assert_eq!(s.count("SELECT count(*) FROM iot.readings").await, ok);
+}
+
+/// File < environment < flags, and a config file that names unknown keys is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configuration_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("sluice.toml");
+    let from_file = dir.path().join("from-file");
+    let from_env = dir.path().join("from-env");
+    let from_flag = dir.path().join("from-flag");
+    std::fs::write(
+        &conf,
+        format!(
+            "data_dir = {:?}\n[http]\nlisten = \"127.0.0.1:0\"\n",
+            from_file.display().to_string()
+        ),
+    )
+    .unwrap();
+    let args = |extra: &[&str]| {
+        let mut a = vec!["--config".to_string(), conf.display().to_string()];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let env_dir = vec![(
+        "SLUICE_DATA_DIR".to_string(),
+        from_env.display().to_string(),
+    )];
+    let s = Server::start_args(dir.path(), &args(&[]), vec![]);
+    assert_eq!(s.sql("CREATE DATABASE a").await.status, 200);
+    assert_eq!(s.terminate(), 0);
+    assert!(from_file.join("catalog.json").exists());
+    let s = Server::start_args(dir.path(), &args(&[]), env_dir.clone());
+    assert_eq!(s.terminate(), 0);
+    assert!(from_env.join("catalog.json").exists());
+    let flag = from_flag.display().to_string();
+    let s = Server::start_args(dir.path(), &args(&["--data-dir", &flag]), env_dir);
+    assert_eq!(s.terminate(), 0);
+    assert!(from_flag.join("catalog.json").exists());
+
+    std::fs::write(&conf, "[http]\nlistne = \"127.0.0.1:0\"\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("listne"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Predicates on the partition column skip whole partitions: the plan names only the files
+/// of the partitions that can match, and the answers equal those of an unpruned scan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_pruning_skips_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    readings(&s).await;
+    for h in 10..14 {
+        let body = format!("2024-05-01 {h}:05:00,a,{h}\n2024-05-01 {h}:55:00,b,{h}.5");
+        assert_eq!(
+            s.write("iot", "readings", "text/csv", body).await.status,
+            204
+        );
+    }
+    assert_eq!(s.sql("FLUSH TABLE iot.readings").await.status, 200);
+    let files_in_plan = |plan: Vec<serde_json::Value>| -> usize {
+        plan.iter()
+            .map(|r| r["plan"].as_str().unwrap_or("").matches(".parquet").count())
+            .sum()
+    };
+    let all = s
+        .rows("EXPLAIN SELECT count(*) FROM iot.readings WHERE temp > 0")
+        .await;
+    assert_eq!(files_in_plan(all), 4);
+    let q = "FROM iot.readings WHERE ts >= '2024-05-01 11:00:00' AND ts < '2024-05-01 12:30:00'";
+    let pruned = s.rows(&format!("EXPLAIN SELECT count(*) {q}")).await;
+    assert_eq!(files_in_plan(pruned), 2, "hours 11 and 12 only");
+    assert_eq!(s.count(&format!("SELECT count(*) {q}")).await, 3);
+    // The same answer without pruning (the predicate hidden from the partition column).
+    let unpruned = "SELECT count(*) FROM iot.readings WHERE ts + INTERVAL '1 hour' >= TIMESTAMP '2024-05-01 12:00:00' AND ts + INTERVAL '1 hour' < TIMESTAMP '2024-05-01 13:30:00'";
+    assert_eq!(s.count(unpruned).await, 3);
+    let eq = s
+        .rows("EXPLAIN SELECT * FROM iot.readings WHERE ts = '2024-05-01 13:55:00'")
+        .await;
+    assert_eq!(files_in_plan(eq), 1);
 }

@@ -197,6 +197,27 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// Names a missing table or database before planning, so the client gets a 404 that says
+    /// which, rather than a planning error.
+    fn check_table(&self, r: &datafusion::common::TableReference) -> Result<()> {
+        if r.catalog().is_some_and(|c| c != "sluice") {
+            return Ok(());
+        }
+        let db = r.schema().unwrap_or(crate::catalog::DEFAULT_DATABASE);
+        if db == crate::catalog::SYSTEM_DATABASE {
+            return match crate::system::SystemSchema::has(r.table()) {
+                true => Ok(()),
+                false => Err(Error::UnknownTable {
+                    database: db.into(),
+                    table: r.table().into(),
+                }),
+            };
+        }
+        self.table(db, r.table()).map(|_| ())
+    }
+}
+
 fn session(shared: &Arc<Shared>) -> SessionContext {
     let mut cfg = SessionConfig::new()
         .with_default_catalog_and_schema("sluice", crate::catalog::DEFAULT_DATABASE)
@@ -223,7 +244,15 @@ impl Database for Engine {
                     .with_allow_ddl(false)
                     .with_allow_dml(false)
                     .with_allow_statements(false);
-                let df = self.ctx.sql_with_options(sql, options).await?;
+                let state = self.ctx.state();
+                let dialect = state.config().options().sql_parser.dialect;
+                let stmt = state.sql_to_statement(sql, &dialect)?;
+                for r in state.resolve_table_references(&stmt)? {
+                    self.check_table(&r)?;
+                }
+                let plan = state.statement_to_plan(stmt).await?;
+                options.verify_plan(&plan)?;
+                let df = self.ctx.execute_logical_plan(plan).await?;
                 let schema = Arc::new(df.schema().as_arrow().clone());
                 let batches = df.collect().await?;
                 Ok(QueryOutput { schema, batches })

@@ -67,6 +67,17 @@ pub struct Manifest {
     pub tables: BTreeMap<u64, BTreeMap<u64, PartitionManifest>>,
 }
 
+impl Manifest {
+    /// A partition's entry, created empty if absent.
+    pub fn partition(&mut self, table_id: u64, key: u64) -> &mut PartitionManifest {
+        self.tables
+            .entry(table_id)
+            .or_default()
+            .entry(key)
+            .or_default()
+    }
+}
+
 impl Default for Manifest {
     fn default() -> Self {
         Self {

@@ -73,6 +73,11 @@ struct PartRow {
 }
 
 impl SystemSchema {
+    /// Whether `system.<name>` exists.
+    pub fn has(name: &str) -> bool {
+        NAMES.contains(&name)
+    }
+
     fn partitions(&self) -> Vec<PartRow> {
         let cat = self.shared.catalog.snapshot();
         let mut out = Vec::new();

@@ -362,10 +362,14 @@ impl Writer {
                 Err(e) => {
                     tracing::error!(error = %e, records = group.len(), "WAL group commit failed; none of it was acknowledged");
                     let reason = e.to_string();
+                    let kind = match &e {
+                        Error::Wal { source, .. } | Error::Io { source, .. } => source.kind(),
+                        _ => std::io::ErrorKind::Other,
+                    };
                     for p in group {
                         let _ = p.done.send(Err(Error::Wal {
                             path: self.path.clone(),
-                            source: std::io::Error::other(reason.clone()),
+                            source: std::io::Error::new(kind, reason.clone()),
                         }));
                     }
                 }

@@ -38,6 +38,18 @@ impl Server {
     }
 
     fn start_owned(dir: &Path, env: Vec<(String, String)>) -> Server {
+        let data = dir.join("data");
+        let args = vec![
+            "--data-dir".to_string(),
+            data.display().to_string(),
+            "--http-listen".to_string(),
+            "127.0.0.1:0".to_string(),
+        ];
+        Self::start_args(dir, &args, env)
+    }
+
+    /// Starts `sluice serve ARGS` with these environment variables.
+    pub fn start_args(dir: &Path, args: &[String], env: Vec<(String, String)>) -> Server {
         let log = dir.join(format!(
             "sluice-{}.log",
             std::time::SystemTime::now()
@@ -47,10 +59,7 @@ impl Server {
         ));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
         cmd.arg("serve")
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .arg("--http-listen")
-            .arg("127.0.0.1:0")
+            .args(args)
             .env_remove("RUST_LOG")
             .envs(env.iter().cloned())
             .stdout(Stdio::piped())

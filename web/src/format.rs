@@ -4,7 +4,8 @@ use crate::ApiError;
 use axum::http::StatusCode;
 use datafusion::arrow::csv::WriterBuilder as CsvWriterBuilder;
 use datafusion::arrow::ipc::writer::StreamWriter;
-use datafusion::arrow::json::{ArrayWriter, LineDelimitedWriter};
+use datafusion::arrow::json::WriterBuilder as JsonWriterBuilder;
+use datafusion::arrow::json::writer::{JsonArray, LineDelimited};
 use datafusion::parquet::arrow::ArrowWriter;
 use sluice_engine::QueryOutput;
 
@@ -43,7 +44,9 @@ impl OutputFormat {
         let mut buf = Vec::new();
         let ct = match self {
             Self::Json => {
-                let mut w = ArrayWriter::new(&mut buf);
+                let mut w = JsonWriterBuilder::new()
+                    .with_explicit_nulls(true)
+                    .build::<_, JsonArray>(&mut buf);
                 w.write_batches(&batches).map_err(|e| fail(&e))?;
                 w.finish().map_err(|e| fail(&e))?;
                 drop(w);
@@ -53,7 +56,9 @@ impl OutputFormat {
                 "application/json"
             }
             Self::JsonLines => {
-                let mut w = LineDelimitedWriter::new(&mut buf);
+                let mut w = JsonWriterBuilder::new()
+                    .with_explicit_nulls(true)
+                    .build::<_, LineDelimited>(&mut buf);
                 w.write_batches(&batches).map_err(|e| fail(&e))?;
                 w.finish().map_err(|e| fail(&e))?;
                 "application/x-ndjson"

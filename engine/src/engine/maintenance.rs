@@ -151,28 +151,20 @@ impl Engine {
         let storage = self.shared.storage.clone();
         let time_col = def.time_column();
         let f2 = frozen.clone();
-        let encoded = tokio::task::spawn_blocking(move || {
-            storage.encode_parquet(&schema, &f2.batches, time_col)
-        })
-        .await
-        .map_err(|e| Error::io("parquet encode", std::io::Error::other(e)))??;
+        let encoded =
+            blocking(move || storage.encode_parquet(&schema, &f2.batches, time_col)).await?;
         let rows = encoded.rows;
         let meta = self
             .shared
             .storage
             .put_file(file_path(def.id, key, frozen.max_lsn), encoded)
             .await?;
-        let mut next = m.clone();
-        let pm = next
-            .tables
-            .entry(def.id)
-            .or_default()
-            .entry(key)
-            .or_default();
-        pm.files.push(meta.clone());
-        pm.flushed_lsn = pm.flushed_lsn.max(frozen.max_lsn);
-        self.shared.storage.save_manifest(&mut next).await?;
-        *m = next;
+        self.change_manifest(m, |next| {
+            let pm = next.partition(def.id, key);
+            pm.files.push(meta.clone());
+            pm.flushed_lsn = pm.flushed_lsn.max(frozen.max_lsn);
+        })
+        .await?;
         let mut parts = t.parts.write();
         if let Some(p) = parts.get_mut(&key) {
             p.files.push(meta);
@@ -225,11 +217,7 @@ impl Engine {
                 let mut batches = Vec::new();
                 for f in &small {
                     let bytes = self.shared.storage.get(&f.path).await?;
-                    batches.extend(
-                        tokio::task::spawn_blocking(move || Storage::decode_parquet(bytes))
-                            .await
-                            .map_err(|e| Error::io("parquet decode", std::io::Error::other(e)))??,
-                    );
+                    batches.extend(blocking(move || Storage::decode_parquet(bytes)).await?);
                 }
                 let schema = t.schema();
                 let batches: Vec<_> = batches
@@ -238,11 +226,8 @@ impl Engine {
                     .collect();
                 let storage = self.shared.storage.clone();
                 let time_col = def.time_column();
-                let encoded = tokio::task::spawn_blocking(move || {
-                    storage.encode_parquet(&schema, &batches, time_col)
-                })
-                .await
-                .map_err(|e| Error::io("parquet encode", std::io::Error::other(e)))??;
+                let encoded =
+                    blocking(move || storage.encode_parquet(&schema, &batches, time_col)).await?;
                 let rows = encoded.rows;
                 let flushed = t.parts.read().get(&key).map_or(0, |p| p.flushed_lsn);
                 let meta = self
@@ -251,17 +236,12 @@ impl Engine {
                     .put_file(file_path(def.id, key, flushed), encoded)
                     .await?;
                 let old: Vec<String> = small.iter().map(|f| f.path.clone()).collect();
-                let mut next = m.clone();
-                let pm = next
-                    .tables
-                    .entry(def.id)
-                    .or_default()
-                    .entry(key)
-                    .or_default();
-                pm.files.retain(|f| !old.contains(&f.path));
-                pm.files.push(meta.clone());
-                self.shared.storage.save_manifest(&mut next).await?;
-                *m = next;
+                self.change_manifest(&mut m, |next| {
+                    let pm = next.partition(def.id, key);
+                    pm.files.retain(|f| !old.contains(&f.path));
+                    pm.files.push(meta.clone());
+                })
+                .await?;
                 if let Some(p) = t.parts.write().get_mut(&key) {
                     p.files.retain(|f| !old.contains(&f.path));
                     p.files.push(meta);
@@ -307,16 +287,13 @@ impl Engine {
                         lsn,
                     )
                 };
-                let mut next = m.clone();
-                next.tables.entry(def.id).or_default().insert(
-                    key,
-                    PartitionManifest {
+                self.change_manifest(&mut m, |next| {
+                    *next.partition(def.id, key) = PartitionManifest {
                         flushed_lsn: lsn,
                         files: Vec::new(),
-                    },
-                );
-                self.shared.storage.save_manifest(&mut next).await?;
-                *m = next;
+                    };
+                })
+                .await?;
                 {
                     let mut parts = t.parts.write();
                     if let Some(p) = parts.get_mut(&key) {
@@ -351,6 +328,29 @@ impl Engine {
         if let Err(e) = self.shared.storage.delete(&due).await {
             tracing::warn!(error = %e, "could not delete replaced files; they are removed at next start");
         }
+    }
+}
+
+/// Runs CPU-bound work (Parquet encoding and decoding) off the async runtime.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::io("blocking task", std::io::Error::other(e)))?
+}
+
+impl Engine {
+    /// Applies `change` to a copy of the manifest, stores it as the next version, and only
+    /// then makes it current.
+    pub(super) async fn change_manifest(
+        &self,
+        m: &mut Manifest,
+        change: impl FnOnce(&mut Manifest),
+    ) -> Result<()> {
+        let mut next = m.clone();
+        change(&mut next);
+        self.shared.storage.save_manifest(&mut next).await?;
+        *m = next;
+        Ok(())
     }
 }
 

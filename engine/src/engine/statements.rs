@@ -334,10 +334,10 @@ impl Engine {
                 .values()
                 .flat_map(|p| p.files.iter().map(|f| f.path.clone()))
                 .collect();
-            let mut next = m.clone();
-            next.tables.remove(&def.id);
-            self.shared.storage.save_manifest(&mut next).await?;
-            *m = next;
+            self.change_manifest(&mut m, |next| {
+                next.tables.remove(&def.id);
+            })
+            .await?;
             self.graveyard
                 .lock()
                 .push((std::time::Instant::now(), files));

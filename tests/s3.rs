@@ -1,0 +1,112 @@
+//! Parquet on an S3-compatible store: moto's S3 server (PyPI `moto[server]`, installed by the
+//! test command) started on 127.0.0.1, and the real binary configured with `s3://`.
+
+mod common;
+
+use common::Server;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Moto(Child);
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_moto() -> (Moto, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("moto_server")
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("moto_server is needed (pip install 'moto[server]'; scripts/test.sh installs it)");
+    let moto = Moto(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "moto_server did not start");
+        std::thread::park_timeout(Duration::from_millis(50));
+    }
+    (moto, port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parquet_and_manifest_live_on_s3() {
+    let (_moto, port) = start_moto();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let r = reqwest::Client::new()
+        .put(format!("{endpoint}/sluice-test"))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "create bucket: {}", r.status());
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("SLUICE_STORAGE_URL", "s3://sluice-test/warehouse"),
+        ("SLUICE_STORAGE_S3_ENDPOINT", endpoint.as_str()),
+        ("SLUICE_STORAGE_S3_ALLOW_HTTP", "true"),
+        ("SLUICE_STORAGE_S3_ACCESS_KEY_ID", "test"),
+        ("SLUICE_STORAGE_S3_SECRET_ACCESS_KEY", "test"),
+    ];
+    let s = Server::start(dir.path(), &env);
+    assert_eq!(s.sql("CREATE DATABASE iot").await.status, 200);
+    assert_eq!(
+        s.sql("CREATE TABLE iot.r (ts TIMESTAMP, v DOUBLE) PARTITION BY yyyymmdd(ts)")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        s.write(
+            "iot",
+            "r",
+            "text/csv",
+            "2024-05-01 10:00:00,1\n2024-05-02 10:00:00,2"
+        )
+        .await
+        .status,
+        204
+    );
+    let r = s.sql("FLUSH TABLE iot.r").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        s.write("iot", "r", "text/csv", "2024-05-02 11:00:00,3")
+            .await
+            .status,
+        204
+    );
+    assert_eq!(
+        s.count("SELECT count(*) FROM system.files WHERE table_name = 'r'")
+            .await,
+        2
+    );
+    // The objects are really in the bucket, under the prefix.
+    let listing = reqwest::get(format!(
+        "{endpoint}/sluice-test?list-type=2&prefix=warehouse/"
+    ))
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    assert!(listing.contains("warehouse/tables/"), "{listing}");
+    assert!(listing.contains("warehouse/manifest/"), "{listing}");
+    assert!(
+        !dir.path().join("data/objects").exists(),
+        "nothing on local disk"
+    );
+    s.kill9();
+    let s = Server::restart_on(dir.path(), &env);
+    assert_eq!(s.rows("SELECT sum(v) AS s FROM iot.r").await[0]["s"], 6.0);
+    assert_eq!(
+        s.count("SELECT count(*) FROM iot.r WHERE ts >= '2024-05-02 00:00:00'")
+            .await,
+        2
+    );
+}
