@@ -261,13 +261,14 @@ impl Engine {
                 pty.name()
             )));
         }
+        valid_name("database", &ct.name.database)?;
+        if ct.name.database == SYSTEM_DATABASE {
+            return Err(Error::invalid("'system' is reserved"));
+        }
         let created = self.shared.catalog.change(|d| {
-            let db = d
-                .databases
-                .get(&ct.name.database)
-                .ok_or_else(|| Error::UnknownDatabase {
-                    database: ct.name.database.clone(),
-                })?;
+            // JoinBase scripts create `db.t` without a CREATE DATABASE first: the database
+            // comes into being with its first table.
+            let db = d.databases.entry(ct.name.database.clone()).or_default();
             if db.contains_key(&ct.name.table) {
                 return if ct.if_not_exists {
                     Ok(None)
