@@ -110,3 +110,59 @@ async fn parquet_and_manifest_live_on_s3() {
         2
     );
 }
+
+/// When the object store goes away, flushes fail, rows stay safe in the log and memory, and
+/// once too much waits, writes are refused with 503 `buffers_full` instead of growing memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_store_refuses_writes_visibly() {
+    let (moto, port) = start_moto();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let r = reqwest::Client::new()
+        .put(format!("{endpoint}/sluice-test"))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("SLUICE_STORAGE_URL", "s3://sluice-test/w"),
+        ("SLUICE_STORAGE_S3_ENDPOINT", endpoint.as_str()),
+        ("SLUICE_STORAGE_S3_ALLOW_HTTP", "true"),
+        ("SLUICE_STORAGE_S3_ACCESS_KEY_ID", "test"),
+        ("SLUICE_STORAGE_S3_SECRET_ACCESS_KEY", "test"),
+        ("SLUICE_BUFFER_TOTAL_MAX_BYTES", "20000"),
+        ("SLUICE_BUFFER_CHECK_INTERVAL", "50ms"),
+    ];
+    let s = Server::start(dir.path(), &env);
+    assert_eq!(
+        s.sql("CREATE TABLE iot.r (ts TIMESTAMP, note VARCHAR) PARTITION BY ymdh(ts)")
+            .await
+            .status,
+        200
+    );
+    drop(moto);
+    let note = "n".repeat(1000);
+    let mut acked = 0u64;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let refusal = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "writes were never refused"
+        );
+        let r = s
+            .write(
+                "iot",
+                "r",
+                "text/csv",
+                format!("2024-05-01 10:00:00,{note}"),
+            )
+            .await;
+        match r.status {
+            204 => acked += 1,
+            503 => break r.json(),
+            other => panic!("{other}: {}", r.body),
+        }
+    };
+    assert_eq!(refusal["error"]["code"], "buffers_full");
+    assert_eq!(s.count("SELECT count(*) FROM iot.r").await, acked);
+}

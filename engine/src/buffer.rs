@@ -182,15 +182,17 @@ impl PartitionBuffer {
         self.schema = schema;
     }
 
-    /// Appends one row (shorter rows, written before an ADD COLUMN, are padded with NULL).
-    pub fn push(&mut self, lsn: u64, row: &[Value], time_col: Option<usize>) {
+    /// Appends one row (shorter rows, written before an ADD COLUMN, are padded with NULL);
+    /// returns the bytes it added.
+    pub fn push(&mut self, lsn: u64, row: &[Value], time_col: Option<usize>) -> usize {
         for (i, col) in self.cols.iter_mut().enumerate() {
             match row.get(i) {
                 Some(v) => col.push(v),
                 None => col.push_null(),
             }
         }
-        self.bytes += row.iter().map(Value::size).sum::<usize>();
+        let size = row.iter().map(Value::size).sum::<usize>();
+        self.bytes += size;
         if self.min_lsn == 0 {
             self.min_lsn = lsn;
             self.since = Some(Instant::now());
@@ -207,6 +209,7 @@ impl PartitionBuffer {
         if self.active_rows >= SEAL_ROWS {
             self.seal();
         }
+        size
     }
 
     fn seal(&mut self) {

@@ -186,6 +186,11 @@ impl Engine {
         def: &TableDef,
         rows: Vec<Vec<crate::types::Value>>,
     ) -> Result<WriteReceipt> {
+        let bytes = self.shared.tables.buffered_bytes();
+        let limit = 2 * self.config.buffer.total_max_bytes as u64;
+        if bytes > limit {
+            return Err(Error::BuffersFull { bytes, limit });
+        }
         let n = rows.len();
         let record = Arc::new(WriteRecord {
             table_id: def.id,

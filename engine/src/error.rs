@@ -64,6 +64,17 @@ pub enum Error {
         /// The configured limit that was reached.
         pending: usize,
     },
+    /// Too many rows wait in memory because persisting them keeps failing (object store
+    /// unreachable, disk full): writes are refused until flushes succeed again.
+    #[error(
+        "{bytes} bytes are waiting to be persisted (limit {limit}); the object store or disk is failing, see the server log"
+    )]
+    BuffersFull {
+        /// Bytes in buffers.
+        bytes: u64,
+        /// The refusal threshold (twice `buffer.total_max_bytes`).
+        limit: u64,
+    },
     /// The server is shutting down.
     #[error("shutting down")]
     ShuttingDown,

@@ -12,6 +12,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use parking_lot::RwLock;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Rows taken out of a buffer for a flush; queries see them until the file replaces them.
 #[derive(Debug)]
@@ -20,6 +21,8 @@ pub struct Frozen {
     pub batches: Vec<RecordBatch>,
     /// Row count.
     pub rows: usize,
+    /// Approximate bytes.
+    pub bytes: usize,
     /// First LSN among them.
     pub min_lsn: u64,
     /// Last LSN among them: once persisted, the partition's `flushed_lsn`.
@@ -137,9 +140,34 @@ impl TableState {
 pub struct Tables {
     /// Table id -> state.
     pub by_id: RwLock<HashMap<u64, Arc<TableState>>>,
+    /// Bytes held in buffers (unpersisted), kept exact by apply, flush, retention and drop.
+    buffered: AtomicU64,
 }
 
 impl Tables {
+    /// Bytes held in memory, not yet persisted.
+    pub fn buffered_bytes(&self) -> u64 {
+        self.buffered.load(Ordering::Relaxed)
+    }
+
+    /// Records that `bytes` left memory (persisted or dropped).
+    pub fn release(&self, bytes: usize) {
+        self.buffered.fetch_sub(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Removes a table, releasing its buffered bytes.
+    pub fn remove(&self, id: u64) {
+        if let Some(t) = self.by_id.write().remove(&id) {
+            let held: usize = t
+                .parts
+                .read()
+                .values()
+                .map(|p| p.buffer.bytes + p.frozen.as_ref().map_or(0, |f| f.bytes))
+                .sum();
+            self.release(held);
+        }
+    }
+
     /// A table's state.
     pub fn get(&self, id: u64) -> Option<Arc<TableState>> {
         self.by_id.read().get(&id).cloned()
@@ -175,6 +203,7 @@ impl Applier for Tables {
         let time_col = def.time_column();
         let pc = def.partition_column;
         let mut parts = table.parts.write();
+        let mut added = 0;
         for row in &record.rows {
             let key = row.get(pc).map_or(0, |v| def.partition.key(v));
             let part = table.partition_mut(&mut parts, key);
@@ -182,7 +211,8 @@ impl Applier for Tables {
                 // Replay of a record this partition already persisted.
                 continue;
             }
-            part.buffer.push(lsn, row, time_col);
+            added += part.buffer.push(lsn, row, time_col);
         }
+        self.buffered.fetch_add(added as u64, Ordering::Relaxed);
     }
 }

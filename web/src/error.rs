@@ -43,6 +43,7 @@ impl From<Error> for ApiError {
             Error::BadRow { .. } => (StatusCode::BAD_REQUEST, "bad_row"),
             Error::BadPayload { .. } => (StatusCode::BAD_REQUEST, "bad_payload"),
             Error::Overloaded { .. } => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
+            Error::BuffersFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, "buffers_full"),
             Error::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             Error::Wal { source, .. } if source.kind() == std::io::ErrorKind::StorageFull => {
                 (StatusCode::INSUFFICIENT_STORAGE, "disk_full")

@@ -62,7 +62,7 @@ impl Engine {
                 } else if !p.buffer.is_empty() {
                     sizes.push((p.buffer.bytes, t.clone(), *k));
                 }
-                total += p.buffer.bytes;
+                total += p.buffer.bytes + p.frozen.as_ref().map_or(0, |f| f.bytes);
             }
         }
         sizes.sort_by_key(|s| std::cmp::Reverse(s.0));
@@ -129,15 +129,17 @@ impl Engine {
                 Some(f) => f.clone(),
                 None if p.buffer.is_empty() => return Ok(false),
                 None => {
-                    let (min_lsn, max_lsn, rows, time_range) = (
+                    let (min_lsn, max_lsn, rows, bytes, time_range) = (
                         p.buffer.min_lsn,
                         p.buffer.max_lsn,
                         p.buffer.rows,
+                        p.buffer.bytes,
                         p.buffer.time_range,
                     );
                     let f = Arc::new(Frozen {
                         batches: p.buffer.take(),
                         rows,
+                        bytes,
                         min_lsn,
                         max_lsn,
                         time_range,
@@ -171,6 +173,7 @@ impl Engine {
             p.flushed_lsn = p.flushed_lsn.max(frozen.max_lsn);
             p.frozen = None;
         }
+        self.shared.tables.release(frozen.bytes);
         tracing::debug!(table = %def.name, partition = key, rows, "flushed");
         Ok(true)
     }
@@ -298,9 +301,12 @@ impl Engine {
                     let mut parts = t.parts.write();
                     if let Some(p) = parts.get_mut(&key) {
                         if p.buffer.max_lsn <= lsn {
+                            self.shared.tables.release(p.buffer.bytes);
                             p.buffer.take();
                         }
-                        p.frozen = None;
+                        if let Some(f) = p.frozen.take() {
+                            self.shared.tables.release(f.bytes);
+                        }
                         p.files.clear();
                         p.flushed_lsn = lsn;
                     }

@@ -329,7 +329,7 @@ impl Engine {
         let Some(def) = removed else {
             return Ok(());
         };
-        self.shared.tables.by_id.write().remove(&def.id);
+        self.shared.tables.remove(def.id);
         if let Some(parts) = m.tables.get(&def.id) {
             let files: Vec<String> = parts
                 .values()
