@@ -12,5 +12,12 @@ if ! command -v moto_server >/dev/null 2>&1; then
 fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo test --workspace --no-fail-fast 2>&1 | tee "${CARGO_TARGET_DIR}/last-test.log"
-exit "${PIPESTATUS[0]}"
+log="${CARGO_TARGET_DIR}/last-test.log"
+set +e
+cargo test --workspace --no-fail-fast 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole workspace (cargo prints one per test binary, the last
+# usually being an empty doc-test run).
+awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+exit "$status"
