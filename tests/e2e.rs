@@ -164,6 +164,16 @@ async fn create_write_query_and_catalog() {
     );
     assert_eq!(s.count("SELECT count(*) AS n FROM iot.readings").await, 8);
 
+    // INSERT ... VALUES goes through the same durable write path.
+    let r = s
+        .sql("INSERT INTO iot.readings (device, ts) VALUES ('ins1', TIMESTAMP '2024-05-01 10:00:02'), ('ins2', '2024-05-01 10:00:03')")
+        .await;
+    assert_eq!(r.json(), serde_json::json!([{"rows": 2}]));
+    assert_eq!(
+        s.count("SELECT count(*) FROM iot.readings WHERE device LIKE 'ins%' AND humidity IS NULL AND temp IS NULL").await,
+        2
+    );
+
     // DROP TABLE.
     assert_eq!(s.sql("DROP TABLE iot.readings").await.status, 200);
     assert_eq!(s.sql("SELECT * FROM iot.readings").await.status, 404);
@@ -563,10 +573,16 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     let r = s
         .sql("INSERT INTO iot.readings VALUES (now(), 'x', 1)")
         .await;
+    assert_eq!(r.status, 400, "only literals in VALUES: {}", r.body);
+    assert!(r.body.contains("a literal"), "{}", r.body);
+    let r = s.sql("UPDATE iot.readings SET temp = 1").await;
+    assert_eq!(r.status, 400, "other DML is refused: {}", r.body);
+    let r = s
+        .sql("INSERT INTO iot.readings (ts, temp) VALUES ('2024-05-01 10:00:00', 1), ('2024-05-01 10:00:01', 'hot')")
+        .await;
     assert_eq!(
-        r.status, 400,
-        "DML through DataFusion is refused: {}",
-        r.body
+        r.json()["error"]["message"],
+        "line 2, column 'temp': 'hot' is not a number"
     );
     let health = reqwest::get(s.url("/health")).await.unwrap();
     assert_eq!(health.status(), 200);

@@ -90,6 +90,16 @@ pub enum Statement {
     ShowCreateTable(TableRef),
     /// `FLUSH TABLE t`.
     Flush(TableRef),
+    /// `INSERT INTO t [(cols)] VALUES (...), ...`: literals only, stored through the same
+    /// write path as HTTP and MQTT writes (one durable append for all the rows).
+    Insert {
+        /// Table.
+        name: TableRef,
+        /// Named columns, or `None` for all in order.
+        columns: Option<Vec<String>>,
+        /// Rows of literals as text (`None` is NULL).
+        rows: Vec<Vec<Option<String>>>,
+    },
     /// Anything else: a query for DataFusion.
     Query,
 }
@@ -249,6 +259,71 @@ impl P<'_> {
         Ok(ColumnDef { name, ty, nullable })
     }
 
+    /// One literal of a VALUES list, as text; `None` for NULL.
+    fn literal(&mut self) -> Result<Option<String>> {
+        let negative = self.p.consume_token(&Token::Minus);
+        // Typed literals (TIMESTAMP '...', DATE '...', dt'...') carry their text.
+        if let Token::Word(w) = &self.p.peek_token().token {
+            let upper = w.value.to_ascii_uppercase();
+            if ["TIMESTAMP", "DATETIME", "DATE", "DT", "D"].contains(&upper.as_str()) {
+                self.p.next_token();
+            }
+        }
+        let t = self.p.next_token();
+        let text = match t.token {
+            Token::Number(n, _) => n,
+            Token::SingleQuotedString(s) => s,
+            Token::Word(w) if w.value.eq_ignore_ascii_case("NULL") => return Ok(None),
+            Token::Word(w)
+                if w.value.eq_ignore_ascii_case("TRUE")
+                    || w.value.eq_ignore_ascii_case("FALSE") =>
+            {
+                w.value
+            }
+            _ => {
+                return self
+                    .p
+                    .expected("a literal (number, 'string', NULL, TRUE, FALSE)", t)
+                    .map_err(perr);
+            }
+        };
+        Ok(Some(if negative { format!("-{text}") } else { text }))
+    }
+
+    fn insert(&mut self) -> Result<Statement> {
+        let name = self.table_ref()?;
+        let columns = if self.p.consume_token(&Token::LParen) {
+            let mut cols = vec![self.ident()?];
+            while self.p.consume_token(&Token::Comma) {
+                cols.push(self.ident()?);
+            }
+            self.expect(&Token::RParen)?;
+            Some(cols)
+        } else {
+            None
+        };
+        self.expect_word("VALUES")?;
+        let mut rows = Vec::new();
+        loop {
+            self.expect(&Token::LParen)?;
+            let mut row = vec![self.literal()?];
+            while self.p.consume_token(&Token::Comma) {
+                row.push(self.literal()?);
+            }
+            self.expect(&Token::RParen)?;
+            rows.push(row);
+            if !self.p.consume_token(&Token::Comma) {
+                break;
+            }
+        }
+        self.end()?;
+        Ok(Statement::Insert {
+            name,
+            columns,
+            rows,
+        })
+    }
+
     fn create_table(&mut self) -> Result<Statement> {
         let if_not_exists = self.if_not_exists();
         let name = self.table_ref()?;
@@ -397,6 +472,9 @@ pub fn parse(sql: &str) -> Result<Statement> {
         let name = p.table_ref()?;
         p.end()?;
         return Ok(Statement::Describe(name));
+    }
+    if p.words(&["INSERT", "INTO"]) {
+        return p.insert();
     }
     if p.word("FLUSH") {
         p.expect_word("TABLE")?;

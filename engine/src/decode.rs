@@ -51,17 +51,7 @@ pub fn decode(
         Format::Csv => decode_csv(table, text)?,
         Format::Json => decode_json(table, text)?,
     };
-    let pc = table.partition_column;
-    if table.columns[pc].ty.is_time() {
-        for row in &mut rows {
-            if row[pc] == Value::Null {
-                row[pc] = match table.columns[pc].ty {
-                    ColumnType::Date => Value::Date(now_micros.div_euclid(86_400_000_000) as i32),
-                    _ => Value::Timestamp(now_micros),
-                };
-            }
-        }
-    }
+    fill_arrival_time(table, &mut rows, now_micros);
     if rows.is_empty() {
         return Err(Error::BadPayload {
             line: 1,
@@ -233,6 +223,84 @@ fn json_row(table: &TableDef, v: &serde_json::Value, line: usize) -> Result<Vec<
         })?);
     }
     Ok(row)
+}
+
+/// Rows of `INSERT ... VALUES` literals (text, `None` for NULL) for `columns` (all columns in
+/// order when `None`). Errors name the 1-based row and the column.
+pub fn decode_values(
+    table: &TableDef,
+    columns: Option<&[String]>,
+    rows: &[Vec<Option<String>>],
+    now_micros: i64,
+) -> Result<Vec<Vec<Value>>> {
+    let targets: Vec<usize> = match columns {
+        None => (0..table.columns.len()).collect(),
+        Some(names) => names
+            .iter()
+            .map(|n| {
+                table.column_index(n).ok_or_else(|| Error::BadRow {
+                    line: 1,
+                    column: n.clone(),
+                    reason: format!("no such column in {}.{}", table.database, table.name),
+                })
+            })
+            .collect::<Result<_>>()?,
+    };
+    let mut out = Vec::with_capacity(rows.len());
+    for (i, lits) in rows.iter().enumerate() {
+        let line = i + 1;
+        if lits.len() != targets.len() {
+            return Err(Error::BadPayload {
+                line,
+                reason: format!("expected {} values, found {}", targets.len(), lits.len()),
+            });
+        }
+        let mut row: Vec<Option<Value>> = vec![None; table.columns.len()];
+        for (&c, lit) in targets.iter().zip(lits) {
+            let col = &table.columns[c];
+            let v = match lit {
+                None if col.nullable => Ok(Value::Null),
+                None => Err("NULL in a NOT NULL column".to_string()),
+                Some(text) => parse_text(col.ty, text),
+            };
+            row[c] = Some(v.map_err(|reason| Error::BadRow {
+                line,
+                column: col.name.clone(),
+                reason,
+            })?);
+        }
+        let row = row
+            .into_iter()
+            .zip(&table.columns)
+            .map(|(v, col)| match v {
+                Some(v) => Ok(v),
+                None => missing(col.nullable, col.ty).map_err(|reason| Error::BadRow {
+                    line,
+                    column: col.name.clone(),
+                    reason,
+                }),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        out.push(row);
+    }
+    fill_arrival_time(table, &mut out, now_micros);
+    Ok(out)
+}
+
+/// A reading without a time value is taken to be from its arrival.
+fn fill_arrival_time(table: &TableDef, rows: &mut [Vec<Value>], now_micros: i64) {
+    let pc = table.partition_column;
+    if !table.columns[pc].ty.is_time() {
+        return;
+    }
+    for row in rows {
+        if row[pc] == Value::Null {
+            row[pc] = match table.columns[pc].ty {
+                ColumnType::Date => Value::Date(now_micros.div_euclid(86_400_000_000) as i32),
+                _ => Value::Timestamp(now_micros),
+            };
+        }
+    }
 }
 
 fn missing(nullable: bool, ty: ColumnType) -> Result<Value, String> {

@@ -216,6 +216,24 @@ impl Engine {
                 let def = self.table(&name.database, &name.table)?;
                 table_output(vec![("statement", strings(vec![def.create_sql()]))])
             }
+            Statement::Insert {
+                name,
+                columns,
+                rows,
+            } => {
+                let def = self.table(&name.database, &name.table)?;
+                let rows = crate::decode::decode_values(
+                    &def,
+                    columns.as_deref(),
+                    &rows,
+                    super::now_micros(),
+                )?;
+                let receipt = self.append_rows(&def, rows).await?;
+                table_output(vec![(
+                    "rows",
+                    Arc::new(UInt64Array::from(vec![receipt.rows as u64])) as ArrayRef,
+                )])
+            }
             Statement::Flush(name) => {
                 let def = self.table(&name.database, &name.table)?;
                 let files = match self.shared.tables.get(def.id) {
