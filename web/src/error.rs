@@ -68,7 +68,9 @@ impl From<Error> for ApiError {
             | Error::Arrow { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         if status.is_server_error() {
-            tracing::warn!(error = %e, "request failed");
+            tracing::warn!(code, error = %e, "request failed");
+        } else {
+            tracing::info!(code, error = %e, "request refused");
         }
         ApiError::new(status, code, e.to_string())
     }
