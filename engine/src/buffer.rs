@@ -43,21 +43,21 @@ impl Col {
     fn new(ty: ColumnType) -> Self {
         use ColumnType as T;
         match ty {
-            T::Bool => Col::Bool(BooleanBuilder::new()),
-            T::Int8 => Col::I8(Int8Builder::new()),
-            T::Int16 => Col::I16(Int16Builder::new()),
-            T::Int32 => Col::I32(Int32Builder::new()),
-            T::Int64 => Col::I64(Int64Builder::new()),
-            T::UInt8 => Col::U8(UInt8Builder::new()),
-            T::UInt16 => Col::U16(UInt16Builder::new()),
-            T::UInt32 => Col::U32(UInt32Builder::new()),
-            T::UInt64 => Col::U64(UInt64Builder::new()),
-            T::Float32 => Col::F32(Float32Builder::new()),
-            T::Float64 => Col::F64(Float64Builder::new()),
-            T::String => Col::Str(StringBuilder::new()),
-            T::Binary => Col::Bin(BinaryBuilder::new()),
-            T::Timestamp => Col::Ts(TimestampMicrosecondBuilder::new()),
-            T::Date => Col::Date(Date32Builder::new()),
+            T::Bool => Col::Bool(BooleanBuilder::with_capacity(0)),
+            T::Int8 => Col::I8(Int8Builder::with_capacity(0)),
+            T::Int16 => Col::I16(Int16Builder::with_capacity(0)),
+            T::Int32 => Col::I32(Int32Builder::with_capacity(0)),
+            T::Int64 => Col::I64(Int64Builder::with_capacity(0)),
+            T::UInt8 => Col::U8(UInt8Builder::with_capacity(0)),
+            T::UInt16 => Col::U16(UInt16Builder::with_capacity(0)),
+            T::UInt32 => Col::U32(UInt32Builder::with_capacity(0)),
+            T::UInt64 => Col::U64(UInt64Builder::with_capacity(0)),
+            T::Float32 => Col::F32(Float32Builder::with_capacity(0)),
+            T::Float64 => Col::F64(Float64Builder::with_capacity(0)),
+            T::String => Col::Str(StringBuilder::with_capacity(0, 0)),
+            T::Binary => Col::Bin(BinaryBuilder::with_capacity(0, 0)),
+            T::Timestamp => Col::Ts(TimestampMicrosecondBuilder::with_capacity(0)),
+            T::Date => Col::Date(Date32Builder::with_capacity(0)),
         }
     }
 
@@ -153,7 +153,8 @@ pub struct PartitionBuffer {
 }
 
 impl PartitionBuffer {
-    /// An empty buffer for a table of this schema and these column types.
+    /// An empty buffer for a table of this schema and these column types. Builders start
+    /// with no capacity, so idle partitions cost almost nothing.
     pub fn new(schema: SchemaRef, types: &[ColumnType]) -> Self {
         Self {
             schema,
@@ -172,6 +173,9 @@ impl PartitionBuffer {
     /// Widens the buffer after `ALTER TABLE ... ADD COLUMN`: new columns are NULL for the
     /// rows already held.
     pub fn widen(&mut self, schema: SchemaRef, types: &[ColumnType]) {
+        if types.len() <= self.cols.len() {
+            return;
+        }
         for t in &types[self.cols.len()..] {
             let mut c = Col::new(*t);
             for _ in 0..self.active_rows {
@@ -278,12 +282,16 @@ impl PartitionBuffer {
     }
 }
 
-/// Pads a batch written before columns were added with NULL columns.
+/// Fits a batch to `schema`: pads a batch written before columns were added with NULL
+/// columns, and drops columns added after `schema` was taken (a query planned before an
+/// ALTER sees the table as it was).
 pub fn widen(batch: &RecordBatch, schema: &SchemaRef) -> RecordBatch {
-    if batch.num_columns() == schema.fields().len() {
+    let want = schema.fields().len();
+    if batch.num_columns() == want {
         return batch.clone();
     }
     let mut cols = batch.columns().to_vec();
+    cols.truncate(want);
     for f in &schema.fields()[cols.len()..] {
         cols.push(new_null_array(f.data_type(), batch.num_rows()));
     }

@@ -100,6 +100,7 @@ fn decode_csv(table: &TableDef, text: &str) -> Result<Vec<Vec<Value>>> {
             })?);
         }
         rows.push(row);
+        check_size(table, rows.len())?;
     }
     Ok(rows)
 }
@@ -150,6 +151,19 @@ fn split_csv(line: &str) -> Result<Vec<(String, bool)>, String> {
     }
 }
 
+/// Most values one write may carry: bounds the memory a single request can take
+/// (a small body of `{}` lines would otherwise expand to full-width rows).
+pub const MAX_VALUES_PER_WRITE: usize = 8 << 20;
+
+fn check_size(table: &TableDef, rows: usize) -> Result<()> {
+    if rows.saturating_mul(table.columns.len()) > MAX_VALUES_PER_WRITE {
+        return Err(Error::TooLarge {
+            what: format!("more than {MAX_VALUES_PER_WRITE} values in one write; split it"),
+        });
+    }
+    Ok(())
+}
+
 fn decode_json(table: &TableDef, text: &str) -> Result<Vec<Vec<Value>>> {
     let line_of = |offset: usize| {
         1 + text.as_bytes()[..offset.min(text.len())]
@@ -179,9 +193,13 @@ fn decode_json(table: &TableDef, text: &str) -> Result<Vec<Vec<Value>>> {
                     // Elements of an array are numbered by position when on one line.
                     let line = line_of(start) + i;
                     rows.push(json_row(table, item, line)?);
+                    check_size(table, rows.len())?;
                 }
             }
-            other => rows.push(json_row(table, &other, line_of(start))?),
+            other => {
+                rows.push(json_row(table, &other, line_of(start))?);
+                check_size(table, rows.len())?;
+            }
         }
     }
     Ok(rows)
@@ -255,6 +273,7 @@ pub fn decode_values(
                 reason: format!("expected {} values, found {}", targets.len(), lits.len()),
             });
         }
+        check_size(table, i + 1)?;
         let mut row: Vec<Option<Value>> = vec![None; table.columns.len()];
         for (&c, lit) in targets.iter().zip(lits) {
             let col = &table.columns[c];

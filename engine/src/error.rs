@@ -58,6 +58,12 @@ pub enum Error {
         /// What was wrong.
         reason: String,
     },
+    /// A write or definition past a hard limit.
+    #[error("too large: {what}")]
+    TooLarge {
+        /// What exceeded which limit.
+        what: String,
+    },
     /// Too many writes already waiting for the WAL.
     #[error("overloaded: {pending} writes are waiting for the log; retry later")]
     Overloaded {

@@ -98,7 +98,7 @@ impl PartitionFn {
             },
             Self::Rem { n } => match value {
                 Value::UInt(v) => v % n,
-                Value::Int(v) => v.rem_euclid(*n as i64) as u64,
+                Value::Int(v) => i128::from(*v).rem_euclid(i128::from(*n)) as u64,
                 _ => 0,
             },
             _ => match value.as_micros() {
@@ -132,7 +132,7 @@ impl PartitionFn {
                 (y * 10_000 + m * 100 + d) * 100 + (h / hours) * hours
             }
             Self::Raw => micros.max(0) as u64,
-            Self::Rem { n } => micros.rem_euclid(*n as i64) as u64,
+            Self::Rem { n } => i128::from(micros).rem_euclid(i128::from(*n)) as u64,
         }
     }
 }
@@ -175,6 +175,9 @@ mod tests {
         assert_eq!(PartitionFn::Raw.key(&Value::UInt(42)), 42);
         assert_eq!(PartitionFn::Rem { n: 10 }.key(&Value::Int(-3)), 7);
         assert_eq!(PartitionFn::parse("rem", Some(0)), None);
+        let huge = PartitionFn::Rem { n: u64::MAX };
+        assert_eq!(huge.key(&Value::Int(i64::MIN)), (1u64 << 63) - 1);
+        assert_eq!(huge.key(&Value::Int(-1)), u64::MAX - 1);
         assert_eq!(PartitionFn::Raw.key(&Value::Null), 0);
     }
 

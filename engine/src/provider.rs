@@ -222,7 +222,7 @@ fn literal_value(e: &Expr, ty: crate::types::ColumnType) -> Option<Value> {
             ScalarValue::TimestampMillisecond(Some(v), _) => v.checked_mul(1_000)?,
             ScalarValue::TimestampMicrosecond(Some(v), _) => *v,
             ScalarValue::TimestampNanosecond(Some(v), _) => v.div_euclid(1_000),
-            ScalarValue::Date32(Some(d)) => i64::from(*d) * 86_400_000_000,
+            ScalarValue::Date32(Some(d)) => i64::from(*d).checked_mul(86_400_000_000)?,
             ScalarValue::Utf8(Some(s))
             | ScalarValue::LargeUtf8(Some(s))
             | ScalarValue::Utf8View(Some(s)) => {
@@ -264,6 +264,10 @@ impl SluiceTable {
     /// Collects the files and buffered rows of the partitions that `filter` admits.
     pub fn scan_set(&self, filter: &KeyFilter) -> ScanSet {
         let mut set = ScanSet::default();
+        if filter.lo > filter.hi {
+            // Contradictory bounds: no partition can match.
+            return set;
+        }
         let parts = self.state.parts.read();
         let range = parts.range(filter.lo..=filter.hi);
         for (k, p) in range {

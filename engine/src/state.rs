@@ -81,6 +81,9 @@ pub struct TableState {
     pub def: RwLock<(Arc<TableDef>, SchemaRef)>,
     /// Partition key -> partition.
     pub parts: RwLock<BTreeMap<u64, Partition>>,
+    /// Set (under the `parts` lock) when the table is dropped: nothing is applied or
+    /// flushed after that, and its memory is released exactly once.
+    pub dropped: std::sync::atomic::AtomicBool,
 }
 
 impl TableState {
@@ -90,6 +93,7 @@ impl TableState {
         Self {
             def: RwLock::new((def, schema)),
             parts: RwLock::new(BTreeMap::new()),
+            dropped: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -157,10 +161,11 @@ impl Tables {
 
     /// Removes a table, releasing its buffered bytes.
     pub fn remove(&self, id: u64) {
-        if let Some(t) = self.by_id.write().remove(&id) {
-            let held: usize = t
-                .parts
-                .read()
+        let removed = self.by_id.write().remove(&id);
+        if let Some(t) = removed {
+            let parts = t.parts.write();
+            t.dropped.store(true, Ordering::Relaxed);
+            let held: usize = parts
                 .values()
                 .map(|p| p.buffer.bytes + p.frozen.as_ref().map_or(0, |f| f.bytes))
                 .sum();
@@ -203,6 +208,9 @@ impl Applier for Tables {
         let time_col = def.time_column();
         let pc = def.partition_column;
         let mut parts = table.parts.write();
+        if table.dropped.load(Ordering::Relaxed) {
+            return;
+        }
         let mut added = 0;
         for row in &record.rows {
             let key = row.get(pc).map_or(0, |v| def.partition.key(v));

@@ -176,11 +176,22 @@ impl Storage {
             .await?;
         if let Some(root) = &self.local_root {
             let file = root.join(path);
+            let root = root.clone();
             tokio::task::spawn_blocking(move || -> Result<()> {
                 std::fs::File::open(&file)
                     .and_then(|f| f.sync_all())
                     .map_err(|e| Error::io(&file, e))?;
-                crate::catalog::sync_dir(file.parent().unwrap_or(Path::new("/")))
+                // Directories may be new too (tables/<id>/<partition>/): sync each one up to
+                // the store's root so the file's path survives a power cut.
+                let mut dir = file.parent();
+                while let Some(d) = dir {
+                    crate::catalog::sync_dir(d)?;
+                    if d == root {
+                        break;
+                    }
+                    dir = d.parent();
+                }
+                Ok(())
             })
             .await
             .map_err(|e| Error::io("fsync", std::io::Error::other(e)))??;
@@ -330,7 +341,7 @@ pub fn time_range(col: &datafusion::arrow::array::ArrayRef) -> Option<(i64, i64)
         return Some((min(a)?, max(a)?));
     }
     if let Some(a) = col.as_any().downcast_ref::<Date32Array>() {
-        let d = |x: i32| i64::from(x) * 86_400_000_000;
+        let d = |x: i32| i64::from(x).saturating_mul(86_400_000_000);
         return Some((d(min(a)?), d(max(a)?)));
     }
     let _ = col.len();

@@ -177,7 +177,7 @@ impl Value {
     pub fn as_micros(&self) -> Option<i64> {
         match self {
             Value::Timestamp(t) => Some(*t),
-            Value::Date(d) => Some(i64::from(*d) * 86_400_000_000),
+            Value::Date(d) => i64::from(*d).checked_mul(86_400_000_000),
             _ => None,
         }
     }

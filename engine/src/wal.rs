@@ -91,8 +91,9 @@ fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
 }
 
 /// Replays every segment under `dir` in order, offering each intact record to `apply`.
-/// A torn or corrupt record ends the log: its segment is cut there and later segments are
-/// removed (they cannot hold acknowledged data that the cut one does not precede).
+/// A torn or corrupt record at the end of the newest segment ends the log: the segment is cut
+/// there (those records were never acknowledged). Damage anywhere else, or a record whose
+/// checksum is valid but whose content is not, stops startup with [`Error::Corrupt`].
 pub fn replay(dir: &Path, mut apply: impl FnMut(u64, &WriteRecord)) -> Result<ReplayReport> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let segments = list_segments(dir)?;
@@ -120,17 +121,22 @@ pub fn replay(dir: &Path, mut apply: impl FnMut(u64, &WriteRecord)) -> Result<Re
             match decode_frame(&bytes[off..]) {
                 Ok(None) => break,
                 Ok(Some((frame, n))) => {
+                    // A record with a valid checksum that still makes no sense is not a torn
+                    // write: cutting there could drop acknowledged records, so stop instead.
+                    let fatal = |why: String| Error::Corrupt {
+                        what: format!("WAL segment {} at offset {off}", path.display()),
+                        reason: format!(
+                            "{why}; refusing to start rather than drop what follows (move the segment aside to inspect it)"
+                        ),
+                    };
                     if frame.lsn <= last_lsn {
-                        stop = Some((off, format!("LSN {} after {last_lsn}", frame.lsn)));
-                        break;
+                        return Err(fatal(format!("LSN {} after {last_lsn}", frame.lsn)));
                     }
                     if frame.kind != KIND_WRITE {
-                        stop = Some((off, format!("unknown record kind {}", frame.kind)));
-                        break;
+                        return Err(fatal(format!("unknown record kind {}", frame.kind)));
                     }
                     let Some(rec) = WriteRecord::decode(frame.payload) else {
-                        stop = Some((off, "malformed write payload".into()));
-                        break;
+                        return Err(fatal("write payload does not decode".into()));
                     };
                     apply(frame.lsn, &rec);
                     report.records += 1;
@@ -143,7 +149,16 @@ pub fn replay(dir: &Path, mut apply: impl FnMut(u64, &WriteRecord)) -> Result<Re
             }
         }
         if let Some((at, reason)) = stop {
-            let mut dropped = (bytes.len() - at) as u64;
+            if i + 1 < segments.len() {
+                // Only the newest segment can end in a write cut short by a crash.
+                return Err(Error::Corrupt {
+                    what: format!("WAL segment {} at offset {at}", path.display()),
+                    reason: format!(
+                        "{reason}, and newer segments follow; refusing to start rather than drop them"
+                    ),
+                });
+            }
+            let dropped = (bytes.len() - at) as u64;
             let keep = if at == 0 { 0 } else { at };
             if keep == 0 {
                 std::fs::remove_file(path).map_err(|e| Error::io(path, e))?;
@@ -154,10 +169,6 @@ pub fn replay(dir: &Path, mut apply: impl FnMut(u64, &WriteRecord)) -> Result<Re
                     .map_err(|e| Error::io(path, e))?;
                 f.set_len(keep as u64).map_err(|e| Error::io(path, e))?;
                 f.sync_all().map_err(|e| Error::io(path, e))?;
-            }
-            for (_, later) in &segments[i + 1..] {
-                dropped += std::fs::metadata(later).map(|m| m.len()).unwrap_or(0);
-                std::fs::remove_file(later).map_err(|e| Error::io(later, e))?;
             }
             crate::catalog::sync_dir(dir)?;
             tracing::error!(
@@ -230,7 +241,21 @@ impl Wal {
 
     /// Logs `record`, waits until it is durable and applied, and returns its LSN.
     pub async fn append(&self, record: Arc<WriteRecord>) -> Result<u64> {
+        if record.ncols > usize::from(u16::MAX) {
+            return Err(Error::TooLarge {
+                what: format!("{} columns (at most {})", record.ncols, u16::MAX),
+            });
+        }
         let payload = record.encode();
+        if payload.len() > record::MAX_BODY - record::BODY_HEADER {
+            return Err(Error::TooLarge {
+                what: format!(
+                    "a write of {} encoded bytes (at most {})",
+                    payload.len(),
+                    record::MAX_BODY - record::BODY_HEADER
+                ),
+            });
+        }
         let (done, wait) = oneshot::channel();
         let tx = self.tx.lock().clone().ok_or(Error::ShuttingDown)?;
         tx.try_send(Pending {
@@ -515,6 +540,27 @@ mod tests {
         let again = replay(dir.path(), |_, _| {}).unwrap();
         assert!(again.cut.is_none());
         assert_eq!(again.records, 9);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn damage_before_the_newest_segment_stops_startup() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::start(dir.path(), &config(64), 1, 16, Arc::new(Collect::default())).unwrap();
+        for i in 0..10 {
+            wal.append(rec(i)).await.unwrap();
+        }
+        wal.close();
+        let segs = list_segments(dir.path()).unwrap();
+        assert!(segs.len() > 2);
+        let (_, first) = &segs[0];
+        let mut bytes = std::fs::read(first).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(first, &bytes).unwrap();
+        let err = replay(dir.path(), |_, _| {}).unwrap_err().to_string();
+        assert!(err.contains("refusing to start"), "{err}");
+        // Nothing was deleted: every segment is still there for an operator to inspect.
+        assert_eq!(list_segments(dir.path()).unwrap().len(), segs.len());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

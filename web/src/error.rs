@@ -42,6 +42,7 @@ impl From<Error> for ApiError {
             Error::AlreadyExists { .. } => (StatusCode::CONFLICT, "already_exists"),
             Error::BadRow { .. } => (StatusCode::BAD_REQUEST, "bad_row"),
             Error::BadPayload { .. } => (StatusCode::BAD_REQUEST, "bad_payload"),
+            Error::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
             Error::Overloaded { .. } => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             Error::BuffersFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, "buffers_full"),
             Error::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),

@@ -77,11 +77,17 @@ impl Engine {
             return Ok(());
         }
         let mut m = self.manifest.lock().await;
+        // One failing partition must not keep the others in memory.
+        let mut first_error = None;
         for (t, k) in due {
-            self.flush_partition(&mut m, &t, k).await?;
+            if let Err(e) = self.flush_partition(&mut m, &t, k).await {
+                tracing::warn!(table = %t.def().name, partition = k, error = %e, "flush failed; will retry");
+                first_error.get_or_insert(e);
+            }
         }
         drop(m);
-        self.truncate_wal()
+        self.truncate_wal()?;
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Persists every buffer of every table.
@@ -122,6 +128,9 @@ impl Engine {
         let def = t.def();
         let frozen = {
             let mut parts = t.parts.write();
+            if t.dropped.load(std::sync::atomic::Ordering::Relaxed) {
+                return Ok(false);
+            }
             let Some(p) = parts.get_mut(&key) else {
                 return Ok(false);
             };
@@ -149,12 +158,21 @@ impl Engine {
                 }
             }
         };
-        let schema = frozen.batches[0].schema();
+        // Frozen rows may predate an ALTER: fit them to the current schema, which is the one
+        // `time_column` indexes.
+        let schema = t.schema();
         let storage = self.shared.storage.clone();
         let time_col = def.time_column();
         let f2 = frozen.clone();
-        let encoded =
-            blocking(move || storage.encode_parquet(&schema, &f2.batches, time_col)).await?;
+        let encoded = blocking(move || {
+            let batches: Vec<_> = f2
+                .batches
+                .iter()
+                .map(|b| crate::buffer::widen(b, &schema))
+                .collect();
+            storage.encode_parquet(&schema, &batches, time_col)
+        })
+        .await?;
         let rows = encoded.rows;
         let meta = self
             .shared
@@ -332,7 +350,8 @@ impl Engine {
             old.into_iter().flat_map(|(_, f)| f).collect()
         };
         if let Err(e) = self.shared.storage.delete(&due).await {
-            tracing::warn!(error = %e, "could not delete replaced files; they are removed at next start");
+            tracing::warn!(error = %e, "could not delete replaced files; retrying later");
+            self.graveyard.lock().push((Instant::now(), due));
         }
     }
 }

@@ -36,6 +36,9 @@ fn no_rows() -> QueryOutput {
     }
 }
 
+/// Columns a table may have (WAL records count columns in 16 bits).
+const MAX_COLUMNS: usize = 4096;
+
 fn valid_name(what: &str, name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 128
@@ -113,17 +116,22 @@ impl Engine {
                 if_not_exists,
             } => {
                 valid_name("column", &column.name)?;
-                let def = catalog.change(|d| {
+                catalog.change(|d| {
                     let cur = d.table(&name.database, &name.table)?.clone();
                     if cur.column_index(&column.name).is_some() {
                         return if if_not_exists {
-                            Ok(cur)
+                            Ok(())
                         } else {
                             Err(Error::AlreadyExists {
                                 what: "column",
                                 name: column.name.clone(),
                             })
                         };
+                    }
+                    if cur.columns.len() >= MAX_COLUMNS {
+                        return Err(Error::invalid(format!(
+                            "a table has at most {MAX_COLUMNS} columns"
+                        )));
                     }
                     let mut next = (*cur).clone();
                     // Rows already stored have no value for it, so it must accept NULL.
@@ -132,15 +140,18 @@ impl Engine {
                         ..column.clone()
                     });
                     let next = Arc::new(next);
+                    // Widen the live state before the new definition is published (the
+                    // catalog's write lock is held here), so no row decoded against it can
+                    // meet a narrower buffer, and ALTERs apply in order.
+                    if let Some(t) = self.shared.tables.get(next.id) {
+                        t.alter(next.clone());
+                    }
                     d.databases
                         .get_mut(&name.database)
                         .expect("checked")
-                        .insert(name.table.clone(), next.clone());
-                    Ok(next)
+                        .insert(name.table.clone(), next);
+                    Ok(())
                 })?;
-                if let Some(t) = self.shared.tables.get(def.id) {
-                    t.alter(def);
-                }
                 Ok(no_rows())
             }
             Statement::ShowDatabases => {
@@ -250,6 +261,11 @@ impl Engine {
 
     fn create_table(&self, ct: CreateTable) -> Result<()> {
         valid_name("table", &ct.name.table)?;
+        if ct.columns.len() > MAX_COLUMNS {
+            return Err(Error::invalid(format!(
+                "a table has at most {MAX_COLUMNS} columns"
+            )));
+        }
         let mut seen = std::collections::HashSet::new();
         for c in &ct.columns {
             valid_name("column", &c.name)?;
@@ -283,6 +299,7 @@ impl Engine {
         if ct.name.database == SYSTEM_DATABASE {
             return Err(Error::invalid("'system' is reserved"));
         }
+        let mut allocated = None;
         let created = self.shared.catalog.change(|d| {
             // JoinBase scripts create `db.t` without a CREATE DATABASE first: the database
             // comes into being with its first table.
@@ -298,7 +315,7 @@ impl Engine {
                 };
             }
             let def = Arc::new(TableDef {
-                id: Catalog::allocate_id(d),
+                id: *allocated.insert(Catalog::allocate_id(d)),
                 database: ct.name.database.clone(),
                 name: ct.name.table.clone(),
                 columns: ct.columns.clone(),
@@ -307,20 +324,26 @@ impl Engine {
                 ttl_secs: ct.ttl_secs,
                 options: ct.options.clone(),
             });
+            // The live state exists before the definition is published, so no write can
+            // resolve the table and then find nothing to apply to.
+            self.shared
+                .tables
+                .by_id
+                .write()
+                .insert(def.id, Arc::new(TableState::new(def.clone())));
             d.databases
                 .get_mut(&ct.name.database)
                 .expect("checked")
                 .insert(ct.name.table.clone(), def.clone());
             Ok(Some(def))
-        })?;
-        if let Some(def) = created {
-            self.shared
-                .tables
-                .by_id
-                .write()
-                .insert(def.id, Arc::new(TableState::new(def)));
+        });
+        if created.is_err() {
+            // A failed catalog write leaves no live state for the id it allocated.
+            if let Some(id) = allocated {
+                self.shared.tables.by_id.write().remove(&id);
+            }
         }
-        Ok(())
+        created.map(|_| ())
     }
 
     async fn drop_table(&self, name: &TableRef, if_exists: bool) -> Result<()> {
