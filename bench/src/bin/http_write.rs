@@ -25,6 +25,10 @@ struct Args {
     /// Skip PostgreSQL.
     #[arg(long)]
     no_postgres: bool,
+    /// Rounds, alternating Sluice and PostgreSQL; the median round of each is reported
+    /// (disk write-back from one run disturbs the next, so one round is noisy).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
 }
 
 struct Killer(Child);
@@ -38,37 +42,45 @@ impl Drop for Killer {
 fn main() -> Result<()> {
     let args = Args::parse();
     let dir = tempfile::tempdir()?;
+    // PostgreSQL runs as its own user when we are root: let it reach the per-round dirs.
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     let sluice = match &args.sluice {
         Some(p) => p.clone(),
         None => std::env::current_exe()?.with_file_name("sluice"),
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let ours = rt.block_on(run_sluice(&sluice, dir.path(), &args))?;
-    let theirs = if args.no_postgres {
-        None
-    } else {
-        Some(run_postgres(dir.path(), &args)?)
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for round in 0..args.rounds.max(1) {
+        let round_dir = dir.path().join(format!("round{round}"));
+        std::fs::create_dir_all(&round_dir)?;
+        let s = rt.block_on(run_sluice(&sluice, &round_dir, &args))?;
+        eprintln!("round {round}: Sluice {:.0} rows/s", s.0);
+        ours.push(s);
+        if !args.no_postgres {
+            let p = run_postgres(&round_dir, &args)?;
+            eprintln!("round {round}: PostgreSQL {:.0} rows/s", p.0);
+            theirs.push(p);
+        }
+    }
+    let median = |v: &mut Vec<(f64, f64, f64)>| {
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v[v.len() / 2]
     };
+    let ours = median(&mut ours);
     println!();
     println!("| system | rows/s | p50 ms | p99 ms |");
     println!("|---|---|---|---|");
-    println!(
-        "| Sluice HTTP, 1 row/request, fsync | {:.0} | {:.2} | {:.2} |",
-        ours.0, ours.1, ours.2
-    );
-    if let Some(pg) = theirs {
+    println!("| Sluice HTTP, 1 row/request, fsync | {:.0} | {:.2} | {:.2} |", ours.0, ours.1, ours.2);
+    if !theirs.is_empty() {
+        let pg = median(&mut theirs);
+        println!("| PostgreSQL INSERT, 1 row/txn, fsync | {:.0} | {:.2} (avg) | - |", pg.0, pg.1);
         println!(
-            "| PostgreSQL INSERT, 1 row/txn, fsync | {:.0} | {:.2} | - |",
-            pg.0, pg.1
-        );
-        println!(
-            "\nratio Sluice / PostgreSQL: {:.2}x  ({} rows, {} connections)",
+            "\nratio Sluice / PostgreSQL: {:.2}x  ({} rows, {} connections, median of {} rounds)",
             ours.0 / pg.0,
             args.rows,
-            args.connections
+            args.connections,
+            args.rounds.max(1)
         );
     }
     Ok(())
@@ -176,7 +188,7 @@ fn pg_bin() -> Result<PathBuf> {
         .context("no PostgreSQL bin directory with pgbench")
 }
 
-fn run_postgres(dir: &Path, args: &Args) -> Result<(f64, f64)> {
+fn run_postgres(dir: &Path, args: &Args) -> Result<(f64, f64, f64)> {
     let bin = pg_bin()?;
     let data = dir.join("pg");
     std::fs::create_dir_all(&data)?;
@@ -300,7 +312,7 @@ fn run_postgres(dir: &Path, args: &Args) -> Result<(f64, f64)> {
         .and_then(|l| l.split_whitespace().nth(3))
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(f64::NAN);
-    Ok((tps, latency))
+    Ok((tps, latency, f64::NAN))
 }
 
 fn unsafe_geteuid() -> u32 {
