@@ -716,11 +716,19 @@ async fn partition_pruning_skips_files() {
         0
     );
     // A rem() divisor beyond i64 and the most negative key do not overflow.
-    let r = s.sql("CREATE TABLE iot.k (k Int64, v Int64) PARTITION BY rem(k, 18446744073709551615)").await;
+    let r = s
+        .sql("CREATE TABLE iot.k (k Int64, v Int64) PARTITION BY rem(k, 18446744073709551615)")
+        .await;
     assert_eq!(r.status, 200, "{}", r.body);
-    let r = s.sql("INSERT INTO iot.k VALUES (-9223372036854775808, 1)").await;
+    let r = s
+        .sql("INSERT INTO iot.k VALUES (-9223372036854775808, 1)")
+        .await;
     assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(s.count("SELECT count(*) FROM iot.k WHERE k = -9223372036854775808").await, 1);
+    assert_eq!(
+        s.count("SELECT count(*) FROM iot.k WHERE k = -9223372036854775808")
+            .await,
+        1
+    );
     let eq = s
         .rows("EXPLAIN SELECT * FROM iot.readings WHERE ts = '2024-05-01 13:55:00'")
         .await;

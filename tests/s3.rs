@@ -36,9 +36,9 @@ fn start_moto() -> (Moto, u16) {
     (moto, port)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parquet_and_manifest_live_on_s3() {
-    let (_moto, port) = start_moto();
+/// moto with a bucket `sluice-test`, and the `SLUICE_*` settings that point Sluice at it.
+async fn bucket(prefix: &str) -> (Moto, String, Vec<(String, String)>) {
+    let (moto, port) = start_moto();
     let endpoint = format!("http://127.0.0.1:{port}");
     let r = reqwest::Client::new()
         .put(format!("{endpoint}/sluice-test"))
@@ -46,14 +46,29 @@ async fn parquet_and_manifest_live_on_s3() {
         .await
         .unwrap();
     assert!(r.status().is_success(), "create bucket: {}", r.status());
-    let dir = tempfile::tempdir().unwrap();
     let env = [
-        ("SLUICE_STORAGE_URL", "s3://sluice-test/warehouse"),
-        ("SLUICE_STORAGE_S3_ENDPOINT", endpoint.as_str()),
-        ("SLUICE_STORAGE_S3_ALLOW_HTTP", "true"),
-        ("SLUICE_STORAGE_S3_ACCESS_KEY_ID", "test"),
-        ("SLUICE_STORAGE_S3_SECRET_ACCESS_KEY", "test"),
+        ("SLUICE_STORAGE_URL", format!("s3://sluice-test/{prefix}")),
+        ("SLUICE_STORAGE_S3_ENDPOINT", endpoint.clone()),
+        ("SLUICE_STORAGE_S3_ALLOW_HTTP", "true".into()),
+        ("SLUICE_STORAGE_S3_ACCESS_KEY_ID", "test".into()),
+        ("SLUICE_STORAGE_S3_SECRET_ACCESS_KEY", "test".into()),
     ];
+    (
+        moto,
+        endpoint,
+        env.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+    )
+}
+
+fn as_env(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parquet_and_manifest_live_on_s3() {
+    let (_moto, endpoint, owned) = bucket("warehouse").await;
+    let env = as_env(&owned);
+    let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &env);
     assert_eq!(s.sql("CREATE DATABASE iot").await.status, 200);
     assert_eq!(
@@ -115,24 +130,11 @@ async fn parquet_and_manifest_live_on_s3() {
 /// once too much waits, writes are refused with 503 `buffers_full` instead of growing memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_store_refuses_writes_visibly() {
-    let (moto, port) = start_moto();
-    let endpoint = format!("http://127.0.0.1:{port}");
-    let r = reqwest::Client::new()
-        .put(format!("{endpoint}/sluice-test"))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
+    let (moto, _endpoint, mut owned) = bucket("w").await;
+    owned.push(("SLUICE_BUFFER_TOTAL_MAX_BYTES".into(), "20000".into()));
+    owned.push(("SLUICE_BUFFER_CHECK_INTERVAL".into(), "50ms".into()));
+    let env = as_env(&owned);
     let dir = tempfile::tempdir().unwrap();
-    let env = [
-        ("SLUICE_STORAGE_URL", "s3://sluice-test/w"),
-        ("SLUICE_STORAGE_S3_ENDPOINT", endpoint.as_str()),
-        ("SLUICE_STORAGE_S3_ALLOW_HTTP", "true"),
-        ("SLUICE_STORAGE_S3_ACCESS_KEY_ID", "test"),
-        ("SLUICE_STORAGE_S3_SECRET_ACCESS_KEY", "test"),
-        ("SLUICE_BUFFER_TOTAL_MAX_BYTES", "20000"),
-        ("SLUICE_BUFFER_CHECK_INTERVAL", "50ms"),
-    ];
     let s = Server::start(dir.path(), &env);
     assert_eq!(
         s.sql("CREATE TABLE iot.r (ts TIMESTAMP, note VARCHAR) PARTITION BY ymdh(ts)")

@@ -43,12 +43,18 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let dir = tempfile::tempdir()?;
     // PostgreSQL runs as its own user when we are root: let it reach the per-round dirs.
-    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
     let sluice = match &args.sluice {
         Some(p) => p.clone(),
         None => std::env::current_exe()?.with_file_name("sluice"),
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
     for round in 0..args.rounds.max(1) {
@@ -71,10 +77,16 @@ fn main() -> Result<()> {
     println!();
     println!("| system | rows/s | p50 ms | p99 ms |");
     println!("|---|---|---|---|");
-    println!("| Sluice HTTP, 1 row/request, fsync | {:.0} | {:.2} | {:.2} |", ours.0, ours.1, ours.2);
+    println!(
+        "| Sluice HTTP, 1 row/request, fsync | {:.0} | {:.2} | {:.2} |",
+        ours.0, ours.1, ours.2
+    );
     if !theirs.is_empty() {
         let pg = median(&mut theirs);
-        println!("| PostgreSQL INSERT, 1 row/txn, fsync | {:.0} | {:.2} (avg) | - |", pg.0, pg.1);
+        println!(
+            "| PostgreSQL INSERT, 1 row/txn, fsync | {:.0} | {:.2} (avg) | - |",
+            pg.0, pg.1
+        );
         println!(
             "\nratio Sluice / PostgreSQL: {:.2}x  ({} rows, {} connections, median of {} rounds)",
             ours.0 / pg.0,
