@@ -734,3 +734,72 @@ async fn partition_pruning_skips_files() {
         .await;
     assert_eq!(files_in_plan(eq), 1);
 }
+
+/// Results larger than one batch stream out whole in every format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_results_stream_in_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    readings(&s).await;
+    let n = 30_000;
+    let body: String = (0..n)
+        .map(|i| {
+            format!(
+                "2024-05-01 {:02}:{:02}:{:02},d{},{i}\n",
+                10 + i / 3600 % 10,
+                i / 60 % 60,
+                i % 60,
+                i % 7
+            )
+        })
+        .collect();
+    assert_eq!(
+        s.write("iot", "readings", "text/csv", body).await.status,
+        204
+    );
+    let q = "SELECT device, temp FROM iot.readings ORDER BY temp";
+    let json = s.rows(q).await;
+    assert_eq!(json.len(), n);
+    assert_eq!(
+        json[n - 1],
+        serde_json::json!({"device": format!("d{}", (n - 1) % 7), "temp": (n - 1) as f64})
+    );
+    let csv = s.sql_fmt(q, "csv").await;
+    assert_eq!(
+        csv.body.lines().count(),
+        n + 1,
+        "header once, then every row"
+    );
+    assert_eq!(csv.body.lines().filter(|l| *l == "device,temp").count(), 1);
+    let jsonl = s.sql_fmt(q, "jsonl").await;
+    assert_eq!(jsonl.body.lines().count(), n);
+    for format in ["arrow", "parquet"] {
+        let r = s
+            .client()
+            .post(s.url(&format!("/v1/sql?format={format}")))
+            .body(q)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let bytes = r.bytes().await.unwrap();
+        let magic: &[u8] = if format == "parquet" {
+            b"PAR1"
+        } else {
+            &[0xff, 0xff, 0xff, 0xff]
+        };
+        assert!(bytes.starts_with(magic), "{format}");
+        assert!(bytes.len() > n, "{format}: {} bytes", bytes.len());
+    }
+    // Empty results are still well-formed.
+    assert_eq!(
+        s.sql("SELECT * FROM iot.readings WHERE temp < 0")
+            .await
+            .body,
+        "[]"
+    );
+    // An error found while running (not planning) still gets a status and a JSON error.
+    let r = s.sql("SELECT CAST(device AS INT) FROM iot.readings").await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.json()["error"]["message"].as_str().is_some());
+}

@@ -6,14 +6,40 @@ use crate::error::Result;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 
-/// A statement's result.
-#[derive(Debug, Clone)]
+/// A statement's result: rows as they are produced, so a large result is never held whole.
 pub struct QueryOutput {
     /// Result schema (empty for statements without rows).
     pub schema: SchemaRef,
     /// Result rows.
-    pub batches: Vec<RecordBatch>,
+    pub stream: SendableRecordBatchStream,
+}
+
+impl std::fmt::Debug for QueryOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueryOutput")
+            .field("schema", &self.schema)
+            .finish()
+    }
+}
+
+impl QueryOutput {
+    /// A result already in memory (statements, SHOW, DESCRIBE).
+    pub fn from_batches(schema: SchemaRef, batches: Vec<RecordBatch>) -> Self {
+        let stream = futures::stream::iter(batches.into_iter().map(Ok));
+        Self {
+            schema: schema.clone(),
+            stream: Box::pin(RecordBatchStreamAdapter::new(schema, stream)),
+        }
+    }
+
+    /// Collects every row (for tests and small results).
+    pub async fn collect(self) -> crate::Result<Vec<RecordBatch>> {
+        use futures::TryStreamExt;
+        Ok(self.stream.try_collect().await?)
+    }
 }
 
 /// An acknowledged write.

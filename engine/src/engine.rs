@@ -259,8 +259,8 @@ impl Database for Engine {
                 options.verify_plan(&plan)?;
                 let df = self.ctx.execute_logical_plan(plan).await?;
                 let schema = Arc::new(df.schema().as_arrow().clone());
-                let batches = df.collect().await?;
-                Ok(QueryOutput { schema, batches })
+                let stream = df.execute_stream().await?;
+                Ok(QueryOutput { schema, stream })
             }
             other => self.run_statement(other).await,
         }

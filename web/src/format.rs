@@ -1,13 +1,16 @@
-//! Result encodings for `/v1/sql?format=...`.
+//! Result encodings for `/v1/sql?format=...`, produced batch by batch so a large result
+//! streams to the client instead of being held whole in memory.
 
 use crate::ApiError;
 use axum::http::StatusCode;
+use bytes::Bytes;
 use datafusion::arrow::csv::WriterBuilder as CsvWriterBuilder;
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::arrow::json::WriterBuilder as JsonWriterBuilder;
 use datafusion::arrow::json::writer::{JsonArray, LineDelimited};
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::parquet::arrow::ArrowWriter;
-use sluice_engine::QueryOutput;
 
 /// A result encoding.
 #[derive(Debug, Clone, Copy)]
@@ -37,59 +40,102 @@ impl OutputFormat {
         })
     }
 
-    pub(crate) fn encode(self, out: &QueryOutput) -> Result<(&'static str, Vec<u8>), ApiError> {
-        let fail =
-            |e: &dyn std::fmt::Display| ApiError::internal(format!("encoding the result: {e}"));
-        let batches: Vec<_> = out.batches.iter().collect();
+    pub(crate) fn content_type(self) -> &'static str {
+        match self {
+            Self::Json => "application/json",
+            Self::JsonLines => "application/x-ndjson",
+            Self::Csv => "text/csv",
+            Self::Arrow => "application/vnd.apache.arrow.stream",
+            Self::Parquet => "application/vnd.apache.parquet",
+        }
+    }
+
+    /// An encoder for a result of `schema`.
+    pub(crate) fn encoder(self, schema: SchemaRef) -> Result<Encoder, ApiError> {
+        Ok(match self {
+            Self::Json => Encoder::Json { first: true },
+            Self::JsonLines => Encoder::JsonLines,
+            Self::Csv => Encoder::Csv { header: true },
+            Self::Arrow => {
+                let w = StreamWriter::try_new(Vec::new(), &schema).map_err(fail)?;
+                Encoder::Arrow(Box::new(w))
+            }
+            Self::Parquet => {
+                let w = ArrowWriter::try_new(Vec::new(), schema, None).map_err(fail)?;
+                Encoder::Parquet(Box::new(w))
+            }
+        })
+    }
+}
+
+fn fail(e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(format!("encoding the result: {e}"))
+}
+
+/// Encodes batches into chunks of the response body.
+pub(crate) enum Encoder {
+    Json { first: bool },
+    JsonLines,
+    Csv { header: bool },
+    Arrow(Box<StreamWriter<Vec<u8>>>),
+    Parquet(Box<ArrowWriter<Vec<u8>>>),
+}
+
+impl Encoder {
+    /// The bytes for one batch (possibly none, e.g. Parquet buffers a row group).
+    pub(crate) fn batch(&mut self, batch: &RecordBatch) -> Result<Bytes, ApiError> {
         let mut buf = Vec::new();
-        let ct = match self {
-            Self::Json => {
+        match self {
+            Self::Json { first } => {
+                if batch.num_rows() == 0 {
+                    return Ok(Bytes::new());
+                }
                 let mut w = JsonWriterBuilder::new()
                     .with_explicit_nulls(true)
                     .build::<_, JsonArray>(&mut buf);
-                w.write_batches(&batches).map_err(|e| fail(&e))?;
-                w.finish().map_err(|e| fail(&e))?;
+                w.write(batch).map_err(fail)?;
+                w.finish().map_err(fail)?;
                 drop(w);
-                if buf.is_empty() {
-                    buf.extend_from_slice(b"[]");
-                }
-                "application/json"
+                // Each batch is encoded as `[...]`: join them into one array.
+                buf[0] = if *first { b'[' } else { b',' };
+                buf.pop();
+                *first = false;
             }
             Self::JsonLines => {
                 let mut w = JsonWriterBuilder::new()
                     .with_explicit_nulls(true)
                     .build::<_, LineDelimited>(&mut buf);
-                w.write_batches(&batches).map_err(|e| fail(&e))?;
-                w.finish().map_err(|e| fail(&e))?;
-                "application/x-ndjson"
+                w.write(batch).map_err(fail)?;
+                w.finish().map_err(fail)?;
             }
-            Self::Csv => {
-                let mut w = CsvWriterBuilder::new().with_header(true).build(&mut buf);
-                for b in &batches {
-                    w.write(b).map_err(|e| fail(&e))?;
-                }
-                drop(w);
-                "text/csv"
+            Self::Csv { header } => {
+                let mut w = CsvWriterBuilder::new().with_header(*header).build(&mut buf);
+                w.write(batch).map_err(fail)?;
+                *header = false;
             }
-            Self::Arrow => {
-                let mut w = StreamWriter::try_new(&mut buf, &out.schema).map_err(|e| fail(&e))?;
-                for b in &batches {
-                    w.write(b).map_err(|e| fail(&e))?;
-                }
-                w.finish().map_err(|e| fail(&e))?;
-                drop(w);
-                "application/vnd.apache.arrow.stream"
+            Self::Arrow(w) => {
+                w.write(batch).map_err(fail)?;
+                buf = std::mem::take(w.get_mut());
             }
-            Self::Parquet => {
-                let mut w = ArrowWriter::try_new(&mut buf, out.schema.clone(), None)
-                    .map_err(|e| fail(&e))?;
-                for b in &batches {
-                    w.write(b).map_err(|e| fail(&e))?;
-                }
-                w.close().map_err(|e| fail(&e))?;
-                "application/vnd.apache.parquet"
+            Self::Parquet(w) => {
+                w.write(batch).map_err(fail)?;
+                buf = std::mem::take(w.inner_mut());
             }
-        };
-        Ok((ct, buf))
+        }
+        Ok(Bytes::from(buf))
+    }
+
+    /// The closing bytes.
+    pub(crate) fn finish(self) -> Result<Bytes, ApiError> {
+        Ok(match self {
+            Self::Json { first: true } => Bytes::from_static(b"[]"),
+            Self::Json { first: false } => Bytes::from_static(b"]"),
+            Self::JsonLines | Self::Csv { .. } => Bytes::new(),
+            Self::Arrow(mut w) => {
+                w.finish().map_err(fail)?;
+                Bytes::from(w.into_inner().map_err(fail)?)
+            }
+            Self::Parquet(w) => Bytes::from(w.into_inner().map_err(fail)?),
+        })
     }
 }

@@ -17,6 +17,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use futures::StreamExt;
 use sluice_conf::HttpConfig;
 use sluice_engine::{Database, Format};
 use std::sync::Arc;
@@ -93,25 +94,56 @@ async fn sql(
     }
     let started = std::time::Instant::now();
     let output = s.db.execute(text).await?;
-    let rows: usize = output.batches.iter().map(|b| b.num_rows()).sum();
-    let (content_type, bytes) = tokio::task::spawn_blocking(move || out_format.encode(&output))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let mut stream = output.stream;
+    let mut encoder = out_format.encoder(output.schema)?;
+    // The first batch decides the status: an error before any row is still a clean 4xx/5xx.
+    // Later errors can only cut the body short (and are logged).
+    let first = match stream.next().await {
+        Some(batch) => Some(encoder.batch(&batch.map_err(sluice_engine::Error::from)?)?),
+        None => None,
+    };
+    let elapsed = started.elapsed().as_micros().to_string();
+    let body = async_stream(first, stream, encoder);
     Ok((
         [
-            (header::CONTENT_TYPE, content_type.to_string()),
+            (header::CONTENT_TYPE, out_format.content_type().to_string()),
             (
-                header::HeaderName::from_static("x-sluice-rows"),
-                rows.to_string(),
-            ),
-            (
-                header::HeaderName::from_static("x-sluice-elapsed-us"),
-                started.elapsed().as_micros().to_string(),
+                header::HeaderName::from_static("x-sluice-first-batch-us"),
+                elapsed,
             ),
         ],
-        bytes,
+        Body::from_stream(body),
     )
         .into_response())
+}
+
+/// The rest of the result as body chunks: each batch encoded as it arrives, then the closing
+/// bytes of the format.
+fn async_stream(
+    first: Option<bytes::Bytes>,
+    stream: datafusion::execution::SendableRecordBatchStream,
+    encoder: format::Encoder,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send {
+    let state = (stream, Some(encoder), first);
+    futures::stream::unfold(state, |(mut stream, mut encoder, first)| async move {
+        if let Some(chunk) = first {
+            return Some((Ok(chunk), (stream, encoder, None)));
+        }
+        let enc = encoder.as_mut()?;
+        let chunk = match stream.next().await {
+            Some(Ok(batch)) => enc.batch(&batch),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "query failed while streaming its result; response cut short");
+                return Some((
+                    Err(std::io::Error::other(e.to_string())),
+                    (stream, None, None),
+                ));
+            }
+            None => encoder.take()?.finish(),
+        };
+        let chunk = chunk.map_err(|e| std::io::Error::other(e.message));
+        Some((chunk, (stream, encoder, None)))
+    })
 }
 
 async fn write(

@@ -19,10 +19,7 @@ fn table_output(cols: Vec<(&str, ArrayRef)>) -> Result<QueryOutput> {
             .collect::<Vec<_>>(),
     ));
     let batch = RecordBatch::try_new(schema.clone(), cols.into_iter().map(|(_, a)| a).collect())?;
-    Ok(QueryOutput {
-        schema,
-        batches: vec![batch],
-    })
+    Ok(QueryOutput::from_batches(schema, vec![batch]))
 }
 
 fn strings(v: Vec<String>) -> ArrayRef {
@@ -30,10 +27,7 @@ fn strings(v: Vec<String>) -> ArrayRef {
 }
 
 fn no_rows() -> QueryOutput {
-    QueryOutput {
-        schema: Arc::new(Schema::empty()),
-        batches: Vec::new(),
-    }
+    QueryOutput::from_batches(Arc::new(Schema::empty()), Vec::new())
 }
 
 /// Columns a table may have (WAL records count columns in 16 bits).
