@@ -502,6 +502,22 @@ mod tests {
         })
     }
 
+    /// A log in `dir` with `n` one-row records appended.
+    async fn filled(dir: &Path, segment_bytes: u64, n: i64) -> Wal {
+        let wal = Wal::start(
+            dir,
+            &config(segment_bytes),
+            1,
+            16,
+            Arc::new(Collect::default()),
+        )
+        .unwrap();
+        for i in 0..n {
+            wal.append(rec(i)).await.unwrap();
+        }
+        wal
+    }
+
     fn config(segment_bytes: u64) -> WalConfig {
         WalConfig {
             segment_bytes,
@@ -544,17 +560,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn torn_tail_is_cut_and_reported() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::start(
-            dir.path(),
-            &config(1 << 20),
-            1,
-            16,
-            Arc::new(Collect::default()),
-        )
-        .unwrap();
-        for i in 0..10 {
-            wal.append(rec(i)).await.unwrap();
-        }
+        let wal = filled(dir.path(), 1 << 20, 10).await;
         wal.close();
         let (_, path) = list_segments(dir.path()).unwrap().pop().unwrap();
         let len = std::fs::metadata(&path).unwrap().len();
@@ -574,17 +580,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn preallocated_zero_tail_is_a_clean_end() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::start(
-            dir.path(),
-            &config(1 << 20),
-            1,
-            16,
-            Arc::new(Collect::default()),
-        )
-        .unwrap();
-        for i in 0..5 {
-            wal.append(rec(i)).await.unwrap();
-        }
+        let wal = filled(dir.path(), 1 << 20, 5).await;
         // A crash now leaves the segment with its preallocated, never-written tail.
         let crashed = tempfile::tempdir().unwrap();
         for (_, path) in list_segments(dir.path()).unwrap() {
@@ -607,10 +603,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn damage_before_the_newest_segment_stops_startup() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::start(dir.path(), &config(64), 1, 16, Arc::new(Collect::default())).unwrap();
-        for i in 0..10 {
-            wal.append(rec(i)).await.unwrap();
-        }
+        let wal = filled(dir.path(), 64, 10).await;
         wal.close();
         let segs = list_segments(dir.path()).unwrap();
         assert!(segs.len() > 2);
@@ -628,10 +621,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn truncation_keeps_the_needed_segments() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::start(dir.path(), &config(64), 1, 16, Arc::new(Collect::default())).unwrap();
-        for i in 0..20 {
-            wal.append(rec(i)).await.unwrap();
-        }
+        let wal = filled(dir.path(), 64, 20).await;
         let (before, _) = wal.segments();
         wal.truncate_before(15).unwrap();
         let (after, first) = wal.segments();
