@@ -391,6 +391,25 @@ async fn retention_drops_expired_partitions() {
     s.kill9();
     let s = Server::restart_on(dir.path(), &env);
     assert_eq!(s.count("SELECT count(*) FROM iot.r").await, 1);
+    // Once the log no longer holds their records, the tombstones leave the manifest.
+    assert_eq!(s.sql("FLUSH TABLE iot.r").await.status, 200);
+    let manifests = dir.path().join("data/objects/manifest");
+    let newest = || {
+        let mut names: Vec<_> = std::fs::read_dir(&manifests)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        std::fs::read_to_string(names.last().unwrap()).unwrap()
+    };
+    eventually("tombstones forgotten", 30, || async {
+        !newest().contains("\"2016")
+    })
+    .await;
+    assert_eq!(s.count("SELECT count(*) FROM iot.r").await, 1);
+    s.kill9();
+    let s = Server::restart_on(dir.path(), &env);
+    assert_eq!(s.count("SELECT count(*) FROM iot.r").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -336,7 +336,49 @@ impl Engine {
         }
         drop(m);
         self.truncate_wal()?;
+        self.forget_tombstones().await?;
         Ok(dropped)
+    }
+
+    /// Removes empty partitions (retention tombstones) whose `flushed_lsn` the log has been
+    /// truncated past: no record they guard against can be replayed any more.
+    async fn forget_tombstones(&self) -> Result<()> {
+        let (_, first_lsn) = self.wal.segments();
+        let mut m = self.manifest.lock().await;
+        let mut gone = Vec::new();
+        for t in self.shared.tables.all() {
+            let id = t.def().id;
+            t.parts.write().retain(|key, p| {
+                let dead = p.files.is_empty()
+                    && p.buffer.is_empty()
+                    && p.frozen.is_none()
+                    && p.flushed_lsn < first_lsn;
+                if dead {
+                    gone.push((id, *key));
+                }
+                !dead
+            });
+        }
+        let stale = |m: &Manifest, id: u64, key: u64| {
+            m.tables
+                .get(&id)
+                .and_then(|t| t.get(&key))
+                .is_some_and(|p| p.files.is_empty() && p.flushed_lsn < first_lsn)
+        };
+        if gone.iter().any(|(id, key)| stale(&m, *id, *key)) {
+            self.change_manifest(&mut m, |next| {
+                for (id, key) in &gone {
+                    if stale(next, *id, *key)
+                        && let Some(t) = next.tables.get_mut(id)
+                    {
+                        t.remove(key);
+                    }
+                }
+                next.tables.retain(|_, parts| !parts.is_empty());
+            })
+            .await?;
+        }
+        Ok(())
     }
 
     /// Deletes replaced files once no query can still be reading them (`now`: all of them).
