@@ -34,12 +34,6 @@ impl QueryOutput {
             stream: Box::pin(RecordBatchStreamAdapter::new(schema, stream)),
         }
     }
-
-    /// Collects every row (for tests and small results).
-    pub async fn collect(self) -> crate::Result<Vec<RecordBatch>> {
-        use futures::TryStreamExt;
-        Ok(self.stream.try_collect().await?)
-    }
 }
 
 /// An acknowledged write.

@@ -8,7 +8,7 @@ use crate::ddl::{self, Statement};
 use crate::decode::{Format, decode};
 use crate::error::{Error, Result};
 use crate::provider::{Shared, SluiceCatalog};
-use crate::state::{Frozen, Partition, TableState, Tables};
+use crate::state::{Partition, TableState, Tables};
 use crate::storage::{Manifest, Storage};
 use crate::wal::record::WriteRecord;
 use crate::wal::{self, Wal};
@@ -174,11 +174,6 @@ impl Engine {
             .cloned()
     }
 
-    /// The write-ahead log.
-    pub fn wal(&self) -> &Wal {
-        &self.wal
-    }
-
     /// Appends already-decoded rows for a table (what [`Database::write`] does after
     /// decoding; the broker's payload mappings will call it directly).
     pub async fn append_rows(
@@ -288,10 +283,7 @@ impl Database for Engine {
                 t.parts
                     .read()
                     .values()
-                    .map(|p: &Partition| {
-                        p.buffer.rows as u64
-                            + p.frozen.as_ref().map_or(0, |f: &Arc<Frozen>| f.rows as u64)
-                    })
+                    .map(Partition::buffered_rows)
                     .sum::<u64>()
             })
             .sum();

@@ -256,8 +256,6 @@ pub struct ScanSet {
     pub files: Vec<(String, u64)>,
     /// In-memory rows.
     pub batches: Vec<RecordBatch>,
-    /// Partitions kept.
-    pub partitions: usize,
 }
 
 impl SluiceTable {
@@ -274,7 +272,6 @@ impl SluiceTable {
             if !filter.admits(*k) {
                 continue;
             }
-            set.partitions += 1;
             set.files
                 .extend(p.files.iter().map(|f| (f.path.clone(), f.bytes)));
             if let Some(f) = &p.frozen {

@@ -47,9 +47,17 @@ pub struct Partition {
 impl Partition {
     /// Rows in the partition, persisted or not.
     pub fn rows(&self) -> u64 {
-        self.files.iter().map(|f| f.rows).sum::<u64>()
-            + self.frozen.as_ref().map_or(0, |f| f.rows as u64)
-            + self.buffer.rows as u64
+        self.files.iter().map(|f| f.rows).sum::<u64>() + self.buffered_rows()
+    }
+
+    /// Rows only in memory (buffer and frozen), not yet in Parquet.
+    pub fn buffered_rows(&self) -> u64 {
+        (self.buffer.rows + self.frozen.as_ref().map_or(0, |f| f.rows)) as u64
+    }
+
+    /// Bytes held in memory (buffer and frozen).
+    pub fn buffered_bytes(&self) -> usize {
+        self.buffer.bytes + self.frozen.as_ref().map_or(0, |f| f.bytes)
     }
 
     /// Time range over files and buffers.
@@ -165,10 +173,7 @@ impl Tables {
         if let Some(t) = removed {
             let parts = t.parts.write();
             t.dropped.store(true, Ordering::Relaxed);
-            let held: usize = parts
-                .values()
-                .map(|p| p.buffer.bytes + p.frozen.as_ref().map_or(0, |f| f.bytes))
-                .sum();
+            let held: usize = parts.values().map(Partition::buffered_bytes).sum();
             self.release(held);
         }
     }

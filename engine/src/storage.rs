@@ -268,15 +268,20 @@ impl Storage {
         Ok(())
     }
 
-    /// Encodes rows as one Parquet file sorted by `time_col`, with page-level statistics and
-    /// the page index; CPU-bound, so call it from a blocking thread.
+    /// Encodes rows as one Parquet file of `schema` sorted by `time_col`, with page-level
+    /// statistics and the page index. Batches written before an ADD COLUMN are widened to
+    /// `schema`. CPU-bound, so call it from a blocking thread.
     pub fn encode_parquet(
         &self,
         schema: &SchemaRef,
         batches: &[RecordBatch],
         time_col: Option<usize>,
     ) -> Result<Encoded> {
-        let batch = concat_batches(schema, batches)?;
+        let batches: Vec<RecordBatch> = batches
+            .iter()
+            .map(|b| crate::buffer::widen(b, schema))
+            .collect();
+        let batch = concat_batches(schema, &batches)?;
         let batch = match time_col {
             Some(i) if batch.num_rows() > 1 => {
                 let idx = lexsort_to_indices(

@@ -90,14 +90,13 @@ impl SystemSchema {
                 if rows == 0 {
                     continue;
                 }
-                let buffered = rows - p.files.iter().map(|f| f.rows).sum::<u64>();
                 out.push(PartRow {
                     db: def.database.clone(),
                     table: def.name.clone(),
                     key: *k,
                     rows,
-                    buffered,
-                    bytes: p.files.iter().map(|f| f.bytes).sum::<u64>() + p.buffer.bytes as u64,
+                    buffered: p.buffered_rows(),
+                    bytes: p.files.iter().map(|f| f.bytes).sum::<u64>() + p.buffered_bytes() as u64,
                     files: p.files.clone(),
                     range: p.time_range(),
                 });

@@ -309,11 +309,6 @@ impl Wal {
             let _ = t.join();
         }
     }
-
-    /// The directory holding the segments.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
 }
 
 fn new_segment(path: &Path, preallocate: u64) -> Result<File> {

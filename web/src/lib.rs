@@ -103,7 +103,7 @@ async fn sql(
         None => None,
     };
     let elapsed = started.elapsed().as_micros().to_string();
-    let body = async_stream(first, stream, encoder);
+    let body = body_chunks(first, stream, encoder);
     Ok((
         [
             (header::CONTENT_TYPE, out_format.content_type().to_string()),
@@ -119,7 +119,7 @@ async fn sql(
 
 /// The rest of the result as body chunks: each batch encoded as it arrives, then the closing
 /// bytes of the format.
-fn async_stream(
+fn body_chunks(
     first: Option<bytes::Bytes>,
     stream: datafusion::execution::SendableRecordBatchStream,
     encoder: format::Encoder,

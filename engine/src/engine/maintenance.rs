@@ -62,7 +62,7 @@ impl Engine {
                 } else if !p.buffer.is_empty() {
                     sizes.push((p.buffer.bytes, t.clone(), *k));
                 }
-                total += p.buffer.bytes + p.frozen.as_ref().map_or(0, |f| f.bytes);
+                total += p.buffered_bytes();
             }
         }
         sizes.sort_by_key(|s| std::cmp::Reverse(s.0));
@@ -158,21 +158,14 @@ impl Engine {
                 }
             }
         };
-        // Frozen rows may predate an ALTER: fit them to the current schema, which is the one
-        // `time_column` indexes.
+        // Encoded against the current schema, the one `time_column` indexes (frozen rows
+        // may predate an ALTER).
         let schema = t.schema();
         let storage = self.shared.storage.clone();
         let time_col = def.time_column();
         let f2 = frozen.clone();
-        let encoded = blocking(move || {
-            let batches: Vec<_> = f2
-                .batches
-                .iter()
-                .map(|b| crate::buffer::widen(b, &schema))
-                .collect();
-            storage.encode_parquet(&schema, &batches, time_col)
-        })
-        .await?;
+        let encoded =
+            blocking(move || storage.encode_parquet(&schema, &f2.batches, time_col)).await?;
         let rows = encoded.rows;
         let meta = self
             .shared
@@ -241,10 +234,6 @@ impl Engine {
                     batches.extend(blocking(move || Storage::decode_parquet(bytes)).await?);
                 }
                 let schema = t.schema();
-                let batches: Vec<_> = batches
-                    .iter()
-                    .map(|b| crate::buffer::widen(b, &schema))
-                    .collect();
                 let storage = self.shared.storage.clone();
                 let time_col = def.time_column();
                 let encoded =
