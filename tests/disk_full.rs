@@ -36,7 +36,7 @@ async fn full_disk_refuses_writes_and_loses_nothing() {
     let data = dir.path().join("data");
     let _mount = mount_tmpfs(&data, "1m");
     let s = Server::start(dir.path(), &[]);
-    assert_eq!(s.sql("CREATE DATABASE iot").await.status, 200);
+    s.sql_ok("CREATE DATABASE iot").await;
     assert_eq!(
         s.sql(
             "CREATE TABLE iot.r (ts TIMESTAMP, device VARCHAR, note VARCHAR) PARTITION BY ymdh(ts)"
@@ -78,14 +78,10 @@ async fn full_disk_refuses_writes_and_loses_nothing() {
         .status()
         .unwrap();
     assert!(ok.success());
-    assert_eq!(
-        s.write("iot", "r", "text/csv", "2024-05-01 10:00:00,after,y")
-            .await
-            .status,
-        204
-    );
+    s.write_ok("iot", "r", "text/csv", "2024-05-01 10:00:00,after,y")
+        .await;
     s.kill9();
-    let s = Server::restart_on(dir.path(), &[]);
+    let s = Server::start(dir.path(), &[]);
     assert_eq!(s.count("SELECT count(*) FROM iot.r").await, acked + 1);
     assert_eq!(s.terminate(), 0);
 }

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 const NYCT: &str = "CREATE TABLE benchmark.nyct_lite(vendor_id String, pickup_datetime DateTime, dropoff_datetime DateTime, passenger_count Int8, trip_distance Float32, pickup_longitude Float32, pickup_latitude Float32, rate_code Int8, dropoff_longitude Float32, dropoff_latitude Float32, payment_type Int8, fare_amount Float32, extra Float32, mta_tax Float32, tip_amount Float32, tolls_amount Float32, improvement_surcharge Float32, total_amount Float32) PARTITION BY ymdh12(pickup_datetime)";
 
 async fn readings(s: &Server) {
-    assert_eq!(s.sql("CREATE DATABASE iot").await.status, 200);
+    s.sql_ok("CREATE DATABASE iot").await;
     let r = s
         .sql("CREATE TABLE iot.readings (ts TIMESTAMP, device VARCHAR, temp DOUBLE) PARTITION BY ymdh(ts)")
         .await;
@@ -84,7 +84,7 @@ async fn create_write_query_and_catalog() {
     );
 
     // FLUSH writes Parquet that system.files shows, and queries give the same answers.
-    assert_eq!(s.sql("FLUSH TABLE iot.readings").await.status, 200);
+    s.sql_ok("FLUSH TABLE iot.readings").await;
     let files = s
         .rows("SELECT path, rows, bytes FROM system.files WHERE database_name = 'iot'")
         .await;
@@ -107,12 +107,8 @@ async fn create_write_query_and_catalog() {
         .await;
     assert_eq!(rows, vec![serde_json::json!({"device": "d2"})]);
     // Mixed: new rows in buffers plus files.
-    assert_eq!(
-        s.write("iot", "readings", "text/csv", "2024-05-01 10:59:59,d9,1")
-            .await
-            .status,
-        204
-    );
+    s.write_ok("iot", "readings", "text/csv", "2024-05-01 10:59:59,d9,1")
+        .await;
     assert_eq!(
         s.count("SELECT count(*) AS n FROM iot.readings WHERE ts < '2024-05-01 11:00:00'")
             .await,
@@ -140,23 +136,15 @@ async fn create_write_query_and_catalog() {
     }
 
     // ALTER TABLE ADD COLUMN: old rows read NULL, new rows carry it.
-    assert_eq!(
-        s.sql("ALTER TABLE iot.readings ADD COLUMN humidity Float32")
-            .await
-            .status,
-        200
-    );
-    assert_eq!(
-        s.write(
-            "iot",
-            "readings",
-            "application/json",
-            r#"{"ts":"2024-05-01 10:00:01","device":"h","humidity":40.5}"#
-        )
-        .await
-        .status,
-        204
-    );
+    s.sql_ok("ALTER TABLE iot.readings ADD COLUMN humidity Float32")
+        .await;
+    s.write_ok(
+        "iot",
+        "readings",
+        "application/json",
+        r#"{"ts":"2024-05-01 10:00:01","device":"h","humidity":40.5}"#,
+    )
+    .await;
     assert_eq!(
         s.count("SELECT count(humidity) AS n FROM iot.readings")
             .await,
@@ -175,7 +163,7 @@ async fn create_write_query_and_catalog() {
     );
 
     // DROP TABLE.
-    assert_eq!(s.sql("DROP TABLE iot.readings").await.status, 200);
+    s.sql_ok("DROP TABLE iot.readings").await;
     assert_eq!(s.sql("SELECT * FROM iot.readings").await.status, 404);
     assert_eq!(
         s.write("iot", "readings", "text/csv", "2024-05-01 10:00:00,d1,1")
@@ -226,7 +214,7 @@ async fn kill9_loses_and_duplicates_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let env = [("SLUICE_WAL_SEGMENT_BYTES", "65536")];
     let s = Server::start(dir.path(), &env);
-    assert_eq!(s.sql("CREATE DATABASE iot").await.status, 200);
+    s.sql_ok("CREATE DATABASE iot").await;
     assert_eq!(
         s.sql(
             "CREATE TABLE iot.events (ts TIMESTAMP, client Int32, seq Int64) PARTITION BY ymdh(ts)"
@@ -268,11 +256,11 @@ async fn kill9_loses_and_duplicates_nothing() {
         }
         if round == 0 {
             // Half the rows are in Parquet before the crash, half only in the log.
-            assert_eq!(s.sql("FLUSH TABLE iot.events").await.status, 200);
+            s.sql_ok("FLUSH TABLE iot.events").await;
         }
     }
     s.kill9();
-    let s = Server::restart_on(dir.path(), &env);
+    let s = Server::start(dir.path(), &env);
     let rows = s.rows("SELECT client, seq FROM iot.events").await;
     let got: Vec<(i64, i64)> = rows
         .iter()
@@ -284,11 +272,11 @@ async fn kill9_loses_and_duplicates_nothing() {
     assert_eq!(unique, acked, "every acknowledged row, nothing else");
     // A second crash right after recovery changes nothing either.
     s.kill9();
-    let s = Server::restart_on(dir.path(), &env);
+    let s = Server::start(dir.path(), &env);
     assert_eq!(s.count("SELECT count(*) FROM iot.events").await, 2400);
     assert_eq!(s.terminate(), 0);
     // After a clean stop everything is in Parquet and the log replays nothing.
-    let s = Server::restart_on(dir.path(), &env);
+    let s = Server::start(dir.path(), &env);
     assert_eq!(s.count("SELECT count(*) FROM iot.events").await, 2400);
     assert!(s.log_text().contains("records=0"), "{}", s.log_text());
 }
@@ -299,17 +287,13 @@ async fn torn_wal_tail_is_cut_and_reported() {
     let s = Server::start(dir.path(), &[]);
     readings(&s).await;
     for i in 0..20 {
-        assert_eq!(
-            s.write(
-                "iot",
-                "readings",
-                "text/csv",
-                format!("2024-05-01 10:00:{i:02},d,{i}")
-            )
-            .await
-            .status,
-            204
-        );
+        s.write_ok(
+            "iot",
+            "readings",
+            "text/csv",
+            format!("2024-05-01 10:00:{i:02},d,{i}"),
+        )
+        .await;
     }
     s.kill9();
     // A crash in the middle of a write leaves half a record at the end of the last segment.
@@ -323,18 +307,14 @@ async fn torn_wal_tail_is_cut_and_reported() {
     let mut bytes = std::fs::read(last).unwrap();
     bytes.extend_from_slice(&[0x40, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 1, 1, 7]);
     std::fs::write(last, &bytes).unwrap();
-    let s = Server::restart_on(dir.path(), &[]);
+    let s = Server::start(dir.path(), &[]);
     assert_eq!(s.count("SELECT count(*) FROM iot.readings").await, 20);
     assert!(s.log_text().contains("WAL tail cut"), "{}", s.log_text());
     // Writing on goes on normally and survives another crash.
-    assert_eq!(
-        s.write("iot", "readings", "text/csv", "2024-05-01 10:01:00,d,99")
-            .await
-            .status,
-        204
-    );
+    s.write_ok("iot", "readings", "text/csv", "2024-05-01 10:01:00,d,99")
+        .await;
     s.kill9();
-    let s = Server::restart_on(dir.path(), &[]);
+    let s = Server::start(dir.path(), &[]);
     assert_eq!(s.count("SELECT count(*) FROM iot.readings").await, 21);
 }
 
@@ -346,34 +326,22 @@ async fn retention_drops_expired_partitions() {
         ("SLUICE_BUFFER_CHECK_INTERVAL", "100ms"),
     ];
     let s = Server::start(dir.path(), &env);
-    assert_eq!(s.sql("CREATE DATABASE iot").await.status, 200);
+    s.sql_ok("CREATE DATABASE iot").await;
     let r = s.sql("CREATE TABLE iot.r (ts TIMESTAMP, v DOUBLE) PARTITION BY yyyymmdd(ts) WITH (ttl = '30 days')").await;
     assert_eq!(r.status, 200, "{}", r.body);
     // Old rows, some persisted and some only buffered, plus a fresh row (no ts: arrival time).
-    assert_eq!(
-        s.write(
-            "iot",
-            "r",
-            "text/csv",
-            "2016-01-01 00:00:00,1\n2016-01-02 00:00:00,2"
-        )
-        .await
-        .status,
-        204
-    );
-    assert_eq!(s.sql("FLUSH TABLE iot.r").await.status, 200);
-    assert_eq!(
-        s.write("iot", "r", "text/csv", "2016-01-03 00:00:00,3")
-            .await
-            .status,
-        204
-    );
-    assert_eq!(
-        s.write("iot", "r", "application/json", r#"{"v": 4}"#)
-            .await
-            .status,
-        204
-    );
+    s.write_ok(
+        "iot",
+        "r",
+        "text/csv",
+        "2016-01-01 00:00:00,1\n2016-01-02 00:00:00,2",
+    )
+    .await;
+    s.sql_ok("FLUSH TABLE iot.r").await;
+    s.write_ok("iot", "r", "text/csv", "2016-01-03 00:00:00,3")
+        .await;
+    s.write_ok("iot", "r", "application/json", r#"{"v": 4}"#)
+        .await;
     eventually("expired partitions dropped", 30, || async {
         s.count("SELECT count(*) FROM iot.r").await == 1
     })
@@ -389,10 +357,10 @@ async fn retention_drops_expired_partitions() {
     );
     // They stay dropped across a crash (the log still holds them).
     s.kill9();
-    let s = Server::restart_on(dir.path(), &env);
+    let s = Server::start(dir.path(), &env);
     assert_eq!(s.count("SELECT count(*) FROM iot.r").await, 1);
     // Once the log no longer holds their records, the tombstones leave the manifest.
-    assert_eq!(s.sql("FLUSH TABLE iot.r").await.status, 200);
+    s.sql_ok("FLUSH TABLE iot.r").await;
     let manifests = dir.path().join("data/objects/manifest");
     let newest = || {
         let mut names: Vec<_> = std::fs::read_dir(&manifests)
@@ -408,7 +376,7 @@ async fn retention_drops_expired_partitions() {
     .await;
     assert_eq!(s.count("SELECT count(*) FROM iot.r").await, 1);
     s.kill9();
-    let s = Server::restart_on(dir.path(), &env);
+    let s = Server::start(dir.path(), &env);
     assert_eq!(s.count("SELECT count(*) FROM iot.r").await, 1);
 }
 
@@ -423,18 +391,14 @@ async fn compaction_merges_small_files() {
     let s = Server::start(dir.path(), &env);
     readings(&s).await;
     for i in 0..3 {
-        assert_eq!(
-            s.write(
-                "iot",
-                "readings",
-                "text/csv",
-                format!("2024-05-01 10:00:0{i},d{i},{i}\n2024-05-01 10:30:0{i},e{i},{i}")
-            )
-            .await
-            .status,
-            204
-        );
-        assert_eq!(s.sql("FLUSH TABLE iot.readings").await.status, 200);
+        s.write_ok(
+            "iot",
+            "readings",
+            "text/csv",
+            format!("2024-05-01 10:00:0{i},d{i},{i}\n2024-05-01 10:30:0{i},e{i},{i}"),
+        )
+        .await;
+        s.sql_ok("FLUSH TABLE iot.readings").await;
     }
     eventually("files compacted", 30, || async {
         s.count("SELECT count(*) FROM system.files WHERE table_name = 'readings'")
@@ -453,7 +417,7 @@ async fn compaction_merges_small_files() {
     sorted.sort();
     assert_eq!(ts, sorted, "the merged file is sorted by time");
     s.kill9();
-    let s = Server::restart_on(dir.path(), &env);
+    let s = Server::start(dir.path(), &env);
     assert_eq!(s.count("SELECT count(*) FROM iot.readings").await, 6);
 }
 
@@ -462,12 +426,8 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &[("SLUICE_HTTP_MAX_BODY_BYTES", "4096")]);
     readings(&s).await;
-    assert_eq!(
-        s.write("iot", "readings", "text/csv", "2024-05-01 10:00:00,d1,20")
-            .await
-            .status,
-        204
-    );
+    s.write_ok("iot", "readings", "text/csv", "2024-05-01 10:00:00,d1,20")
+        .await;
 
     // A bad row: 400 naming line and column; the good rows of the same request are not stored.
     let r = s
@@ -579,7 +539,7 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     );
     assert_eq!(s.sql("SELECT * FROM system.nope").await.status, 404);
     // Names inside string literals are not table references.
-    assert_eq!(s.sql("SELECT 'FROM iot.missing' AS x").await.status, 200);
+    s.sql_ok("SELECT 'FROM iot.missing' AS x").await;
     assert_eq!(s.sql("").await.status, 400);
     assert_eq!(s.sql_fmt("SELECT 1", "xml").await.status, 400);
     let r = s
@@ -673,7 +633,7 @@ async fn configuration_layers() {
         from_env.display().to_string(),
     )];
     let s = Server::start_args(dir.path(), &args(&[]), vec![]);
-    assert_eq!(s.sql("CREATE DATABASE a").await.status, 200);
+    s.sql_ok("CREATE DATABASE a").await;
     assert_eq!(s.terminate(), 0);
     assert!(from_file.join("catalog.json").exists());
     let s = Server::start_args(dir.path(), &args(&[]), env_dir.clone());
@@ -707,12 +667,9 @@ async fn partition_pruning_skips_files() {
     readings(&s).await;
     for h in 10..14 {
         let body = format!("2024-05-01 {h}:05:00,a,{h}\n2024-05-01 {h}:55:00,b,{h}.5");
-        assert_eq!(
-            s.write("iot", "readings", "text/csv", body).await.status,
-            204
-        );
+        s.write_ok("iot", "readings", "text/csv", body).await;
     }
-    assert_eq!(s.sql("FLUSH TABLE iot.readings").await.status, 200);
+    s.sql_ok("FLUSH TABLE iot.readings").await;
     let files_in_plan = |plan: Vec<serde_json::Value>| -> usize {
         plan.iter()
             .map(|r| r["plan"].as_str().unwrap_or("").matches(".parquet").count())
@@ -772,10 +729,7 @@ async fn large_results_stream_in_every_format() {
             )
         })
         .collect();
-    assert_eq!(
-        s.write("iot", "readings", "text/csv", body).await.status,
-        204
-    );
+    s.write_ok("iot", "readings", "text/csv", body).await;
     let q = "SELECT device, temp FROM iot.readings ORDER BY temp";
     let json = s.rows(q).await;
     assert_eq!(json.len(), n);

@@ -70,32 +70,20 @@ async fn parquet_and_manifest_live_on_s3() {
     let env = as_env(&owned);
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &env);
-    assert_eq!(s.sql("CREATE DATABASE iot").await.status, 200);
-    assert_eq!(
-        s.sql("CREATE TABLE iot.r (ts TIMESTAMP, v DOUBLE) PARTITION BY yyyymmdd(ts)")
-            .await
-            .status,
-        200
-    );
-    assert_eq!(
-        s.write(
-            "iot",
-            "r",
-            "text/csv",
-            "2024-05-01 10:00:00,1\n2024-05-02 10:00:00,2"
-        )
-        .await
-        .status,
-        204
-    );
+    s.sql_ok("CREATE DATABASE iot").await;
+    s.sql_ok("CREATE TABLE iot.r (ts TIMESTAMP, v DOUBLE) PARTITION BY yyyymmdd(ts)")
+        .await;
+    s.write_ok(
+        "iot",
+        "r",
+        "text/csv",
+        "2024-05-01 10:00:00,1\n2024-05-02 10:00:00,2",
+    )
+    .await;
     let r = s.sql("FLUSH TABLE iot.r").await;
     assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(
-        s.write("iot", "r", "text/csv", "2024-05-02 11:00:00,3")
-            .await
-            .status,
-        204
-    );
+    s.write_ok("iot", "r", "text/csv", "2024-05-02 11:00:00,3")
+        .await;
     assert_eq!(
         s.count("SELECT count(*) FROM system.files WHERE table_name = 'r'")
             .await,
@@ -117,7 +105,7 @@ async fn parquet_and_manifest_live_on_s3() {
         "nothing on local disk"
     );
     s.kill9();
-    let s = Server::restart_on(dir.path(), &env);
+    let s = Server::start(dir.path(), &env);
     assert_eq!(s.rows("SELECT sum(v) AS s FROM iot.r").await[0]["s"], 6.0);
     assert_eq!(
         s.count("SELECT count(*) FROM iot.r WHERE ts >= '2024-05-02 00:00:00'")
@@ -136,12 +124,8 @@ async fn unreachable_store_refuses_writes_visibly() {
     let env = as_env(&owned);
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &env);
-    assert_eq!(
-        s.sql("CREATE TABLE iot.r (ts TIMESTAMP, note VARCHAR) PARTITION BY ymdh(ts)")
-            .await
-            .status,
-        200
-    );
+    s.sql_ok("CREATE TABLE iot.r (ts TIMESTAMP, note VARCHAR) PARTITION BY ymdh(ts)")
+        .await;
     drop(moto);
     let note = "n".repeat(1000);
     let mut acked = 0u64;

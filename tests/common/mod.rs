@@ -159,6 +159,24 @@ impl Server {
         }
     }
 
+    /// Runs a statement that must succeed (200).
+    pub async fn sql_ok(&self, q: &str) {
+        let r = self.sql(q).await;
+        assert_eq!(r.status, 200, "{q}: {}", r.body);
+    }
+
+    /// Writes rows that must be accepted (204: durable).
+    pub async fn write_ok(
+        &self,
+        db: &str,
+        table: &str,
+        content_type: &str,
+        body: impl Into<String>,
+    ) {
+        let r = self.write(db, table, content_type, body).await;
+        assert_eq!(r.status, 204, "write to {db}.{table}: {}", r.body);
+    }
+
     pub fn client(&self) -> reqwest::Client {
         self.http.clone()
     }
@@ -180,11 +198,6 @@ impl Server {
             assert!(Instant::now() < deadline, "sluice did not stop on SIGTERM");
             std::thread::park_timeout(Duration::from_millis(20));
         }
-    }
-
-    /// Starts a new server on the same directory with the same settings.
-    pub fn restart_on(dir: &Path, env: &[(&str, &str)]) -> Server {
-        Self::start(dir, env)
     }
 
     pub fn log_text(&self) -> String {
