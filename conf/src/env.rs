@@ -68,6 +68,14 @@ fn typed(current: &Value, raw: &str) -> Option<Value> {
             "0" | "false" | "no" | "off" => false,
             _ => return None,
         }),
+        // Lists of strings are written comma-separated: `SLUICE_MQTT_AUTO_CREATE_DATABASES=a,b`.
+        Value::Array(items) if items.iter().all(Value::is_str) => Value::Array(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| Value::String(s.to_string()))
+                .collect(),
+        ),
         _ => return None,
     })
 }

@@ -39,6 +39,10 @@ pub struct Config {
     pub compaction: CompactionConfig,
     /// Dropping partitions past their table's TTL.
     pub retention: RetentionConfig,
+    /// The MQTT broker.
+    pub mqtt: MqttConfig,
+    /// Topic rules: topics (with named wildcards) written into tables.
+    pub topic: Vec<TopicRule>,
 }
 
 impl Default for Config {
@@ -52,6 +56,8 @@ impl Default for Config {
             storage: StorageConfig::default(),
             compaction: CompactionConfig::default(),
             retention: RetentionConfig::default(),
+            mqtt: MqttConfig::default(),
+            topic: Vec::new(),
         }
     }
 }
@@ -212,6 +218,82 @@ impl Default for RetentionConfig {
     }
 }
 
+/// The MQTT broker: listeners, limits, sessions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MqttConfig {
+    /// MQTT over TCP. Port 0 picks a free port (printed at start).
+    pub listen: SocketAddr,
+    /// MQTT over TLS; empty: no TLS listener. Needs `tls_cert` and `tls_key`.
+    pub tls_listen: String,
+    /// PEM certificate chain for the TLS listener.
+    pub tls_cert: String,
+    /// PEM private key for the TLS listener.
+    pub tls_key: String,
+    /// Largest MQTT packet accepted, in bytes (MQTT 5 clients are told in CONNACK).
+    pub max_packet_size: u32,
+    /// QoS 1/2 publishes a client may have unacknowledged towards the server (MQTT 5
+    /// receive maximum); more is a protocol error (0x93).
+    pub receive_maximum: u16,
+    /// QoS 1/2 messages the server sends a client before waiting for its acks (lowered by a
+    /// client's own receive maximum).
+    pub max_inflight: u16,
+    /// Concurrent connections; more get CONNACK 0x97 (quota exceeded).
+    pub max_connections: usize,
+    /// Messages queued per session (online or offline) before publishers are slowed
+    /// (online) or the session's oldest QoS 0 messages are dropped (offline).
+    pub max_queued_messages: usize,
+    /// Longest session expiry a client may ask for (MQTT 5); longer requests are capped.
+    pub max_session_expiry: String,
+    /// Topic aliases a client may use towards the server (MQTT 5).
+    pub topic_alias_maximum: u16,
+    /// Compatibility: several connections may share one client id, each with its own
+    /// session, instead of the newer taking over the older (the OIDBS loader needs this).
+    pub shared_client_ids: bool,
+    /// Databases in which the first JSON message on `/db/table` creates the table (types
+    /// inferred); later new fields add nullable columns.
+    pub auto_create_databases: Vec<String>,
+}
+
+impl Default for MqttConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 1883)),
+            tls_listen: String::new(),
+            tls_cert: String::new(),
+            tls_key: String::new(),
+            max_packet_size: 1024 * 1024,
+            receive_maximum: 1024,
+            max_inflight: 1024,
+            max_connections: 100_000,
+            max_queued_messages: 10_000,
+            max_session_expiry: "7 days".into(),
+            topic_alias_maximum: 64,
+            shared_client_ids: false,
+            auto_create_databases: Vec::new(),
+        }
+    }
+}
+
+/// One `[[topic]]` rule: publishes matching `filter` are written into `table`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicRule {
+    /// Topic filter; a level `+name` matches one level and writes it into column `name`,
+    /// a plain `+` matches without capturing, a final `#` matches the rest.
+    pub filter: String,
+    /// Target table, `db.table` or `table` (database `default`).
+    pub table: String,
+    /// Payload format: `json`, `csv`, `line` (InfluxDB line protocol) or `auto` (JSON when
+    /// it starts with `{` or `[`, else CSV).
+    #[serde(default = "auto_format")]
+    pub format: String,
+}
+
+fn auto_format() -> String {
+    "auto".into()
+}
+
 impl Config {
     /// Parses a TOML document; missing keys keep their defaults, unknown keys are errors.
     pub fn from_toml(text: &str) -> Result<Self> {
@@ -241,6 +323,7 @@ impl Config {
             ("buffer.check_interval", &self.buffer.check_interval),
             ("compaction.interval", &self.compaction.interval),
             ("retention.interval", &self.retention.interval),
+            ("mqtt.max_session_expiry", &self.mqtt.max_session_expiry),
         ] {
             parse_duration(value).map_err(|reason| Error::Invalid {
                 key: key.into(),
@@ -260,12 +343,46 @@ impl Config {
             ),
             ("storage.row_group_rows", self.storage.row_group_rows as u64),
             ("compaction.min_files", self.compaction.min_files as u64),
+            ("mqtt.max_packet_size", self.mqtt.max_packet_size as u64),
+            ("mqtt.receive_maximum", self.mqtt.receive_maximum as u64),
+            ("mqtt.max_inflight", self.mqtt.max_inflight as u64),
+            ("mqtt.max_connections", self.mqtt.max_connections as u64),
+            ("mqtt.max_queued_messages", self.mqtt.max_queued_messages as u64),
         ];
         for (key, value) in positive {
             if value == 0 {
                 return Err(Error::Invalid {
                     key: key.into(),
                     reason: "must be greater than 0".into(),
+                });
+            }
+        }
+        if !self.mqtt.tls_listen.is_empty() {
+            self.mqtt
+                .tls_listen
+                .parse::<SocketAddr>()
+                .map_err(|e| Error::Invalid {
+                    key: "mqtt.tls_listen".into(),
+                    reason: e.to_string(),
+                })?;
+            if self.mqtt.tls_cert.is_empty() || self.mqtt.tls_key.is_empty() {
+                return Err(Error::Invalid {
+                    key: "mqtt.tls_listen".into(),
+                    reason: "needs mqtt.tls_cert and mqtt.tls_key".into(),
+                });
+            }
+        }
+        for (i, rule) in self.topic.iter().enumerate() {
+            if !matches!(rule.format.as_str(), "auto" | "json" | "csv" | "line") {
+                return Err(Error::Invalid {
+                    key: format!("topic[{i}].format"),
+                    reason: format!("{:?}: expected auto, json, csv or line", rule.format),
+                });
+            }
+            if rule.filter.is_empty() || rule.table.is_empty() {
+                return Err(Error::Invalid {
+                    key: format!("topic[{i}]"),
+                    reason: "needs a filter and a table".into(),
                 });
             }
         }
