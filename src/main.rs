@@ -31,6 +31,9 @@ enum Command {
         /// HTTP listen address (overrides http.listen); port 0 picks a free port.
         #[arg(long)]
         http_listen: Option<SocketAddr>,
+        /// MQTT listen address (overrides mqtt.listen); port 0 picks a free port.
+        #[arg(long)]
+        mqtt_listen: Option<SocketAddr>,
     },
 }
 
@@ -39,6 +42,7 @@ fn main() -> anyhow::Result<()> {
         config,
         data_dir,
         http_listen,
+        mqtt_listen,
     } = Cli::parse().command;
     let mut cfg = match &config {
         Some(path) => Config::from_file(path)?,
@@ -50,6 +54,9 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(a) = http_listen {
         cfg.http.listen = a;
+    }
+    if let Some(a) = mqtt_listen {
+        cfg.mqtt.listen = a;
     }
     cfg.validate()?;
     let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| cfg.log.clone());
@@ -70,13 +77,25 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         .with_context(|| format!("opening data directory {}", cfg.data_dir.display()))?;
     let cancel = CancellationToken::new();
     let background = engine.spawn_background(cancel.clone());
+    let db: Arc<dyn sluice_engine::Database> = engine.clone();
+    let broker = sluice_broker::Broker::new(&cfg, db.clone(), cancel.clone())?;
+    let mqtt = tokio::net::TcpListener::bind(cfg.mqtt.listen)
+        .await
+        .with_context(|| format!("binding MQTT on {}", cfg.mqtt.listen))?;
+    let mqtt_addr = mqtt.local_addr()?;
     let listener = tokio::net::TcpListener::bind(cfg.http.listen)
         .await
         .with_context(|| format!("binding HTTP on {}", cfg.http.listen))?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, data_dir = %cfg.data_dir.display(), "sluice ready");
-    // A line on stdout that scripts and tests wait for (the port is real even when 0 was asked).
+    tracing::info!(http = %addr, mqtt = %mqtt_addr, data_dir = %cfg.data_dir.display(), "sluice ready");
+    // Lines on stdout that scripts and tests wait for (the ports are real even when 0 was
+    // asked); the http line comes last.
+    println!("sluice: mqtt listening on {mqtt_addr}");
     println!("sluice: http listening on {addr}");
+    let mqtt_task = {
+        let broker = broker.clone();
+        tokio::spawn(async move { broker.serve_tcp(mqtt).await })
+    };
 
     let signal_cancel = cancel.clone();
     tokio::spawn(async move {
@@ -94,9 +113,28 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         signal_cancel.cancel();
     });
 
-    let db: Arc<dyn sluice_engine::Database> = engine.clone();
-    sluice_web::serve(listener, db, &cfg.http, cancel.clone()).await?;
+    let extra = {
+        let broker = broker.clone();
+        axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let text = broker.metrics_text();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4",
+                        )],
+                        text,
+                    )
+                }
+            }),
+        )
+    };
+    sluice_web::serve(listener, db, &cfg.http, extra, cancel.clone()).await?;
     cancel.cancel();
+    // Connections end, their stored messages finish, before the engine persists and stops.
+    let _ = mqtt_task.await;
     let _ = background.await;
     engine
         .shutdown()

@@ -347,7 +347,10 @@ impl Config {
             ("mqtt.receive_maximum", self.mqtt.receive_maximum as u64),
             ("mqtt.max_inflight", self.mqtt.max_inflight as u64),
             ("mqtt.max_connections", self.mqtt.max_connections as u64),
-            ("mqtt.max_queued_messages", self.mqtt.max_queued_messages as u64),
+            (
+                "mqtt.max_queued_messages",
+                self.mqtt.max_queued_messages as u64,
+            ),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -369,6 +372,27 @@ impl Config {
                 return Err(Error::Invalid {
                     key: "mqtt.tls_listen".into(),
                     reason: "needs mqtt.tls_cert and mqtt.tls_key".into(),
+                });
+            }
+        }
+        // Secure by default: without users (none can be configured yet) anyone reaching a
+        // listener could read and write everything, so only loopback listeners are allowed.
+        let mut listeners = vec![
+            ("http.listen", self.http.listen),
+            ("mqtt.listen", self.mqtt.listen),
+        ];
+        if let Ok(a) = self.mqtt.tls_listen.parse::<SocketAddr>() {
+            listeners.push(("mqtt.tls_listen", a));
+        }
+        for (key, addr) in listeners {
+            if !addr.ip().is_loopback() {
+                return Err(Error::Invalid {
+                    key: key.into(),
+                    reason: format!(
+                        "{addr} is not a loopback address and no users are configured, so \
+                         anyone who can reach it could read and write every table; listen on \
+                         127.0.0.1 (or ::1)"
+                    ),
                 });
             }
         }
@@ -444,6 +468,17 @@ mod tests {
             )])
             .unwrap_err();
         assert!(err.to_string().contains("many"), "{err}");
+    }
+
+    #[test]
+    fn public_listener_without_users_is_refused() {
+        let mut c = Config::default();
+        c.mqtt.listen = "0.0.0.0:1883".parse().unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("mqtt.listen") && err.contains("loopback"),
+            "{err}"
+        );
     }
 
     #[test]

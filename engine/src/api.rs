@@ -56,6 +56,41 @@ pub struct Health {
     pub buffered_rows: u64,
 }
 
+/// A message to store in a table, as the broker hands it over.
+#[derive(Debug, Clone, Copy)]
+pub struct Publication<'a> {
+    /// Database name.
+    pub database: &'a str,
+    /// Table name.
+    pub table: &'a str,
+    /// Payload format.
+    pub format: Format,
+    /// The message payload.
+    pub payload: &'a [u8],
+    /// Column values taken from the topic: (column name, text), set in every row.
+    pub fixed: &'a [(String, String)],
+    /// Create the table from this (JSON) message if it does not exist, and add columns for
+    /// new fields.
+    pub auto_create: bool,
+}
+
+/// A message that could not be stored, kept whole for inspection and replay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    /// Arrival time, microseconds since the epoch.
+    pub time_micros: i64,
+    /// Publishing client.
+    pub client_id: String,
+    /// Topic it was published to.
+    pub topic: String,
+    /// The payload, unchanged.
+    pub payload: Vec<u8>,
+    /// Why it was refused.
+    pub reason: String,
+    /// The MQTT reason code it was refused with.
+    pub reason_code: u8,
+}
+
 /// What a database offers its clients.
 #[async_trait]
 pub trait Database: Send + Sync + 'static {
@@ -71,6 +106,13 @@ pub trait Database: Send + Sync + 'static {
         format: Format,
         payload: &[u8],
     ) -> Result<WriteReceipt>;
+
+    /// Stores one message as one durable append, like [`Database::write`]. `Ok(None)`: no
+    /// such table (and not created), so the message is not stored.
+    async fn publish(&self, publication: Publication<'_>) -> Result<Option<WriteReceipt>>;
+
+    /// Keeps a refused message durably in `system.dead_letters`.
+    async fn dead_letter(&self, letter: DeadLetter) -> Result<()>;
 
     /// Current health figures.
     fn health(&self) -> Health;

@@ -17,6 +17,8 @@ pub enum Format {
     Csv,
     /// A JSON object, an array of objects, or objects one per line (JSON lines).
     Json,
+    /// InfluxDB line protocol.
+    LineProtocol,
 }
 
 impl Format {
@@ -50,6 +52,12 @@ pub fn decode(
     let mut rows = match format {
         Format::Csv => decode_csv(table, text)?,
         Format::Json => decode_json(table, text)?,
+        Format::LineProtocol => {
+            return Err(Error::BadPayload {
+                line: 1,
+                reason: "line protocol is not supported yet".into(),
+            });
+        }
     };
     fill_arrival_time(table, &mut rows, now_micros);
     if rows.is_empty() {

@@ -2,7 +2,7 @@
 //! serves writes (decode -> log -> apply -> ack) and SQL, while a background task persists
 //! buffers, compacts files and applies retention.
 
-use crate::api::{Database, Health, QueryOutput, WriteReceipt};
+use crate::api::{Database, DeadLetter, Health, Publication, QueryOutput, WriteReceipt};
 use crate::catalog::{Catalog, TableDef};
 use crate::ddl::{self, Statement};
 use crate::decode::{Format, decode};
@@ -135,6 +135,7 @@ impl Engine {
             catalog,
             tables,
             storage,
+            dead_letters: crate::dead_letter::DeadLetters::open(&dir)?,
         });
         let ctx = session(&shared);
         Ok(Arc::new(Self {
@@ -175,11 +176,30 @@ impl Engine {
     }
 
     /// Appends already-decoded rows for a table (what [`Database::write`] does after
-    /// decoding; the broker's payload mappings will call it directly).
+    /// decoding); `overloaded` when the log's queue is full.
     pub async fn append_rows(
         &self,
         def: &TableDef,
         rows: Vec<Vec<crate::types::Value>>,
+    ) -> Result<WriteReceipt> {
+        self.append(def, rows, false).await
+    }
+
+    /// Like [`Engine::append_rows`], but waits for room in the log's queue instead of
+    /// refusing with `overloaded` (MQTT publishers are slowed, not refused).
+    pub async fn append_rows_waiting(
+        &self,
+        def: &TableDef,
+        rows: Vec<Vec<crate::types::Value>>,
+    ) -> Result<WriteReceipt> {
+        self.append(def, rows, true).await
+    }
+
+    async fn append(
+        &self,
+        def: &TableDef,
+        rows: Vec<Vec<crate::types::Value>>,
+        wait: bool,
     ) -> Result<WriteReceipt> {
         let bytes = self.shared.tables.buffered_bytes();
         let limit = 2 * self.config.buffer.total_max_bytes as u64;
@@ -192,7 +212,10 @@ impl Engine {
             ncols: def.columns.len(),
             rows,
         });
-        let lsn = self.wal.append(record).await?;
+        let lsn = match wait {
+            true => self.wal.append_waiting(record).await?,
+            false => self.wal.append(record).await?,
+        };
         Ok(WriteReceipt { rows: n, lsn })
     }
 }
@@ -271,6 +294,42 @@ impl Database for Engine {
         let def = self.table(database, table)?;
         let rows = decode(&def, format, payload, now_micros())?;
         self.append_rows(&def, rows).await
+    }
+
+    async fn publish(&self, p: Publication<'_>) -> Result<Option<WriteReceipt>> {
+        let def = match self.table(p.database, p.table) {
+            Ok(def) => def,
+            Err(Error::UnknownTable { .. } | Error::UnknownDatabase { .. }) if !p.auto_create => {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let mut rows = decode(&def, p.format, p.payload, now_micros())?;
+        for (name, text) in p.fixed {
+            let i = def.column_index(name).ok_or_else(|| Error::BadRow {
+                line: 1,
+                column: name.clone(),
+                reason: format!(
+                    "the topic names a column {}.{} lacks",
+                    def.database, def.name
+                ),
+            })?;
+            let v = crate::decode::parse_text(def.columns[i].ty, text).map_err(|reason| {
+                Error::BadRow {
+                    line: 1,
+                    column: name.clone(),
+                    reason,
+                }
+            })?;
+            for row in &mut rows {
+                row[i] = v.clone();
+            }
+        }
+        self.append_rows_waiting(&def, rows).await.map(Some)
+    }
+
+    async fn dead_letter(&self, letter: DeadLetter) -> Result<()> {
+        self.shared.dead_letters.add(letter).await
     }
 
     fn health(&self) -> Health {

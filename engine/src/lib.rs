@@ -17,6 +17,7 @@ pub mod api;
 pub mod buffer;
 pub mod catalog;
 pub mod ddl;
+pub mod dead_letter;
 pub mod decode;
 pub mod engine;
 pub mod error;
@@ -28,7 +29,7 @@ pub mod system;
 pub mod types;
 pub mod wal;
 
-pub use api::{Database, Health, QueryOutput, WriteReceipt};
+pub use api::{Database, DeadLetter, Health, Publication, QueryOutput, WriteReceipt};
 pub use decode::Format;
 pub use engine::Engine;
 pub use error::{Error, Result};

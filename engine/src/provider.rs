@@ -33,6 +33,8 @@ pub struct Shared {
     pub tables: Arc<Tables>,
     /// Object store.
     pub storage: Storage,
+    /// Refused messages.
+    pub dead_letters: crate::dead_letter::DeadLetters,
 }
 
 /// The `sluice` catalog: one schema per database, plus `system`.

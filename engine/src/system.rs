@@ -1,9 +1,11 @@
-//! `system.tables`, `system.partitions` and `system.files`: the catalog and storage state
-//! as SQL tables, built fresh for each query.
+//! `system.tables`, `system.partitions`, `system.files` and `system.dead_letters`: the
+//! catalog, storage state and refused messages as SQL tables, built fresh for each query.
 
 use crate::provider::{Shared, mem_table};
 use async_trait::async_trait;
-use datafusion::arrow::array::{ArrayRef, StringArray, TimestampMicrosecondArray, UInt64Array};
+use datafusion::arrow::array::{
+    ArrayRef, BinaryArray, StringArray, TimestampMicrosecondArray, UInt64Array,
+};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::SchemaProvider;
@@ -11,7 +13,7 @@ use datafusion::datasource::TableProvider;
 use datafusion::error::Result as DfResult;
 use std::sync::Arc;
 
-const NAMES: [&str; 3] = ["tables", "partitions", "files"];
+const NAMES: [&str; 4] = ["tables", "partitions", "files", "dead_letters"];
 
 /// The `system` schema.
 #[derive(Debug)]
@@ -173,6 +175,36 @@ impl SystemSchema {
                     parts.iter().map(|p| p.range.map(|r| r.1)).collect(),
                 )
                 .batch(),
+            "dead_letters" => {
+                let letters = self.shared.dead_letters.snapshot();
+                let text = |p: &[u8]| std::str::from_utf8(p).ok().map(str::to_string);
+                let mut cols = Cols::default()
+                    .time(
+                        "time",
+                        letters.iter().map(|l| Some(l.time_micros)).collect(),
+                    )
+                    .str(
+                        "client_id",
+                        letters.iter().map(|l| l.client_id.clone()).collect(),
+                    )
+                    .str("topic", letters.iter().map(|l| l.topic.clone()).collect());
+                cols.fields
+                    .push(Field::new("payload", DataType::Binary, false));
+                cols.arrays.push(Arc::new(BinaryArray::from_iter_values(
+                    letters.iter().map(|l| l.payload.as_slice()),
+                )));
+                cols.fields
+                    .push(Field::new("payload_text", DataType::Utf8, true));
+                cols.arrays.push(Arc::new(StringArray::from(
+                    letters.iter().map(|l| text(&l.payload)).collect::<Vec<_>>(),
+                )));
+                cols.str("reason", letters.iter().map(|l| l.reason.clone()).collect())
+                    .u64(
+                        "reason_code",
+                        letters.iter().map(|l| u64::from(l.reason_code)).collect(),
+                    )
+                    .batch()
+            }
             _ => {
                 let files: Vec<_> = parts
                     .iter()

@@ -245,6 +245,17 @@ impl Wal {
 
     /// Logs `record`, waits until it is durable and applied, and returns its LSN.
     pub async fn append(&self, record: Arc<WriteRecord>) -> Result<u64> {
+        self.append_with(record, false).await
+    }
+
+    /// Like [`Wal::append`], but when `capacity` appends are already queued it waits for
+    /// room (first come, first served) instead of failing: for the broker, whose clients
+    /// are slowed through TCP rather than refused.
+    pub async fn append_waiting(&self, record: Arc<WriteRecord>) -> Result<u64> {
+        self.append_with(record, true).await
+    }
+
+    async fn append_with(&self, record: Arc<WriteRecord>, wait: bool) -> Result<u64> {
         if record.ncols > usize::from(u16::MAX) {
             return Err(Error::TooLarge {
                 what: format!("{} columns (at most {})", record.ncols, u16::MAX),
@@ -260,20 +271,24 @@ impl Wal {
                 ),
             });
         }
-        let (done, wait) = oneshot::channel();
+        let (done, wait_done) = oneshot::channel();
         let tx = self.tx.lock().clone().ok_or(Error::ShuttingDown)?;
-        tx.try_send(Pending {
+        let pending = Pending {
             payload,
             record,
             done,
-        })
-        .map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => Error::Overloaded {
-                pending: self.capacity,
-            },
-            mpsc::error::TrySendError::Closed(_) => Error::ShuttingDown,
-        })?;
-        wait.await.map_err(|_| Error::ShuttingDown)?
+        };
+        if wait {
+            tx.send(pending).await.map_err(|_| Error::ShuttingDown)?;
+        } else {
+            tx.try_send(pending).map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => Error::Overloaded {
+                    pending: self.capacity,
+                },
+                mpsc::error::TrySendError::Closed(_) => Error::ShuttingDown,
+            })?;
+        }
+        wait_done.await.map_err(|_| Error::ShuttingDown)?
     }
 
     /// The LSN of the last record applied.

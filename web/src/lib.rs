@@ -44,14 +44,16 @@ pub fn router(db: Arc<dyn Database>, config: &HttpConfig) -> Router {
         })
 }
 
-/// Serves until `cancel` fires, then stops accepting and lets requests in flight finish.
+/// Serves the API routes plus `extra` (routes of other layers: the broker's `/metrics` and
+/// `/mqtt`) until `cancel` fires, then stops accepting and lets requests in flight finish.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     db: Arc<dyn Database>,
     config: &HttpConfig,
+    extra: Router,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(db, config))
+    axum::serve(listener, extra.merge(router(db, config)))
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await
 }

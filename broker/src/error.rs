@@ -1,0 +1,90 @@
+//! Broker errors, and the one place they become MQTT reason codes.
+
+use rumqttc::v5::mqttbytes::v5::{DisconnectReasonCode, PubAckReason};
+
+/// What can end a connection or refuse a message.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The bytes are not an MQTT packet.
+    #[error("malformed packet: {0}")]
+    Malformed(String),
+    /// A well-formed packet that breaks the protocol's rules.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// A packet larger than `mqtt.max_packet_size`.
+    #[error("packet of {size} bytes is larger than the maximum {max}")]
+    PacketTooLarge {
+        /// Size announced by the packet.
+        size: usize,
+        /// The limit.
+        max: u32,
+    },
+    /// More unacknowledged QoS 1/2 publishes than the receive maximum allows.
+    #[error("receive maximum {0} exceeded")]
+    ReceiveMaximum(u16),
+    /// A topic alias that is zero, too large, or unknown.
+    #[error("topic alias invalid: {0}")]
+    TopicAlias(String),
+    /// A packet could not be encoded.
+    #[error("encoding a packet: {0}")]
+    Encode(String),
+    /// Socket I/O.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// A listener or certificate could not be set up.
+    #[error("{what}: {reason}")]
+    Setup {
+        /// What was being set up.
+        what: String,
+        /// Why it failed.
+        reason: String,
+    },
+}
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The DISCONNECT reason an MQTT 5 client is sent before its connection is closed.
+    pub(crate) fn disconnect_reason(&self) -> DisconnectReasonCode {
+        match self {
+            Error::Malformed(_) | Error::Encode(_) => DisconnectReasonCode::MalformedPacket,
+            Error::Protocol(_) => DisconnectReasonCode::ProtocolError,
+            Error::PacketTooLarge { .. } => DisconnectReasonCode::PacketTooLarge,
+            Error::ReceiveMaximum(_) => DisconnectReasonCode::ReceiveMaximumExceeded,
+            Error::TopicAlias(_) => DisconnectReasonCode::TopicAliasInvalid,
+            Error::Io(_) | Error::Setup { .. } => DisconnectReasonCode::UnspecifiedError,
+        }
+    }
+}
+
+/// The PUBACK/PUBREC reason for a message the engine refused.
+pub(crate) fn store_reason(e: &sluice_engine::Error) -> PubAckReason {
+    use sluice_engine::Error as E;
+    match e {
+        E::BadPayload { .. } | E::BadRow { .. } | E::TooLarge { .. } => {
+            PubAckReason::PayloadFormatInvalid
+        }
+        E::Overloaded { .. } | E::BuffersFull { .. } => PubAckReason::QuotaExceeded,
+        E::Wal { source, .. } if source.kind() == std::io::ErrorKind::StorageFull => {
+            PubAckReason::QuotaExceeded
+        }
+        E::UnknownTable { .. } | E::UnknownDatabase { .. } => PubAckReason::TopicNameInvalid,
+        _ => PubAckReason::UnspecifiedError,
+    }
+}
+
+/// The numeric value of a PUBACK reason (for logs, metrics and dead letters).
+pub(crate) fn reason_code(r: PubAckReason) -> u8 {
+    match r {
+        PubAckReason::Success => 0x00,
+        PubAckReason::NoMatchingSubscribers => 0x10,
+        PubAckReason::UnspecifiedError => 0x80,
+        PubAckReason::ImplementationSpecificError => 0x83,
+        PubAckReason::NotAuthorized => 0x87,
+        PubAckReason::TopicNameInvalid => 0x90,
+        PubAckReason::PacketIdentifierInUse => 0x91,
+        PubAckReason::QuotaExceeded => 0x97,
+        PubAckReason::PayloadFormatInvalid => 0x99,
+    }
+}

@@ -1,0 +1,76 @@
+//! Storing one message: topic -> table, one durable append, dead letters, then routing.
+
+use crate::Shared;
+use crate::error;
+use crate::session::Message;
+use rumqttc::v5::mqttbytes::v5::PubAckReason;
+use sluice_engine::api::{DeadLetter, Publication};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// Stores `message` if its topic maps to a table, then hands it to the subscribers. A message
+/// the table refuses is kept in the dead letters and not routed. Returns the ack reason and,
+/// on failure, the reason in words.
+pub(crate) async fn store(
+    shared: Arc<Shared>,
+    message: Arc<Message>,
+) -> (PubAckReason, Option<String>) {
+    if let Some(t) = shared.mapper.map(
+        &message.topic,
+        message.properties.as_ref(),
+        &message.payload,
+    ) {
+        let auto_create = shared.config.auto_create_databases.contains(&t.database);
+        let result = shared
+            .db
+            .publish(Publication {
+                database: &t.database,
+                table: &t.table,
+                format: t.format,
+                payload: &message.payload,
+                fixed: &t.fixed,
+                auto_create,
+            })
+            .await;
+        match result {
+            Ok(Some(receipt)) => {
+                shared
+                    .metrics
+                    .rows_stored
+                    .fetch_add(receipt.rows as u64, Ordering::Relaxed);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let reason = error::store_reason(&e);
+                let code = error::reason_code(reason);
+                let text = e.to_string();
+                shared.metrics.dead_letters.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(client_id = %message.origin, topic = %message.topic, reason = code, error = %text, "message refused; kept in system.dead_letters");
+                let letter = DeadLetter {
+                    time_micros: now_micros(),
+                    client_id: message.origin.to_string(),
+                    topic: message.topic.to_string(),
+                    payload: message.payload.to_vec(),
+                    reason: text.clone(),
+                    reason_code: code,
+                };
+                if let Err(e) = shared.db.dead_letter(letter).await {
+                    tracing::error!(topic = %message.topic, error = %e, "could not keep a dead letter");
+                }
+                return (reason, Some(text));
+            }
+        }
+    }
+    if message.retain {
+        shared.router.retain(&message);
+    }
+    shared.router.route(&message).await;
+    (PubAckReason::Success, None)
+}
+
+fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,271 @@
+//! Which table a topic writes into, and with which payload format.
+//!
+//! Tried in order: MQTT 5 user properties `db` and `table` on the message; the `[[topic]]`
+//! rules of the config (named wildcards capture levels into columns); the JoinBase
+//! convention `/db/table`. A topic none of them maps is plain publish/subscribe.
+
+use crate::error::{Error, Result};
+use rumqttc::v5::mqttbytes::v5::PublishProperties;
+use sluice_conf::TopicRule;
+use sluice_engine::Format;
+
+/// Where one message goes.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Target {
+    pub(crate) database: String,
+    pub(crate) table: String,
+    pub(crate) format: Format,
+    /// Columns filled from captured topic levels: (column, text).
+    pub(crate) fixed: Vec<(String, String)>,
+}
+
+#[derive(Debug)]
+enum Level {
+    Exact(String),
+    /// `+` or `+name` (captured into column `name`).
+    One(Option<String>),
+    /// A final `#`.
+    Rest,
+}
+
+#[derive(Debug)]
+struct Rule {
+    levels: Vec<Level>,
+    database: String,
+    table: String,
+    format: Option<Format>,
+}
+
+/// The compiled topic rules.
+#[derive(Debug, Default)]
+pub(crate) struct Mapper {
+    rules: Vec<Rule>,
+}
+
+impl Mapper {
+    /// Compiles the `[[topic]]` rules, refusing filters that could never match.
+    pub(crate) fn new(rules: &[TopicRule]) -> Result<Self> {
+        let mut out = Vec::with_capacity(rules.len());
+        for (i, r) in rules.iter().enumerate() {
+            let bad = |reason: String| Error::Setup {
+                what: format!("topic rule {} ({:?})", i + 1, r.filter),
+                reason,
+            };
+            let parts: Vec<&str> = r.filter.split('/').collect();
+            let mut levels = Vec::with_capacity(parts.len());
+            for (j, p) in parts.iter().enumerate() {
+                levels.push(match *p {
+                    "#" if j + 1 == parts.len() => Level::Rest,
+                    "+" => Level::One(None),
+                    p if p.starts_with('+') => Level::One(Some(p[1..].to_string())),
+                    p if p.contains(['+', '#']) => {
+                        return Err(bad(format!("level {p:?}: wildcards fill a whole level")));
+                    }
+                    p => Level::Exact(p.to_string()),
+                });
+            }
+            let (database, table) = match r.table.split_once('.') {
+                Some((d, t)) => (d.to_string(), t.to_string()),
+                None => ("default".to_string(), r.table.clone()),
+            };
+            let format = match r.format.as_str() {
+                "json" => Some(Format::Json),
+                "csv" => Some(Format::Csv),
+                "line" => Some(Format::LineProtocol),
+                "auto" => None,
+                other => return Err(bad(format!("unknown format {other:?}"))),
+            };
+            out.push(Rule {
+                levels,
+                database,
+                table,
+                format,
+            });
+        }
+        Ok(Self { rules: out })
+    }
+
+    /// The table `topic` writes into, if any.
+    pub(crate) fn map(
+        &self,
+        topic: &str,
+        props: Option<&PublishProperties>,
+        payload: &[u8],
+    ) -> Option<Target> {
+        let user = |key: &str| {
+            props.and_then(|p| {
+                p.user_properties
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .map(|(_, v)| v.as_str())
+            })
+        };
+        let declared = user("format").and_then(format_named).or_else(|| {
+            props
+                .and_then(|p| p.content_type.as_deref())
+                .and_then(format_of_content_type)
+        });
+        let format = |rule: Option<Format>| rule.or(declared).unwrap_or_else(|| sniff(payload));
+        if let Some(table) = user("table") {
+            return Some(Target {
+                database: user("db").unwrap_or("default").to_string(),
+                table: table.to_string(),
+                format: format(None),
+                fixed: Vec::new(),
+            });
+        }
+        for rule in &self.rules {
+            if let Some(fixed) = rule.capture(topic) {
+                return Some(Target {
+                    database: rule.database.clone(),
+                    table: rule.table.clone(),
+                    format: format(rule.format),
+                    fixed,
+                });
+            }
+        }
+        let (db, table) = topic.strip_prefix('/')?.split_once('/')?;
+        if db.is_empty() || table.is_empty() || table.contains('/') {
+            return None;
+        }
+        Some(Target {
+            database: db.to_string(),
+            table: table.to_string(),
+            format: format(None),
+            fixed: Vec::new(),
+        })
+    }
+}
+
+impl Rule {
+    fn capture(&self, topic: &str) -> Option<Vec<(String, String)>> {
+        let mut fixed = Vec::new();
+        let mut parts = topic.split('/');
+        for level in &self.levels {
+            match (level, parts.next()) {
+                (Level::Rest, _) => return Some(fixed),
+                (Level::One(name), Some(p)) => {
+                    if let Some(name) = name {
+                        fixed.push((name.clone(), p.to_string()));
+                    }
+                }
+                (Level::Exact(e), Some(p)) if e == p => {}
+                _ => return None,
+            }
+        }
+        parts.next().is_none().then_some(fixed)
+    }
+}
+
+fn format_named(name: &str) -> Option<Format> {
+    match name.to_ascii_lowercase().as_str() {
+        "json" => Some(Format::Json),
+        "csv" => Some(Format::Csv),
+        "line" | "lp" | "influx" => Some(Format::LineProtocol),
+        _ => None,
+    }
+}
+
+fn format_of_content_type(ct: &str) -> Option<Format> {
+    let ct = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    match ct.as_str() {
+        "application/json" | "application/x-ndjson" | "application/jsonl" => Some(Format::Json),
+        "text/csv" => Some(Format::Csv),
+        "application/x-influx-line-protocol" | "text/x-influx-line-protocol" => {
+            Some(Format::LineProtocol)
+        }
+        _ => None,
+    }
+}
+
+/// JSON when the payload starts with `{` or `[`; InfluxDB line protocol when its first line
+/// reads `measurement[,tags] field=value...`; CSV otherwise.
+pub(crate) fn sniff(payload: &[u8]) -> Format {
+    let text = payload.trim_ascii_start();
+    match text.first() {
+        Some(b'{') | Some(b'[') => return Format::Json,
+        None => return Format::Csv,
+        _ => {}
+    }
+    let line = text.split(|b| *b == b'\n').next().unwrap_or(&[]);
+    let mut fields = line.split(|b| *b == b' ').filter(|f| !f.is_empty());
+    let head = fields.next().unwrap_or(&[]);
+    let body = fields.next().unwrap_or(&[]);
+    let head_ok = !head.is_empty() && !head.contains(&b'"') && !head.starts_with(b"=");
+    let body_ok = body.iter().position(|b| *b == b'=').is_some_and(|i| i > 0);
+    if head_ok && body_ok {
+        Format::LineProtocol
+    } else {
+        Format::Csv
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(filter: &str, table: &str) -> TopicRule {
+        TopicRule {
+            filter: filter.into(),
+            table: table.into(),
+            format: "auto".into(),
+        }
+    }
+
+    #[test]
+    fn rules_capture_named_levels() {
+        let m = Mapper::new(&[rule("factory/+site/+device/telemetry", "iot.telemetry")]).unwrap();
+        let t = m.map("factory/berlin/d7/telemetry", None, b"{}").unwrap();
+        assert_eq!(
+            (t.database.as_str(), t.table.as_str()),
+            ("iot", "telemetry")
+        );
+        assert_eq!(
+            t.fixed,
+            vec![
+                ("site".into(), "berlin".into()),
+                ("device".into(), "d7".into())
+            ]
+        );
+        assert_eq!(t.format, Format::Json);
+        assert!(m.map("factory/berlin/d7/other", None, b"").is_none());
+        assert!(m.map("factory/berlin/telemetry", None, b"").is_none());
+    }
+
+    #[test]
+    fn joinbase_convention_and_user_properties() {
+        let m = Mapper::default();
+        let t = m.map("/db1/t1", None, b"1,2").unwrap();
+        assert_eq!(
+            (t.database.as_str(), t.table.as_str(), t.format),
+            ("db1", "t1", Format::Csv)
+        );
+        assert!(m.map("db1/t1", None, b"").is_none());
+        assert!(m.map("/db1/t1/x", None, b"").is_none());
+        let props = PublishProperties {
+            user_properties: vec![("db".into(), "d".into()), ("table".into(), "t".into())],
+            content_type: Some("application/x-influx-line-protocol".into()),
+            ..Default::default()
+        };
+        let t = m.map("any/topic", Some(&props), b"x").unwrap();
+        assert_eq!((t.database.as_str(), t.table.as_str()), ("d", "t"));
+        assert_eq!(t.format, Format::LineProtocol);
+    }
+
+    #[test]
+    fn sniffing() {
+        assert_eq!(sniff(b" {\"a\":1}"), Format::Json);
+        assert_eq!(sniff(b"[1]"), Format::Json);
+        assert_eq!(sniff(b"1,2,\"x y\""), Format::Csv);
+        assert_eq!(
+            sniff(b"cpu,host=a usage=1.5 1700000000000000000"),
+            Format::LineProtocol
+        );
+        assert_eq!(sniff(b"2016-01-01 00:00:00,1,2.5"), Format::Csv);
+    }
+}

@@ -1,0 +1,143 @@
+//! Broker counters, rendered as Prometheus text for `/metrics`.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the ack-latency histogram buckets.
+const BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+];
+
+/// Counters; all relaxed atomics, read only for reporting.
+#[derive(Debug, Default)]
+pub(crate) struct Metrics {
+    pub(crate) connections: AtomicU64,
+    pub(crate) connections_total: AtomicU64,
+    pub(crate) packets_in: AtomicU64,
+    pub(crate) messages_in: AtomicU64,
+    pub(crate) messages_out: AtomicU64,
+    pub(crate) bytes_in: AtomicU64,
+    pub(crate) bytes_out: AtomicU64,
+    pub(crate) rows_stored: AtomicU64,
+    pub(crate) dead_letters: AtomicU64,
+    ack_buckets: [AtomicU64; BUCKETS.len() + 1],
+    ack_sum_nanos: AtomicU64,
+    ack_count: AtomicU64,
+}
+
+impl Metrics {
+    /// Records the time from a PUBLISH's arrival to its ack being ready.
+    pub(crate) fn observe_ack(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = BUCKETS
+            .iter()
+            .position(|b| s <= *b)
+            .unwrap_or(BUCKETS.len());
+        self.ack_buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.ack_sum_nanos
+            .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+        self.ack_count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (name, help, value) of every plain counter and gauge.
+    pub(crate) fn values(
+        &self,
+        sessions: usize,
+        retained: usize,
+    ) -> Vec<(&'static str, &'static str, u64)> {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            (
+                "sluice_mqtt_connections",
+                "Open MQTT connections",
+                g(&self.connections),
+            ),
+            (
+                "sluice_mqtt_connections_total",
+                "MQTT connections accepted since start",
+                g(&self.connections_total),
+            ),
+            (
+                "sluice_mqtt_sessions",
+                "MQTT sessions, online and offline",
+                sessions as u64,
+            ),
+            (
+                "sluice_mqtt_retained_messages",
+                "Retained messages",
+                retained as u64,
+            ),
+            (
+                "sluice_mqtt_packets_received_total",
+                "MQTT packets received",
+                g(&self.packets_in),
+            ),
+            (
+                "sluice_mqtt_messages_received_total",
+                "PUBLISH messages received",
+                g(&self.messages_in),
+            ),
+            (
+                "sluice_mqtt_messages_sent_total",
+                "PUBLISH messages sent to subscribers",
+                g(&self.messages_out),
+            ),
+            (
+                "sluice_mqtt_bytes_received_total",
+                "Bytes received on MQTT connections",
+                g(&self.bytes_in),
+            ),
+            (
+                "sluice_mqtt_bytes_sent_total",
+                "Bytes sent on MQTT connections",
+                g(&self.bytes_out),
+            ),
+            (
+                "sluice_mqtt_rows_stored_total",
+                "Rows stored from MQTT messages",
+                g(&self.rows_stored),
+            ),
+            (
+                "sluice_mqtt_dead_letters_total",
+                "Messages refused and kept in system.dead_letters",
+                g(&self.dead_letters),
+            ),
+        ]
+    }
+
+    /// Prometheus text exposition.
+    pub(crate) fn render(&self, sessions: usize, retained: usize) -> String {
+        let mut out = String::new();
+        for (name, help, v) in self.values(sessions, retained) {
+            let kind = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        }
+        let name = "sluice_mqtt_ack_latency_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} From PUBLISH received to its ack ready (stored durably)\n# TYPE {name} histogram"
+        );
+        let mut cumulative = 0;
+        for (i, b) in BUCKETS.iter().enumerate() {
+            cumulative += self.ack_buckets[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+        }
+        cumulative += self.ack_buckets[BUCKETS.len()].load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+        let sum = self.ack_sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(
+            out,
+            "{name}_sum {sum}\n{name}_count {}",
+            self.ack_count.load(Ordering::Relaxed)
+        );
+        out
+    }
+}

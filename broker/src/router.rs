@@ -1,0 +1,280 @@
+//! The router: sessions by client id, the subscription tree, retained messages, and the
+//! fan-out of one message to every session whose subscriptions match it.
+
+use crate::session::{Delivery, Message, Session, SubOptions};
+use crate::topic::{self, Tree};
+use parking_lot::{Mutex, RwLock};
+use rumqttc::v5::mqttbytes::QoS;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// The members of one shared-subscription group, with their options.
+type Members = Vec<(Arc<Session>, SubOptions)>;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SubKey {
+    session: Arc<str>,
+    group: Option<Arc<str>>,
+}
+
+#[derive(Debug)]
+struct SubEntry {
+    session: Arc<Session>,
+    filter: Arc<str>,
+    options: SubOptions,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct Router {
+    tree: RwLock<Tree<SubKey, SubEntry>>,
+    retained: RwLock<HashMap<Arc<str>, Arc<Message>>>,
+    sessions: Mutex<HashMap<Arc<str>, Arc<Session>>>,
+    next_shared: AtomicUsize,
+    max_queued: usize,
+}
+
+impl Router {
+    pub(crate) fn new(max_queued: usize) -> Self {
+        Self {
+            tree: RwLock::new(Tree::default()),
+            retained: RwLock::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            next_shared: AtomicUsize::new(0),
+            max_queued,
+        }
+    }
+
+    /// Attaches connection `conn` to the session `key`, ending any connection attached to it
+    /// (a takeover). Returns the session and whether it existed before.
+    pub(crate) fn attach(
+        &self,
+        key: &str,
+        clean_start: bool,
+        expiry_secs: u32,
+        conn: u64,
+        cancel: CancellationToken,
+    ) -> (Arc<Session>, bool) {
+        let mut sessions = self.sessions.lock();
+        let existing = sessions.get(key).cloned();
+        if let Some(old) = &existing
+            && let Some((_, token)) = old.connection.lock().take()
+        {
+            token.cancel();
+        }
+        let (session, present) = match existing {
+            Some(s) if !clean_start => (s, true),
+            other => {
+                if let Some(old) = other {
+                    self.unsubscribe_all(&old);
+                }
+                let s = Session::new(Arc::from(key), self.max_queued);
+                sessions.insert(s.client_id.clone(), s.clone());
+                (s, false)
+            }
+        };
+        *session.connection.lock() = Some((conn, cancel));
+        session.bump();
+        {
+            let mut st = session.state.lock();
+            st.disconnected_at = None;
+            st.expiry_secs = expiry_secs;
+        }
+        (session, present)
+    }
+
+    /// Forgets `session` if it is still the one registered under its id.
+    pub(crate) fn discard(&self, session: &Arc<Session>) {
+        let mut sessions = self.sessions.lock();
+        if sessions
+            .get(&session.client_id)
+            .is_some_and(|s| Arc::ptr_eq(s, session))
+        {
+            sessions.remove(&session.client_id);
+            self.unsubscribe_all(session);
+        }
+    }
+
+    /// Discards sessions whose expiry has passed since their connection ended.
+    pub(crate) fn expire(&self, now: Instant) -> usize {
+        let expired: Vec<Arc<Session>> = self
+            .sessions
+            .lock()
+            .values()
+            .filter(|s| {
+                let st = s.state.lock();
+                st.disconnected_at.is_some_and(|at| {
+                    now.duration_since(at) >= Duration::from_secs(u64::from(st.expiry_secs))
+                })
+            })
+            .cloned()
+            .collect();
+        for s in &expired {
+            self.discard(s);
+        }
+        expired.len()
+    }
+
+    /// Number of sessions (online and offline).
+    pub(crate) fn session_count(&self) -> usize {
+        self.sessions.lock().len()
+    }
+
+    /// Subscribes `session` to `filter` (possibly `$share/group/...`); returns whether it
+    /// replaced an existing subscription to the same filter.
+    pub(crate) fn subscribe(
+        &self,
+        session: &Arc<Session>,
+        filter: &str,
+        options: SubOptions,
+    ) -> bool {
+        let (group, plain) = match topic::parse_shared(filter) {
+            Some((g, f)) => (Some(Arc::from(g)), f),
+            None => (None, filter),
+        };
+        let key = SubKey {
+            session: session.client_id.clone(),
+            group,
+        };
+        session
+            .state
+            .lock()
+            .subscriptions
+            .insert(filter.to_string(), options.clone());
+        let entry = SubEntry {
+            session: session.clone(),
+            filter: Arc::from(plain),
+            options,
+        };
+        self.tree.write().insert(plain, key, entry).is_some()
+    }
+
+    /// Removes `session`'s subscription to `filter`; returns whether there was one.
+    pub(crate) fn unsubscribe(&self, session: &Arc<Session>, filter: &str) -> bool {
+        let (group, plain) = match topic::parse_shared(filter) {
+            Some((g, f)) => (Some(Arc::from(g)), f),
+            None => (None, filter),
+        };
+        session.state.lock().subscriptions.remove(filter);
+        let key = SubKey {
+            session: session.client_id.clone(),
+            group,
+        };
+        self.tree.write().remove(plain, &key).is_some()
+    }
+
+    fn unsubscribe_all(&self, session: &Arc<Session>) {
+        let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
+        for f in filters {
+            self.unsubscribe(session, &f);
+        }
+    }
+
+    /// Keeps (or, for an empty payload, clears) the retained message of its topic.
+    pub(crate) fn retain(&self, message: &Arc<Message>) {
+        let mut r = self.retained.write();
+        if message.payload.is_empty() {
+            r.remove(&message.topic);
+        } else {
+            r.insert(message.topic.clone(), message.clone());
+        }
+    }
+
+    /// Retained messages matching `filter` (not expired).
+    pub(crate) fn retained_matching(&self, filter: &str) -> Vec<Arc<Message>> {
+        let now = Instant::now();
+        self.retained
+            .read()
+            .values()
+            .filter(|m| topic::matches(filter, &m.topic))
+            .filter(|m| m.expires.is_none_or(|e| e > now))
+            .cloned()
+            .collect()
+    }
+
+    /// Number of retained messages.
+    pub(crate) fn retained_count(&self) -> usize {
+        self.retained.read().len()
+    }
+
+    /// Delivers `message` to every matching session: once per session with the highest QoS
+    /// of its matching subscriptions and all their identifiers, and to one member of each
+    /// shared group. Waits while an online receiver's queue is full. Returns the number of
+    /// sessions it was queued for.
+    pub(crate) async fn route(&self, message: &Arc<Message>) -> usize {
+        let mut direct: HashMap<Arc<str>, (Arc<Session>, Delivery)> = HashMap::new();
+        let mut groups: HashMap<(Arc<str>, Arc<str>), Members> = HashMap::new();
+        self.tree
+            .read()
+            .for_each_match(&message.topic, |key, entry| {
+                if let Some(group) = &key.group {
+                    groups
+                        .entry((group.clone(), entry.filter.clone()))
+                        .or_default()
+                        .push((entry.session.clone(), entry.options.clone()));
+                    return;
+                }
+                if entry.options.no_local && entry.session.client_id == message.origin {
+                    return;
+                }
+                let qos = min_qos(message.qos, entry.options.qos);
+                let retain = entry.options.retain_as_published && message.retain;
+                let d = direct
+                    .entry(entry.session.client_id.clone())
+                    .or_insert_with(|| {
+                        (
+                            entry.session.clone(),
+                            Delivery {
+                                message: message.clone(),
+                                qos,
+                                retain,
+                                subscription_ids: Vec::new(),
+                            },
+                        )
+                    });
+                d.1.qos = max_qos(d.1.qos, qos);
+                d.1.retain |= retain;
+                d.1.subscription_ids.extend(entry.options.id);
+            });
+        let mut out: Vec<(Arc<Session>, Delivery)> = direct.into_values().collect();
+        for (_, mut members) in groups {
+            // Round robin, preferring members that are connected.
+            members.sort_by(|a, b| a.0.client_id.cmp(&b.0.client_id));
+            let online: Vec<_> = members.iter().filter(|(s, _)| s.online()).collect();
+            let pool = if online.is_empty() {
+                members.iter().collect()
+            } else {
+                online
+            };
+            let (session, options) =
+                pool[self.next_shared.fetch_add(1, Ordering::Relaxed) % pool.len()];
+            out.push((
+                session.clone(),
+                Delivery {
+                    message: message.clone(),
+                    qos: min_qos(message.qos, options.qos),
+                    retain: false,
+                    subscription_ids: options.id.into_iter().collect(),
+                },
+            ));
+        }
+        let n = out.len();
+        for (session, d) in out {
+            // A client subscribed to what it publishes must not wait for its own reader.
+            let may_wait = session.client_id != message.origin;
+            session.enqueue(d, may_wait).await;
+        }
+        n
+    }
+}
+
+pub(crate) fn min_qos(a: QoS, b: QoS) -> QoS {
+    if (a as u8) <= (b as u8) { a } else { b }
+}
+
+fn max_qos(a: QoS, b: QoS) -> QoS {
+    if (a as u8) >= (b as u8) { a } else { b }
+}

@@ -1,0 +1,194 @@
+//! Sessions: what outlives a connection (subscriptions, queued and unacknowledged messages,
+//! QoS 2 packet ids) and the queue between the router and a connection's writer.
+
+use parking_lot::Mutex;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::PublishProperties;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Longest a publisher waits for room in one subscriber's queue.
+pub(crate) const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// One application message as the router passes it around (shared by every receiver).
+#[derive(Debug)]
+pub(crate) struct Message {
+    pub(crate) topic: Arc<str>,
+    pub(crate) payload: bytes::Bytes,
+    pub(crate) qos: QoS,
+    pub(crate) retain: bool,
+    /// Properties forwarded to subscribers (alias and subscription ids removed).
+    pub(crate) properties: Option<PublishProperties>,
+    /// When the message expires (MQTT 5 message expiry interval).
+    pub(crate) expires: Option<Instant>,
+    /// Client id of the publisher, for "no local" subscriptions.
+    pub(crate) origin: Arc<str>,
+}
+
+/// A message on its way to one session.
+#[derive(Debug, Clone)]
+pub(crate) struct Delivery {
+    pub(crate) message: Arc<Message>,
+    pub(crate) qos: QoS,
+    pub(crate) retain: bool,
+    pub(crate) subscription_ids: Vec<usize>,
+}
+
+/// How one filter was subscribed.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SubOptions {
+    pub(crate) qos: QoS,
+    pub(crate) no_local: bool,
+    pub(crate) retain_as_published: bool,
+    pub(crate) id: Option<usize>,
+}
+
+/// An outgoing QoS 1/2 message the client has not finished acknowledging.
+#[derive(Debug, Clone)]
+pub(crate) enum Outgoing {
+    /// PUBLISH sent, PUBACK/PUBREC awaited.
+    Published(Delivery),
+    /// PUBREC received, PUBREL sent, PUBCOMP awaited.
+    Released,
+}
+
+/// A session's mutable state.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    pub(crate) queue: VecDeque<Delivery>,
+    pub(crate) inflight: BTreeMap<u16, Outgoing>,
+    next_pkid: u16,
+    /// QoS 2 packet ids received and stored, until their PUBREL.
+    pub(crate) incoming_qos2: HashSet<u16>,
+    /// Filter (as subscribed, `$share/...` included) -> options.
+    pub(crate) subscriptions: HashMap<String, SubOptions>,
+    /// Seconds the session outlives its connection.
+    pub(crate) expiry_secs: u32,
+    /// Set while no connection is attached.
+    pub(crate) disconnected_at: Option<Instant>,
+    /// Messages dropped from a full offline queue.
+    pub(crate) dropped: u64,
+}
+
+impl State {
+    /// A free packet id for an outgoing message.
+    pub(crate) fn next_pkid(&mut self) -> Option<u16> {
+        for _ in 0..u16::MAX {
+            self.next_pkid = self.next_pkid.wrapping_add(1).max(1);
+            if !self.inflight.contains_key(&self.next_pkid) {
+                return Some(self.next_pkid);
+            }
+        }
+        None
+    }
+}
+
+/// A session.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) client_id: Arc<str>,
+    pub(crate) state: Mutex<State>,
+    /// Wakes the attached connection's writer: a message was queued or a slot freed.
+    pub(crate) wake_writer: Notify,
+    /// Wakes publishers waiting for queue space.
+    space: Notify,
+    max_queued: usize,
+    /// The attached connection: its id and how to end it (a takeover).
+    pub(crate) connection: Mutex<Option<(u64, CancellationToken)>>,
+    /// Bumped whenever a connection attaches, so a delayed will knows it was superseded.
+    pub(crate) generation: AtomicU64,
+}
+
+impl Session {
+    pub(crate) fn new(client_id: Arc<str>, max_queued: usize) -> Arc<Self> {
+        Arc::new(Self {
+            client_id,
+            state: Mutex::new(State::default()),
+            wake_writer: Notify::new(),
+            space: Notify::new(),
+            max_queued,
+            connection: Mutex::new(None),
+            generation: AtomicU64::new(0),
+        })
+    }
+
+    /// Queues `d`. When an online session is full and `may_wait`, the caller waits for
+    /// room (the publisher is slowed; nothing is dropped) for up to [`MAX_WAIT`], after which
+    /// the message is queued past the limit and a warning logged, so that two clients
+    /// publishing to each other cannot wait on each other forever. An offline session that
+    /// is full drops its oldest message and counts it.
+    pub(crate) async fn enqueue(&self, d: Delivery, may_wait: bool) {
+        let deadline = tokio::time::Instant::now() + MAX_WAIT;
+        loop {
+            let space = self.space.notified();
+            {
+                let mut st = self.state.lock();
+                let full = st.queue.len() >= self.max_queued;
+                if full && st.disconnected_at.is_some() {
+                    st.queue.pop_front();
+                    st.dropped += 1;
+                    st.queue.push_back(d);
+                    return;
+                }
+                let late = tokio::time::Instant::now() >= deadline;
+                if !full || !may_wait || late {
+                    if full && late {
+                        tracing::warn!(client_id = %self.client_id, queued = st.queue.len(), "subscriber queue over its limit: client is not reading");
+                    }
+                    st.queue.push_back(d);
+                    drop(st);
+                    self.wake_writer.notify_one();
+                    return;
+                }
+            }
+            let _ = tokio::time::timeout_at(deadline, space).await;
+        }
+    }
+
+    /// Takes up to `max` queued deliveries (skipping expired ones).
+    pub(crate) fn take(&self, max: usize) -> Vec<Delivery> {
+        let mut st = self.state.lock();
+        let now = Instant::now();
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(d) = st.queue.pop_front() else { break };
+            if d.message.expires.is_some_and(|e| e <= now) {
+                continue;
+            }
+            out.push(d);
+        }
+        drop(st);
+        if !out.is_empty() {
+            self.space.notify_waiters();
+        }
+        out
+    }
+
+    /// Whether a connection is attached.
+    pub(crate) fn online(&self) -> bool {
+        self.state.lock().disconnected_at.is_none()
+    }
+
+    /// Marks the session detached from connection `conn` (if still attached to it); a
+    /// publisher blocked on its queue is released into the offline rules.
+    pub(crate) fn detach(&self, conn: u64) -> bool {
+        let mut c = self.connection.lock();
+        if c.as_ref().is_some_and(|(id, _)| *id == conn) {
+            *c = None;
+            self.state.lock().disconnected_at = Some(Instant::now());
+            self.space.notify_waiters();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Next generation number (a new connection attached).
+    pub(crate) fn bump(&self) -> u64 {
+        self.generation.fetch_add(1, Ordering::AcqRel) + 1
+    }
+}
