@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 pub struct Server {
     pub child: Child,
     pub addr: String,
+    /// MQTT `host:port`.
+    pub mqtt: String,
     pub dir: PathBuf,
     pub log: PathBuf,
     env: Vec<(String, String)>,
@@ -50,6 +52,10 @@ impl Server {
 
     /// Starts `sluice serve ARGS` with these environment variables.
     pub fn start_args(dir: &Path, args: &[String], env: Vec<(String, String)>) -> Server {
+        let mut args = args.to_vec();
+        if !args.iter().any(|a| a == "--mqtt-listen") {
+            args.extend(["--mqtt-listen".to_string(), "127.0.0.1:0".to_string()]);
+        }
         let log = dir.join(format!(
             "sluice-{}.log",
             std::time::SystemTime::now()
@@ -59,7 +65,7 @@ impl Server {
         ));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
         cmd.arg("serve")
-            .args(args)
+            .args(&args)
             .env_remove("RUST_LOG")
             .envs(env.iter().cloned())
             .stdout(Stdio::piped())
@@ -68,13 +74,17 @@ impl Server {
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            let mut mqtt = String::new();
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("sluice: mqtt listening on ") {
+                    mqtt = addr.to_string();
+                }
                 if let Some(addr) = line.strip_prefix("sluice: http listening on ") {
-                    let _ = tx.send(addr.to_string());
+                    let _ = tx.send((addr.to_string(), mqtt.clone()));
                 }
             }
         });
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+        let (addr, mqtt) = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(a) => a,
             Err(_) => {
                 let _ = child.kill();
@@ -87,11 +97,17 @@ impl Server {
         Server {
             child,
             addr,
+            mqtt,
             dir: dir.to_path_buf(),
             log,
             env,
             http: reqwest::Client::new(),
         }
+    }
+
+    /// The MQTT port.
+    pub fn mqtt_port(&self) -> u16 {
+        self.mqtt.rsplit(':').next().unwrap().parse().unwrap()
     }
 
     pub fn url(&self, path: &str) -> String {
