@@ -5,3 +5,5 @@
 //! - `src/bin/http_write.rs`: end to end, N single-row HTTP writes from C connections against
 //!   the real binary, with PostgreSQL doing single-row durable INSERTs from C connections
 //!   (pgbench) in the same run, and the ratio.
+//! - `src/bin/mqtt_load.rs`: end to end, C MQTT connections publishing one reading per
+//!   message at QoS 0 or 1 into the real binary, and into Mosquitto in the same run.

@@ -1,0 +1,364 @@
+//! MQTT load generator: C connections publishing one reading per PUBLISH at QoS 0 or 1 with
+//! an in-flight window, against a real `sluice serve` (every message stored, QoS 1 acked only
+//! once durable) and against Mosquitto (Debian's package, started on 127.0.0.1, no
+//! persistence) under the same load in the same run. Prints messages/s, p50/p99
+//! publish-to-PUBACK latency for both, and the ratio.
+//!
+//! At QoS 0 each connection's last message is sent at QoS 1 and the run ends when that one
+//! is acknowledged: both brokers handle a connection's packets in order, so by then every
+//! earlier message has been handled (for Sluice: stored, which the runner checks with SQL).
+//!
+//! `cargo build --release -p sluice -p sluice-bench --bins`, then
+//! `~/.cache/sluice-target/release/mqtt_load --qos 1 --connections 8 --messages 200000`
+
+use anyhow::{Context, Result, bail};
+use bytes::BytesMut;
+use clap::Parser;
+use rumqttc::mqttbytes::QoS;
+use rumqttc::mqttbytes::v4::{Connect, Packet, Publish};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+
+#[derive(Parser, Debug, Clone)]
+struct Args {
+    /// Messages in total (split evenly over the connections).
+    #[arg(long, default_value_t = 200_000)]
+    messages: usize,
+    /// Concurrent connections.
+    #[arg(long, default_value_t = 8)]
+    connections: usize,
+    /// QoS of the messages: 0 or 1.
+    #[arg(long, default_value_t = 1)]
+    qos: u8,
+    /// Unacknowledged QoS 1 messages per connection.
+    #[arg(long, default_value_t = 64)]
+    inflight: usize,
+    /// Payload format: csv or json.
+    #[arg(long, default_value = "csv")]
+    payload: String,
+    /// Rounds, alternating Sluice and Mosquitto; the median of each is reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// The sluice binary (default: next to this runner).
+    #[arg(long)]
+    sluice: Option<PathBuf>,
+    /// Skip Mosquitto.
+    #[arg(long)]
+    no_mosquitto: bool,
+}
+
+struct Killer(Child);
+impl Drop for Killer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// messages/s, p50 ms, p99 ms.
+type Figures = (f64, f64, f64);
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    if args.qos > 1 {
+        bail!("--qos must be 0 or 1");
+    }
+    let dir = tempfile::tempdir()?;
+    let sluice = match &args.sluice {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name("sluice"),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for round in 0..args.rounds.max(1) {
+        let round_dir = dir.path().join(format!("round{round}"));
+        std::fs::create_dir_all(&round_dir)?;
+        let s = rt.block_on(run_sluice(&sluice, &round_dir, &args))?;
+        eprintln!(
+            "round {round}: Sluice {:.0} msg/s (p50 {:.2} ms, p99 {:.2} ms)",
+            s.0, s.1, s.2
+        );
+        ours.push(s);
+        if !args.no_mosquitto {
+            let m = rt.block_on(run_mosquitto(&round_dir, &args))?;
+            eprintln!(
+                "round {round}: Mosquitto {:.0} msg/s (p50 {:.2} ms, p99 {:.2} ms)",
+                m.0, m.1, m.2
+            );
+            theirs.push(m);
+        }
+    }
+    let median = |v: &mut Vec<Figures>| {
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v[v.len() / 2]
+    };
+    let ours = median(&mut ours);
+    let what = format!(
+        "QoS {}, {} connections, window {}, {} payloads, {} messages",
+        args.qos, args.connections, args.inflight, args.payload, args.messages
+    );
+    println!("\n{what}, median of {} rounds\n", args.rounds.max(1));
+    println!("| broker | messages/s | p50 ms | p99 ms |");
+    println!("|---|---|---|---|");
+    let ack = if args.qos == 1 {
+        "acked when durable (fsync)"
+    } else {
+        "every message stored"
+    };
+    println!(
+        "| Sluice ({ack}) | {:.0} | {:.2} | {:.2} |",
+        ours.0, ours.1, ours.2
+    );
+    if !theirs.is_empty() {
+        let m = median(&mut theirs);
+        println!(
+            "| Mosquitto (no persistence) | {:.0} | {:.2} | {:.2} |",
+            m.0, m.1, m.2
+        );
+        println!("\nratio Sluice / Mosquitto: {:.2}x", ours.0 / m.0);
+    }
+    Ok(())
+}
+
+async fn run_sluice(bin: &Path, dir: &Path, args: &Args) -> Result<Figures> {
+    let mut child = Command::new(bin)
+        .args([
+            "serve",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(dir.join("sluice"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let stdout = child.stdout.take().expect("piped");
+    let _guard = Killer(child);
+    let (mut http, mut mqtt) = (None, None);
+    {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let line = line?;
+            if let Some(a) = line.strip_prefix("sluice: mqtt listening on ") {
+                mqtt = Some(a.to_string());
+            }
+            if let Some(a) = line.strip_prefix("sluice: http listening on ") {
+                http = Some(a.to_string());
+                break;
+            }
+        }
+    }
+    let (http, mqtt) = (
+        http.context("sluice did not start")?,
+        mqtt.context("no MQTT address")?,
+    );
+    let client = reqwest::Client::new();
+    let sql = |q: &'static str| {
+        let client = client.clone();
+        let url = format!("http://{http}/v1/sql");
+        async move {
+            let r = client.post(url).body(q).send().await?;
+            let ok = r.status().is_success();
+            let text = r.text().await?;
+            if !ok {
+                bail!("{q}: {text}");
+            }
+            Ok::<_, anyhow::Error>(text)
+        }
+    };
+    sql("CREATE DATABASE bench").await?;
+    sql("CREATE TABLE bench.readings (ts TIMESTAMP, device STRING, seq BIGINT, temp DOUBLE) PARTITION BY ymdh(ts)").await?;
+    let figures = load(&mqtt, args).await?;
+    let count = sql("SELECT count(*) AS n FROM bench.readings").await?;
+    let stored = (args.messages / args.connections) * args.connections;
+    if !count.contains(&format!("\"n\":{stored}")) {
+        bail!("Sluice stored {count}, expected {stored} rows");
+    }
+    Ok(figures)
+}
+
+async fn run_mosquitto(dir: &Path, args: &Args) -> Result<Figures> {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?.port()
+    };
+    let conf = dir.join("mosquitto.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 100000\n"
+        ),
+    )?;
+    let child = Command::new("mosquitto")
+        .arg("-c")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting mosquitto (apt-get install mosquitto)")?;
+    let _guard = Killer(child);
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(&addr).await.is_err() {
+        if Instant::now() > deadline {
+            bail!("mosquitto did not start");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    load(&addr, args).await
+}
+
+/// Runs the load against `addr`; returns messages/s and ack latency percentiles.
+async fn load(addr: &str, args: &Args) -> Result<Figures> {
+    let per = args.messages / args.connections;
+    let mut conns = Vec::new();
+    for c in 0..args.connections {
+        conns.push(connect(addr, &format!("load-{c}")).await?);
+    }
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for (c, stream) in conns.into_iter().enumerate() {
+        let args = args.clone();
+        tasks.push(tokio::spawn(
+            async move { publish(stream, c, per, &args).await },
+        ));
+    }
+    let mut lat = Vec::with_capacity(args.messages);
+    for t in tasks {
+        lat.extend(t.await??);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    lat.sort();
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .unwrap_or(f64::NAN)
+    };
+    Ok(((per * args.connections) as f64 / secs, pct(0.5), pct(0.99)))
+}
+
+async fn connect(addr: &str, id: &str) -> Result<TcpStream> {
+    let mut s = TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    let mut buf = BytesMut::new();
+    let mut connect = Connect::new(id);
+    connect.keep_alive = 60;
+    Packet::Connect(connect).write(&mut buf, 1 << 20)?;
+    s.write_all(&buf).await?;
+    let mut rbuf = BytesMut::new();
+    loop {
+        match Packet::read(&mut rbuf, 1 << 20) {
+            Ok(Packet::ConnAck(_)) => return Ok(s),
+            Ok(other) => bail!("expected CONNACK, got {other:?}"),
+            Err(rumqttc::mqttbytes::Error::InsufficientBytes(_)) => {
+                if s.read_buf(&mut rbuf).await? == 0 {
+                    bail!("connection closed before CONNACK");
+                }
+            }
+            Err(e) => bail!("{e}"),
+        }
+    }
+}
+
+fn payload(kind: &str, c: usize, seq: usize) -> String {
+    let (min, sec, us) = (
+        (seq / 60_000_000) % 60,
+        (seq / 1_000_000) % 60,
+        seq % 1_000_000,
+    );
+    let temp = 20.0 + (seq % 100) as f64 / 10.0;
+    match kind {
+        "json" => format!(
+            r#"{{"ts":"2026-11-21T10:{min:02}:{sec:02}.{us:06}Z","device":"dev-{c}","seq":{seq},"temp":{temp}}}"#
+        ),
+        _ => format!("2026-11-21 10:{min:02}:{sec:02}.{us:06},dev-{c},{seq},{temp}"),
+    }
+}
+
+/// Publishes `n` messages on one connection; returns the ack latencies of QoS 1 messages.
+async fn publish(stream: TcpStream, c: usize, n: usize, args: &Args) -> Result<Vec<Duration>> {
+    let (mut rd, mut wr) = stream.into_split();
+    let window = Arc::new(Semaphore::new(args.inflight.clamp(1, 60_000)));
+    let sent: Arc<parking_lot::Mutex<Vec<Option<Instant>>>> =
+        Arc::new(parking_lot::Mutex::new(vec![None; 65_536]));
+    let acks_expected = if args.qos == 1 { n } else { 1 };
+    let reader = {
+        let (window, sent) = (window.clone(), sent.clone());
+        tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(acks_expected);
+            let mut buf = BytesMut::with_capacity(64 * 1024);
+            while lat.len() < acks_expected {
+                match Packet::read(&mut buf, 1 << 20) {
+                    Ok(Packet::PubAck(a)) => {
+                        if let Some(t) = sent.lock()[a.pkid as usize].take() {
+                            lat.push(t.elapsed());
+                        }
+                        window.add_permits(1);
+                    }
+                    Ok(_) => {}
+                    Err(rumqttc::mqttbytes::Error::InsufficientBytes(_)) => {
+                        if rd.read_buf(&mut buf).await? == 0 {
+                            bail!("broker closed the connection");
+                        }
+                    }
+                    Err(e) => bail!("{e}"),
+                }
+            }
+            Ok::<_, anyhow::Error>(lat)
+        })
+    };
+    let mut out = BytesMut::with_capacity(64 * 1024);
+    let topic = "/bench/readings";
+    for seq in 0..n {
+        let qos1 = args.qos == 1 || seq + 1 == n;
+        let mut p = Publish::new(
+            topic,
+            if qos1 {
+                QoS::AtLeastOnce
+            } else {
+                QoS::AtMostOnce
+            },
+            payload(&args.payload, c, seq),
+        );
+        if qos1 {
+            let permit = match window.try_acquire() {
+                Ok(p) => p,
+                Err(_) => {
+                    // Window full: send what is buffered, then wait for an ack.
+                    if !out.is_empty() {
+                        wr.write_all(&out).await?;
+                        out.clear();
+                    }
+                    window.acquire().await?
+                }
+            };
+            permit.forget();
+            p.pkid = (seq % 65_535) as u16 + 1;
+            sent.lock()[p.pkid as usize] = Some(Instant::now());
+        }
+        Packet::Publish(p).write(&mut out, 1 << 20)?;
+        if out.len() >= 32 * 1024 {
+            wr.write_all(&out).await?;
+            out.clear();
+        }
+    }
+    if !out.is_empty() {
+        wr.write_all(&out).await?;
+    }
+    let lat = reader.await??;
+    let mut bye = BytesMut::new();
+    Packet::Disconnect.write(&mut bye, 1 << 20)?;
+    let _ = wr.write_all(&bye).await;
+    Ok(if args.qos == 1 { lat } else { Vec::new() })
+}
