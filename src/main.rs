@@ -91,11 +91,25 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     // Lines on stdout that scripts and tests wait for (the ports are real even when 0 was
     // asked); the http line comes last.
     println!("sluice: mqtt listening on {mqtt_addr}");
-    println!("sluice: http listening on {addr}");
     let mqtt_task = {
         let broker = broker.clone();
         tokio::spawn(async move { broker.serve_tcp(mqtt).await })
     };
+    let tls_task = if cfg.mqtt.tls_listen.is_empty() {
+        None
+    } else {
+        let tls = sluice_broker::tls_acceptor(
+            std::path::Path::new(&cfg.mqtt.tls_cert),
+            std::path::Path::new(&cfg.mqtt.tls_key),
+        )?;
+        let l = tokio::net::TcpListener::bind(&cfg.mqtt.tls_listen)
+            .await
+            .with_context(|| format!("binding MQTT/TLS on {}", cfg.mqtt.tls_listen))?;
+        println!("sluice: mqtts listening on {}", l.local_addr()?);
+        let broker = broker.clone();
+        Some(tokio::spawn(async move { broker.serve_tls(l, tls).await }))
+    };
+    println!("sluice: http listening on {addr}");
 
     let signal_cancel = cancel.clone();
     tokio::spawn(async move {
@@ -113,9 +127,13 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         signal_cancel.cancel();
     });
 
+    let ws: sluice_web::StreamHandler = {
+        let broker = broker.clone();
+        Arc::new(move |stream, peer| broker.serve_connection(stream, peer))
+    };
     let extra = {
         let broker = broker.clone();
-        axum::Router::new().route(
+        sluice_web::stream_route("/mqtt", "mqtt", ws).route(
             "/metrics",
             axum::routing::get(move || {
                 let text = broker.metrics_text();
@@ -135,6 +153,9 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     cancel.cancel();
     // Connections end, their stored messages finish, before the engine persists and stops.
     let _ = mqtt_task.await;
+    if let Some(t) = tls_task {
+        let _ = t.await;
+    }
     let _ = background.await;
     engine
         .shutdown()

@@ -14,6 +14,7 @@ mod error;
 mod ingest;
 mod mapping;
 mod metrics;
+mod persist;
 mod router;
 mod session;
 mod topic;
@@ -32,6 +33,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// How often sessions and retained messages are saved (also at shutdown).
+const SAVE_EVERY_SECS: u64 = 5;
+
 /// State every connection shares.
 struct Shared {
     config: MqttConfig,
@@ -42,6 +46,7 @@ struct Shared {
     next_conn: AtomicU64,
     shutdown: CancellationToken,
     max_session_expiry: Duration,
+    store: persist::Store,
 }
 
 impl std::fmt::Debug for Shared {
@@ -68,16 +73,20 @@ impl Broker {
         shutdown: CancellationToken,
     ) -> Result<Self> {
         let mapper = mapping::Mapper::new(&config.topic)?;
+        let router = Router::new(config.mqtt.max_queued_messages);
+        let store = persist::Store::new(&config.data_dir);
+        store.load(&router);
         Ok(Self {
             shared: Arc::new(Shared {
                 config: config.mqtt.clone(),
                 db,
-                router: Router::new(config.mqtt.max_queued_messages),
+                router,
                 mapper,
                 metrics: Metrics::default(),
                 next_conn: AtomicU64::new(1),
                 shutdown,
                 max_session_expiry: Config::duration(&config.mqtt.max_session_expiry),
+                store,
             }),
             tasks: TaskTracker::new(),
         })
@@ -87,11 +96,16 @@ impl Broker {
     pub async fn serve_tcp(&self, listener: TcpListener) -> Result<()> {
         let shutdown = self.shared.shutdown.clone();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut ticks = 0u64;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {
                     self.shared.router.expire(Instant::now());
+                    ticks += 1;
+                    if ticks.is_multiple_of(SAVE_EVERY_SECS) {
+                        self.save().await;
+                    }
                 }
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
@@ -108,7 +122,17 @@ impl Broker {
         }
         self.tasks.close();
         self.tasks.wait().await;
+        self.save().await;
         Ok(())
+    }
+
+    /// Saves sessions and retained messages (see `persist`).
+    async fn save(&self) {
+        let shared = self.shared.clone();
+        let r = tokio::task::spawn_blocking(move || shared.store.save(&shared.router)).await;
+        if let Ok(Err(e)) = r {
+            tracing::error!(error = %e, "saving broker sessions and retained messages failed");
+        }
     }
 
     /// Serves one already-accepted stream (TCP, TLS or WebSocket) on its own task.
@@ -127,5 +151,73 @@ impl Broker {
             self.shared.router.session_count(),
             self.shared.router.retained_count(),
         )
+    }
+}
+
+/// A TLS acceptor from PEM files (certificate chain, private key).
+pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let setup = |what: &str, reason: String| Error::Setup {
+        what: what.to_string(),
+        reason,
+    };
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<std::result::Result<Vec<_>, _>>())
+        .map_err(|e| setup(&format!("reading {}", cert.display()), e.to_string()))?;
+    if certs.is_empty() {
+        return Err(setup(
+            &format!("reading {}", cert.display()),
+            "no certificate in the file".into(),
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| setup(&format!("reading {}", key.display()), e.to_string()))?;
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+        .map_err(|e| setup("TLS configuration", e.to_string()))?;
+    Ok(TlsAcceptor(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+}
+
+/// Accepts TLS connections for the broker (see [`tls_acceptor`]).
+#[derive(Clone)]
+pub struct TlsAcceptor(tokio_rustls::TlsAcceptor);
+
+impl std::fmt::Debug for TlsAcceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TlsAcceptor")
+    }
+}
+
+impl Broker {
+    /// Accepts MQTT over TLS on `listener` until shutdown. A failed handshake ends only that
+    /// connection.
+    pub async fn serve_tls(&self, listener: TcpListener, tls: TlsAcceptor) -> Result<()> {
+        let shutdown = self.shared.shutdown.clone();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let _ = stream.set_nodelay(true);
+                        let tls = tls.0.clone();
+                        let broker = self.clone();
+                        self.tasks.spawn(async move {
+                            match tokio::time::timeout(Duration::from_secs(10), tls.accept(stream)).await {
+                                Ok(Ok(s)) => broker.serve_connection(s, peer),
+                                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting an MQTT/TLS connection failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+            }
+        }
     }
 }

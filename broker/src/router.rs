@@ -1,7 +1,8 @@
 //! The router: sessions by client id, the subscription tree, retained messages, and the
 //! fan-out of one message to every session whose subscriptions match it.
 
-use crate::session::{Delivery, Message, Session, SubOptions};
+use crate::persist;
+use crate::session::{Delivery, Message, Outgoing, Session, SubOptions};
 use crate::topic::{self, Tree};
 use parking_lot::{Mutex, RwLock};
 use rumqttc::v5::mqttbytes::QoS;
@@ -277,4 +278,82 @@ pub(crate) fn min_qos(a: QoS, b: QoS) -> QoS {
 
 fn max_qos(a: QoS, b: QoS) -> QoS {
     if (a as u8) >= (b as u8) { a } else { b }
+}
+
+impl Router {
+    /// Sessions that outlive their connection, and retained messages, for saving.
+    pub(crate) fn lasting_state(
+        &self,
+    ) -> (Vec<persist::SessionState>, Vec<persist::StoredMessage>) {
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
+        let mut out = Vec::new();
+        for s in sessions {
+            let st = s.state.lock();
+            if st.expiry_secs == 0 {
+                continue;
+            }
+            out.push(persist::SessionState {
+                id: s.client_id.to_string(),
+                expiry_secs: st.expiry_secs,
+                subscriptions: st
+                    .subscriptions
+                    .iter()
+                    .map(|(f, o)| persist::StoredSub::from(f, o))
+                    .collect(),
+                queue: st.queue.iter().map(persist::StoredDelivery::from).collect(),
+                inflight: st
+                    .inflight
+                    .iter()
+                    .map(|(k, o)| (*k, persist::outgoing(o)))
+                    .collect(),
+                incoming_qos2: st.incoming_qos2.iter().copied().collect(),
+            });
+        }
+        let retained = self
+            .retained
+            .read()
+            .values()
+            .map(|m| persist::StoredMessage::from(m))
+            .collect();
+        (out, retained)
+    }
+
+    /// Recreates saved sessions (offline, their expiry counting from now) and retained
+    /// messages.
+    pub(crate) fn restore(
+        &self,
+        sessions: Vec<persist::SessionState>,
+        retained: Vec<persist::StoredMessage>,
+    ) {
+        for saved in sessions {
+            let s = Session::new(Arc::from(saved.id.as_str()), self.max_queued);
+            {
+                let mut st = s.state.lock();
+                st.expiry_secs = saved.expiry_secs;
+                st.disconnected_at = Some(Instant::now());
+                st.queue = saved.queue.into_iter().map(|d| d.into_delivery()).collect();
+                st.inflight = saved
+                    .inflight
+                    .into_iter()
+                    .map(|(k, d)| {
+                        let o = match d {
+                            Some(d) => Outgoing::Published(d.into_delivery()),
+                            None => Outgoing::Released,
+                        };
+                        (k, o)
+                    })
+                    .collect();
+                st.incoming_qos2 = saved.incoming_qos2.into_iter().collect();
+            }
+            self.sessions.lock().insert(s.client_id.clone(), s.clone());
+            for sub in saved.subscriptions {
+                self.subscribe(&s, &sub.filter, sub.options());
+            }
+        }
+        let mut r = self.retained.write();
+        for m in retained {
+            let m = m.into_message();
+            r.insert(m.topic.clone(), m);
+        }
+    }
 }

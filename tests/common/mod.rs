@@ -12,6 +12,8 @@ pub struct Server {
     pub addr: String,
     /// MQTT `host:port`.
     pub mqtt: String,
+    /// MQTT over TLS `host:port`, when configured.
+    pub mqtts: Option<String>,
     pub dir: PathBuf,
     pub log: PathBuf,
     env: Vec<(String, String)>,
@@ -74,17 +76,20 @@ impl Server {
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let mut mqtt = String::new();
+            let (mut mqtt, mut mqtts) = (String::new(), None);
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(addr) = line.strip_prefix("sluice: mqtt listening on ") {
                     mqtt = addr.to_string();
                 }
+                if let Some(addr) = line.strip_prefix("sluice: mqtts listening on ") {
+                    mqtts = Some(addr.to_string());
+                }
                 if let Some(addr) = line.strip_prefix("sluice: http listening on ") {
-                    let _ = tx.send((addr.to_string(), mqtt.clone()));
+                    let _ = tx.send((addr.to_string(), mqtt.clone(), mqtts.clone()));
                 }
             }
         });
-        let (addr, mqtt) = match rx.recv_timeout(Duration::from_secs(60)) {
+        let (addr, mqtt, mqtts) = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(a) => a,
             Err(_) => {
                 let _ = child.kill();
@@ -98,6 +103,7 @@ impl Server {
             child,
             addr,
             mqtt,
+            mqtts,
             dir: dir.to_path_buf(),
             log,
             env,
@@ -108,6 +114,11 @@ impl Server {
     /// The MQTT port.
     pub fn mqtt_port(&self) -> u16 {
         self.mqtt.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    /// The MQTT over TLS port, when configured.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.mqtts.as_ref()?.rsplit(':').next()?.parse().ok()
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -8,8 +8,10 @@
 
 mod error;
 mod format;
+mod ws;
 
 pub use error::ApiError;
+pub use ws::{StreamHandler, stream_route};
 
 use axum::Router;
 use axum::body::Body;
@@ -53,7 +55,11 @@ pub async fn serve(
     extra: Router,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, extra.merge(router(db, config)))
+    let app = extra.merge(router(db, config));
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await
 }

@@ -1,0 +1,241 @@
+//! Sessions and retained messages across restarts.
+//!
+//! The router's lasting state (sessions that outlive their connection: subscriptions, queued
+//! and unacknowledged messages, QoS 2 packet ids; retained messages) is written to
+//! `<data_dir>/broker/state.json` every few seconds and at shutdown, atomically (temporary
+//! file, fsync, rename). A clean shutdown therefore loses nothing; after a crash, changes of
+//! the last interval are lost (table rows are not: they are in the WAL).
+
+use crate::router::Router;
+use crate::session::{Delivery, Message, Outgoing, SubOptions};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::PublishProperties;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const FORMAT: u32 = 1;
+
+#[derive(Serialize, Deserialize, Default)]
+pub(crate) struct State {
+    format: u32,
+    sessions: Vec<SessionState>,
+    retained: Vec<StoredMessage>,
+}
+
+#[derive(Serialize, Deserialize)]
+pub(crate) struct SessionState {
+    pub(crate) id: String,
+    pub(crate) expiry_secs: u32,
+    pub(crate) subscriptions: Vec<StoredSub>,
+    pub(crate) queue: Vec<StoredDelivery>,
+    /// Sent and not yet fully acknowledged: resent (DUP) when the client returns.
+    pub(crate) inflight: Vec<(u16, Option<StoredDelivery>)>,
+    pub(crate) incoming_qos2: Vec<u16>,
+}
+
+#[derive(Serialize, Deserialize)]
+pub(crate) struct StoredSub {
+    pub(crate) filter: String,
+    pub(crate) qos: u8,
+    pub(crate) no_local: bool,
+    pub(crate) retain_as_published: bool,
+    pub(crate) id: Option<usize>,
+}
+
+#[derive(Serialize, Deserialize)]
+pub(crate) struct StoredDelivery {
+    message: StoredMessage,
+    qos: u8,
+    retain: bool,
+    subscription_ids: Vec<usize>,
+}
+
+#[derive(Serialize, Deserialize)]
+pub(crate) struct StoredMessage {
+    topic: String,
+    payload_hex: String,
+    qos: u8,
+    retain: bool,
+    origin: String,
+    /// Seconds left before it expires, when it has an expiry.
+    expires_in: Option<u64>,
+    content_type: Option<String>,
+    response_topic: Option<String>,
+    correlation_hex: Option<String>,
+    payload_format_indicator: Option<u8>,
+    user_properties: Vec<(String, String)>,
+}
+
+fn qos(n: u8) -> QoS {
+    match n {
+        2 => QoS::ExactlyOnce,
+        1 => QoS::AtLeastOnce,
+        _ => QoS::AtMostOnce,
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect()
+}
+
+impl StoredMessage {
+    pub(crate) fn from(m: &Message) -> Self {
+        let p = m.properties.as_ref();
+        Self {
+            topic: m.topic.to_string(),
+            payload_hex: hex(&m.payload),
+            qos: m.qos as u8,
+            retain: m.retain,
+            origin: m.origin.to_string(),
+            expires_in: m
+                .expires
+                .map(|e| e.saturating_duration_since(Instant::now()).as_secs()),
+            content_type: p.and_then(|p| p.content_type.clone()),
+            response_topic: p.and_then(|p| p.response_topic.clone()),
+            correlation_hex: p.and_then(|p| p.correlation_data.as_ref().map(|c| hex(c))),
+            payload_format_indicator: p.and_then(|p| p.payload_format_indicator),
+            user_properties: p.map(|p| p.user_properties.clone()).unwrap_or_default(),
+        }
+    }
+
+    pub(crate) fn into_message(self) -> Arc<Message> {
+        let has_props = self.content_type.is_some()
+            || self.response_topic.is_some()
+            || self.correlation_hex.is_some()
+            || self.payload_format_indicator.is_some()
+            || !self.user_properties.is_empty();
+        Arc::new(Message {
+            topic: Arc::from(self.topic),
+            payload: unhex(&self.payload_hex).into(),
+            qos: qos(self.qos),
+            retain: self.retain,
+            properties: has_props.then(|| PublishProperties {
+                payload_format_indicator: self.payload_format_indicator,
+                message_expiry_interval: None,
+                topic_alias: None,
+                response_topic: self.response_topic,
+                correlation_data: self.correlation_hex.map(|h| unhex(&h).into()),
+                user_properties: self.user_properties,
+                subscription_identifiers: Vec::new(),
+                content_type: self.content_type,
+            }),
+            expires: self
+                .expires_in
+                .map(|s| Instant::now() + Duration::from_secs(s)),
+            origin: Arc::from(self.origin),
+        })
+    }
+}
+
+impl StoredDelivery {
+    pub(crate) fn from(d: &Delivery) -> Self {
+        Self {
+            message: StoredMessage::from(&d.message),
+            qos: d.qos as u8,
+            retain: d.retain,
+            subscription_ids: d.subscription_ids.clone(),
+        }
+    }
+
+    pub(crate) fn into_delivery(self) -> Delivery {
+        Delivery {
+            message: self.message.into_message(),
+            qos: qos(self.qos),
+            retain: self.retain,
+            subscription_ids: self.subscription_ids,
+        }
+    }
+}
+
+impl StoredSub {
+    pub(crate) fn from(filter: &str, o: &SubOptions) -> Self {
+        Self {
+            filter: filter.to_string(),
+            qos: o.qos as u8,
+            no_local: o.no_local,
+            retain_as_published: o.retain_as_published,
+            id: o.id,
+        }
+    }
+
+    pub(crate) fn options(&self) -> SubOptions {
+        SubOptions {
+            qos: qos(self.qos),
+            no_local: self.no_local,
+            retain_as_published: self.retain_as_published,
+            id: self.id,
+        }
+    }
+}
+
+pub(crate) fn outgoing(o: &Outgoing) -> Option<StoredDelivery> {
+    match o {
+        Outgoing::Published(d) => Some(StoredDelivery::from(d)),
+        Outgoing::Released => None,
+    }
+}
+
+/// Where the state lives.
+#[derive(Debug, Clone)]
+pub(crate) struct Store {
+    path: PathBuf,
+}
+
+impl Store {
+    pub(crate) fn new(data_dir: &Path) -> Self {
+        Self {
+            path: data_dir.join("broker").join("state.json"),
+        }
+    }
+
+    /// Loads the saved state into `router`; a missing file is an empty state, a damaged one
+    /// is reported and set aside (renamed) rather than stopping the server.
+    pub(crate) fn load(&self, router: &Router) {
+        let Ok(text) = std::fs::read_to_string(&self.path) else {
+            return;
+        };
+        match serde_json::from_str::<State>(&text) {
+            Ok(state) if state.format == FORMAT => {
+                let (s, r) = (state.sessions.len(), state.retained.len());
+                router.restore(state.sessions, state.retained);
+                tracing::info!(sessions = s, retained = r, "broker state restored");
+            }
+            Ok(state) => tracing::error!(format = state.format, path = %self.path.display(), "unknown broker state format; starting without it"),
+            Err(e) => {
+                let aside = self.path.with_extension("json.damaged");
+                let _ = std::fs::rename(&self.path, &aside);
+                tracing::error!(error = %e, path = %aside.display(), "broker state unreadable; set aside, starting without it");
+            }
+        }
+    }
+
+    /// Writes the router's state atomically.
+    pub(crate) fn save(&self, router: &Router) -> std::io::Result<()> {
+        let (sessions, retained) = router.lasting_state();
+        let state = State {
+            format: FORMAT,
+            sessions,
+            retained,
+        };
+        let text = serde_json::to_vec(&state).map_err(std::io::Error::other)?;
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        let tmp = self.path.with_extension("json.tmp");
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&text)?;
+            f.sync_data()?;
+        }
+        std::fs::rename(&tmp, &self.path)?;
+        std::fs::File::open(dir)?.sync_all()
+    }
+}
