@@ -20,6 +20,7 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 mod maintenance;
+mod messages;
 mod statements;
 
 /// The engine. Cheap to share behind an `Arc`.

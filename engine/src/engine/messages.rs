@@ -1,0 +1,141 @@
+//! What the MQTT broker calls to turn one message into rows: tables made or widened from
+//! JSON messages, and writes with columns fixed by the topic.
+
+use super::{Engine, now_micros};
+use crate::api::WriteReceipt;
+use crate::catalog::{ColumnDef, TableDef};
+use crate::ddl::{CreateTable, TableRef};
+use crate::decode::{Format, decode_message, infer_json_columns};
+use crate::error::{Error, Result};
+use crate::partition::PartitionFn;
+use crate::types::ColumnType;
+use std::sync::Arc;
+
+/// Field names that make a time column, in order of preference; the first one free names
+/// the arrival-time column of a table whose messages carry no time.
+const TIME_NAMES: [&str; 3] = ["ts", "time", "timestamp"];
+
+impl Engine {
+    /// Decodes one message for `def` ([`decode_message`], `fixed` being the (column index,
+    /// text) values the topic sets) and stores its rows as one durable append.
+    pub async fn write_message(
+        &self,
+        def: &TableDef,
+        format: Format,
+        body: &[u8],
+        fixed: &[(usize, String)],
+    ) -> Result<WriteReceipt> {
+        let rows = decode_message(def, format, body, now_micros(), fixed)?;
+        self.append_rows(def, rows).await
+    }
+
+    /// The table a JSON message is stored in, made to fit it.
+    ///
+    /// When `database.table` exists, top-level fields it has no column for are added as
+    /// nullable columns (the inferred types of [`infer_json_columns`]; a table with
+    /// `json_mappings` is left as it is). When it does not, it is created from the inferred
+    /// columns, every one nullable: the time column is the first field named `ts`, `time`
+    /// or `timestamp` holding an RFC 3339 string or an integer epoch (seconds, ms, µs or ns by
+    /// magnitude), typed Timestamp; without one a `ts` Timestamp column is added in front
+    /// and filled with each row's arrival time. The table is partitioned by day
+    /// (`yyyymmdd`) of its time column. The database must exist. Concurrent calls for the
+    /// same new table all succeed and see one table.
+    pub async fn table_for_json(
+        &self,
+        database: &str,
+        table: &str,
+        body: &[u8],
+    ) -> Result<Arc<TableDef>> {
+        let fields = infer_json_columns(body)?;
+        let name = TableRef {
+            database: database.into(),
+            table: table.into(),
+        };
+        match self.table(database, table) {
+            Ok(_) => {}
+            Err(Error::UnknownTable { .. }) => {
+                self.create_table(new_table(name.clone(), &fields)?, false)?;
+            }
+            Err(e) => return Err(e),
+        }
+        // Created by us or by a concurrent caller: either way, widen it to this message.
+        let def = self.table(database, table)?;
+        if def.options.contains_key(crate::decode::JSON_MAPPINGS) {
+            return Ok(def);
+        }
+        let new: Vec<ColumnDef> = fields
+            .into_iter()
+            .filter(|(n, _)| def.column_index(n).is_none())
+            .map(|(name, ty)| ColumnDef {
+                name,
+                ty,
+                nullable: true,
+            })
+            .collect();
+        if new.is_empty() {
+            return Ok(def);
+        }
+        self.add_columns(&name, &new, true)?;
+        self.table(database, table)
+    }
+}
+
+/// `CREATE TABLE IF NOT EXISTS` for a table inferred from a message's `fields`.
+fn new_table(name: TableRef, fields: &[(String, ColumnType)]) -> Result<CreateTable> {
+    let mut columns: Vec<ColumnDef> = fields
+        .iter()
+        .map(|(n, ty)| ColumnDef {
+            name: n.clone(),
+            ty: *ty,
+            nullable: true,
+        })
+        .collect();
+    let named = |want: &str| {
+        columns
+            .iter()
+            .position(|c| c.name.eq_ignore_ascii_case(want))
+    };
+    let time = TIME_NAMES.iter().find_map(|want| {
+        named(want).filter(|&i| {
+            matches!(
+                columns[i].ty,
+                ColumnType::Timestamp | ColumnType::Int64 | ColumnType::UInt64
+            )
+        })
+    });
+    let time_name = match time {
+        Some(i) => {
+            columns[i].ty = ColumnType::Timestamp;
+            columns[i].name.clone()
+        }
+        None => {
+            let free = TIME_NAMES
+                .iter()
+                .find(|n| named(n).is_none())
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "cannot create {}.{}: fields ts, time and timestamp are not times, so no time column can be added",
+                        name.database, name.table
+                    ))
+                })?;
+            columns.insert(
+                0,
+                ColumnDef {
+                    name: free.to_string(),
+                    ty: ColumnType::Timestamp,
+                    nullable: true,
+                },
+            );
+            free.to_string()
+        }
+    };
+    Ok(CreateTable {
+        name,
+        columns,
+        partition: PartitionFn::Yyyymmdd { days: 1 },
+        partition_column: time_name,
+        ttl_secs: None,
+        options: Default::default(),
+        if_not_exists: true,
+    })
+}
