@@ -1,8 +1,8 @@
 //! Sluice's own statements: DDL, SHOW, DESCRIBE, FLUSH.
 //!
 //! They are parsed from sqlparser tokens (the copy DataFusion re-exports) so that type names
-//! in both SQL and JoinBase/ClickHouse spelling, `PARTITION BY fn(col)` and `WITH (ttl = ...)`
-//! read as written; errors carry sqlparser's line and column. Anything else is a query and
+//! in both SQL and JoinBase/ClickHouse spelling, `PARTITION BY fn(col)`, `WITH (ttl = ...)`
+//! and `ALTER TABLE t SET (json_mappings = '...')` read as written; errors carry sqlparser's line and column. Anything else is a query and
 //! goes to DataFusion.
 
 use crate::catalog::{ColumnDef, DEFAULT_DATABASE};
@@ -590,6 +590,21 @@ mod tests {
             parse("ALTER TABLE iot.r ADD COLUMN hum Float64").unwrap(),
             Statement::AddColumn { .. }
         ));
+        let Statement::SetOptions {
+            name,
+            ttl_secs,
+            options,
+        } = parse("ALTER TABLE iot.r SET (ttl = '2d', json_mappings = 'v <- ''/a/*/0''')").unwrap()
+        else {
+            panic!("not SET")
+        };
+        assert_eq!(name.table, "r");
+        assert_eq!(ttl_secs, Some(2 * 86400));
+        assert_eq!(options["json_mappings"], "v <- '/a/*/0'");
+        let e = parse("ALTER TABLE iot.r DROP COLUMN x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ADD [COLUMN] or SET"), "{e}");
         assert_eq!(
             parse("SELECT 'CREATE TABLE' FROM t").unwrap(),
             Statement::Query

@@ -2,8 +2,9 @@
 //!
 //! One row per line; blank lines and `#` comments are skipped. The measurement is not stored
 //! (the topic or URL chooses the table). Tags and fields fill the columns of their names;
-//! the timestamp, in nanoseconds since the epoch, fills the table's time column, and a line
-//! without one takes its arrival time. Escapes are InfluxDB's: `\,` `\ ` `\=` in the
+//! the timestamp, in nanoseconds since the epoch, fills the table's time column (winning
+//! over a field of that name), and a line with neither takes its arrival time. A timestamp
+//! for a table without a time column is refused rather than dropped. Escapes are InfluxDB's: `\,` `\ ` `\=` in the
 //! measurement, keys and tag values; `\"` and `\\` in string field values.
 //!
 //! Field values are typed as written (`1.5` float, `1i` integer, `1u` unsigned, `"s"`

@@ -293,6 +293,12 @@ fn document(
         column: column.to_string(),
         reason,
     };
+    if !matches!(doc, J::Object(_) | J::Array(_)) {
+        return Err(Error::BadPayload {
+            line,
+            reason: format!("expected a JSON object or array, found {doc}"),
+        });
+    }
     let mut base = target.blank();
     if let J::Object(obj) = doc {
         for (c, col) in table.columns.iter().enumerate() {

@@ -332,6 +332,11 @@ fn json_mapping_flattens_an_array() {
         err.to_string(),
         "line 1, column 'sensor_id': '/data' is not an array (from '/data/*/0')"
     );
+    let err = decode(&t, Format::Json, b"{\"data\":[]}\n7", 0).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "line 2: expected a JSON object or array, found 7"
+    );
     let err = decode(&t, Format::Json, br#"{"dat":[]}"#, 0).unwrap_err();
     assert!(err.to_string().contains("'/data' is missing"), "{err}");
 }
