@@ -2,8 +2,8 @@
 //!
 //! They are parsed from sqlparser tokens (the copy DataFusion re-exports) so that type names
 //! in both SQL and JoinBase/ClickHouse spelling, `PARTITION BY fn(col)`, `WITH (ttl = ...)`
-//! and `ALTER TABLE t SET (json_mappings = '...')` read as written; errors carry sqlparser's line and column. Anything else is a query and
-//! goes to DataFusion.
+//! and `ALTER TABLE t SET (json_mappings = '...')` read as written; errors carry sqlparser's
+//! line and column. Anything else is a query and goes to DataFusion.
 
 use crate::catalog::{ColumnDef, DEFAULT_DATABASE};
 use crate::error::{Error, Result};

@@ -5,10 +5,10 @@
 //! column at fault. A whole payload is decoded before anything is logged, so a write is all
 //! or nothing.
 //!
-//! Each format has its own submodule; they all build rows through one [`Target`], which
+//! Each format has its own submodule; they all build rows through one `Target`, which
 //! knows the table, the values fixed by the MQTT topic (they win over the payload) and what a
 //! missing value becomes. JSON bodies of a table with a `json_mappings` option go through
-//! [`mapping`] instead of the plain field = column reading. [`infer_json_columns`] guesses a
+//! `mapping` instead of the plain field = column reading ([`JsonMapping`] has the syntax). [`infer_json_columns`] guesses a
 //! schema for tables created on their first message.
 
 mod csv;

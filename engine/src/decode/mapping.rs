@@ -13,7 +13,7 @@
 //! ```
 //!
 //! Mappings are checked when a table is created or its options change, and parsed once per
-//! table version: [`for_table`] keeps parsed mappings in a small cache.
+//! table version: `for_table` keeps parsed mappings in a small cache.
 
 use super::Target;
 use super::json::{cell, for_each_value, top_level};
@@ -28,7 +28,10 @@ use std::sync::{Arc, LazyLock};
 /// The table option holding JSON mappings.
 pub const JSON_MAPPINGS: &str = "json_mappings";
 
-/// A parsed `json_mappings` option.
+/// A parsed `json_mappings` option: `column <- pointer, ...`, each pointer an RFC 6901 JSON
+/// Pointer (quoted with `'` or `"`, or not) with at most one `*` segment; every `*` stands
+/// for the same array, flattened into one row per element. Unmapped columns take the
+/// top-level field of their name.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JsonMapping {
     /// Mapped columns: index, name (to check a cached mapping still fits) and pointer.
