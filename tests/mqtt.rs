@@ -646,30 +646,84 @@ async fn mqtt_over_tls_with_mosquitto_clients() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
     let out = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost"])
-        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+        ])
+        .args([
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-keyout",
+        ])
         .arg(&key)
         .arg("-out")
         .arg(&cert)
         .output()
         .expect("openssl");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
     let s = Server::start(
         dir.path(),
-        &[("SLUICE_MQTT_TLS_LISTEN", "127.0.0.1:0"), ("SLUICE_MQTT_TLS_CERT", c), ("SLUICE_MQTT_TLS_KEY", k)],
+        &[
+            ("SLUICE_MQTT_TLS_LISTEN", "127.0.0.1:0"),
+            ("SLUICE_MQTT_TLS_CERT", c),
+            ("SLUICE_MQTT_TLS_KEY", k),
+        ],
     );
     let port = s.tls_port().expect("an mqtts line on stdout").to_string();
     iot_table(&s).await;
     let out = Command::new("mosquitto_pub")
-        .args(["-h", "localhost", "-p", &port, "--cafile", c, "-q", "1", "-t", "/iot/t", "-m", r#"{"dev":"tls","v":1}"#])
+        .args([
+            "-h",
+            "localhost",
+            "-p",
+            &port,
+            "--cafile",
+            c,
+            "-q",
+            "1",
+            "-t",
+            "/iot/t",
+            "-m",
+            r#"{"dev":"tls","v":1}"#,
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(s.count("SELECT count(*) FROM iot.t WHERE dev = 'tls'").await, 1);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        s.count("SELECT count(*) FROM iot.t WHERE dev = 'tls'")
+            .await,
+        1
+    );
     // A plain-text client on the TLS port fails its handshake and nothing else happens.
     let out = Command::new("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &port, "-q", "1", "-t", "/iot/t", "-m", "x"])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-q",
+            "1",
+            "-t",
+            "/iot/t",
+            "-m",
+            "x",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -684,16 +738,24 @@ async fn mqtt_over_websocket_on_the_http_port() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &[]);
     iot_table(&s).await;
-    let mut req = format!("ws://{}/mqtt", s.addr).into_client_request().unwrap();
+    let mut req = format!("ws://{}/mqtt", s.addr)
+        .into_client_request()
+        .unwrap();
     req.headers_mut()
         .insert("sec-websocket-protocol", "mqtt".parse().unwrap());
-    let (mut ws, resp) = tokio_tungstenite::connect_async(req).await.expect("websocket upgrade");
+    let (mut ws, resp) = tokio_tungstenite::connect_async(req)
+        .await
+        .expect("websocket upgrade");
     assert_eq!(resp.headers()["sec-websocket-protocol"], "mqtt");
     let mut out = bytes::BytesMut::new();
-    v4::Packet::Connect(v4::Connect::new("ws-client")).write(&mut out, 1 << 20).unwrap();
+    v4::Packet::Connect(v4::Connect::new("ws-client"))
+        .write(&mut out, 1 << 20)
+        .unwrap();
     let mut publish = v4::Publish::new("/iot/t", QoS::AtLeastOnce, r#"{"dev":"ws","v":2}"#);
     publish.pkid = 7;
-    v4::Packet::Publish(publish).write(&mut out, 1 << 20).unwrap();
+    v4::Packet::Publish(publish)
+        .write(&mut out, 1 << 20)
+        .unwrap();
     ws.send(Message::Binary(out.freeze())).await.unwrap();
     // CONNACK then PUBACK 7, in whatever frames they come.
     let mut inbound = bytes::BytesMut::new();
@@ -713,5 +775,8 @@ async fn mqtt_over_websocket_on_the_http_port() {
     }
     assert!(matches!(packets[0], v4::Packet::ConnAck(_)), "{packets:?}");
     assert_eq!(packets[1], v4::Packet::PubAck(v4::PubAck { pkid: 7 }));
-    assert_eq!(s.count("SELECT count(*) FROM iot.t WHERE dev = 'ws'").await, 1);
+    assert_eq!(
+        s.count("SELECT count(*) FROM iot.t WHERE dev = 'ws'").await,
+        1
+    );
 }

@@ -36,6 +36,9 @@ use tokio_util::task::TaskTracker;
 /// How often sessions and retained messages are saved (also at shutdown).
 const SAVE_EVERY_SECS: u64 = 5;
 
+/// How often the `$SYS/broker/...` topics are published.
+const SYS_EVERY_SECS: u64 = 10;
+
 /// State every connection shares.
 struct Shared {
     config: MqttConfig,
@@ -106,6 +109,9 @@ impl Broker {
                     if ticks.is_multiple_of(SAVE_EVERY_SECS) {
                         self.save().await;
                     }
+                    if ticks % SYS_EVERY_SECS == 1 {
+                        self.publish_sys().await;
+                    }
                 }
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
@@ -124,6 +130,30 @@ impl Broker {
         self.tasks.wait().await;
         self.save().await;
         Ok(())
+    }
+
+    /// Publishes the metrics as retained `$SYS/broker/...` messages (e.g.
+    /// `$SYS/broker/messages_received_total`).
+    async fn publish_sys(&self) {
+        let r = &self.shared.router;
+        for (name, _, value) in self
+            .shared
+            .metrics
+            .values(r.session_count(), r.retained_count())
+        {
+            let topic = format!("$SYS/broker/{}", name.trim_start_matches("sluice_mqtt_"));
+            let m = Arc::new(session::Message {
+                topic: Arc::from(topic),
+                payload: value.to_string().into(),
+                qos: rumqttc::v5::mqttbytes::QoS::AtMostOnce,
+                retain: true,
+                properties: None,
+                expires: None,
+                origin: Arc::from("$SYS"),
+            });
+            r.retain(&m);
+            r.route(&m).await;
+        }
     }
 
     /// Saves sessions and retained messages (see `persist`).
@@ -178,7 +208,9 @@ pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<Tls
         .with_safe_default_protocol_versions()
         .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
         .map_err(|e| setup("TLS configuration", e.to_string()))?;
-    Ok(TlsAcceptor(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+    Ok(TlsAcceptor(tokio_rustls::TlsAcceptor::from(Arc::new(
+        config,
+    ))))
 }
 
 /// Accepts TLS connections for the broker (see [`tls_acceptor`]).

@@ -100,7 +100,7 @@ impl Mapper {
                     .map(|(_, v)| v.as_str())
             })
         };
-        let declared = user("format").and_then(format_named).or_else(|| {
+        let declared = user("format").and_then(Format::from_name).or_else(|| {
             props
                 .and_then(|p| p.content_type.as_deref())
                 .and_then(format_of_content_type)
@@ -154,15 +154,6 @@ impl Rule {
             }
         }
         parts.next().is_none().then_some(fixed)
-    }
-}
-
-fn format_named(name: &str) -> Option<Format> {
-    match name.to_ascii_lowercase().as_str() {
-        "json" => Some(Format::Json),
-        "csv" => Some(Format::Csv),
-        "line" | "lp" | "influx" => Some(Format::LineProtocol),
-        _ => None,
     }
 }
 

@@ -208,7 +208,9 @@ impl Store {
                 router.restore(state.sessions, state.retained);
                 tracing::info!(sessions = s, retained = r, "broker state restored");
             }
-            Ok(state) => tracing::error!(format = state.format, path = %self.path.display(), "unknown broker state format; starting without it"),
+            Ok(state) => {
+                tracing::error!(format = state.format, path = %self.path.display(), "unknown broker state format; starting without it")
+            }
             Err(e) => {
                 let aside = self.path.with_extension("json.damaged");
                 let _ = std::fs::rename(&self.path, &aside);

@@ -1,9 +1,9 @@
 //! Sluice's own statements: DDL, SHOW, DESCRIBE, FLUSH.
 //!
 //! They are parsed from sqlparser tokens (the copy DataFusion re-exports) so that type names
-//! in both SQL and JoinBase/ClickHouse spelling, `PARTITION BY fn(col)` and `WITH (ttl = ...)`
-//! read as written; errors carry sqlparser's line and column. Anything else is a query and
-//! goes to DataFusion.
+//! in both SQL and JoinBase/ClickHouse spelling, `PARTITION BY fn(col)`, `WITH (ttl = ...)`
+//! and `ALTER TABLE t SET (json_mappings = '...')` read as written; errors carry sqlparser's
+//! line and column. Anything else is a query and goes to DataFusion.
 
 use crate::catalog::{ColumnDef, DEFAULT_DATABASE};
 use crate::error::{Error, Result};
@@ -76,6 +76,16 @@ pub enum Statement {
         column: ColumnDef,
         /// IF NOT EXISTS.
         if_not_exists: bool,
+    },
+    /// `ALTER TABLE t SET (key = 'value', ...)`: changes `WITH` options; an empty value
+    /// removes the option.
+    SetOptions {
+        /// Table.
+        name: TableRef,
+        /// New TTL in seconds, when `ttl` is set.
+        ttl_secs: Option<u64>,
+        /// Other options to set (or, when empty, remove).
+        options: BTreeMap<String, String>,
     },
     /// `SHOW DATABASES`.
     ShowDatabases,
@@ -324,6 +334,35 @@ impl P<'_> {
         })
     }
 
+    /// `(key = value, ...)`: `ttl` apart (as seconds), the others verbatim by lowercase key.
+    fn options(&mut self) -> Result<(Option<u64>, BTreeMap<String, String>)> {
+        let mut ttl_secs = None;
+        let mut options = BTreeMap::new();
+        self.expect(&Token::LParen)?;
+        loop {
+            let key = self.ident()?.to_ascii_lowercase();
+            self.expect(&Token::Eq)?;
+            let t = self.p.next_token();
+            let value = match t.token {
+                Token::SingleQuotedString(s) => s,
+                Token::Number(n, _) => n,
+                Token::Word(w) => w.value,
+                _ => return self.p.expected("an option value", t).map_err(perr),
+            };
+            if key == "ttl" {
+                let d = sluice_conf::parse_duration(&value).map_err(Error::sql)?;
+                ttl_secs = Some(d.as_secs().max(1));
+            } else {
+                options.insert(key, value);
+            }
+            if !self.p.consume_token(&Token::Comma) {
+                break;
+            }
+        }
+        self.expect(&Token::RParen)?;
+        Ok((ttl_secs, options))
+    }
+
     fn create_table(&mut self) -> Result<Statement> {
         let if_not_exists = self.if_not_exists();
         let name = self.table_ref()?;
@@ -357,32 +396,11 @@ impl P<'_> {
         } else {
             (PartitionFn::Raw, func)
         };
-        let mut ttl_secs = None;
-        let mut options = BTreeMap::new();
-        if self.word("WITH") {
-            self.expect(&Token::LParen)?;
-            loop {
-                let key = self.ident()?.to_ascii_lowercase();
-                self.expect(&Token::Eq)?;
-                let t = self.p.next_token();
-                let value = match t.token {
-                    Token::SingleQuotedString(s) => s,
-                    Token::Number(n, _) => n,
-                    Token::Word(w) => w.value,
-                    _ => return self.p.expected("an option value", t).map_err(perr),
-                };
-                if key == "ttl" {
-                    let d = sluice_conf::parse_duration(&value).map_err(Error::sql)?;
-                    ttl_secs = Some(d.as_secs().max(1));
-                } else {
-                    options.insert(key, value);
-                }
-                if !self.p.consume_token(&Token::Comma) {
-                    break;
-                }
-            }
-            self.expect(&Token::RParen)?;
-        }
+        let (ttl_secs, options) = if self.word("WITH") {
+            self.options()?
+        } else {
+            (None, BTreeMap::new())
+        };
         self.end()?;
         Ok(Statement::CreateTable(CreateTable {
             name,
@@ -435,7 +453,22 @@ pub fn parse(sql: &str) -> Result<Statement> {
     }
     if p.words(&["ALTER", "TABLE"]) {
         let name = p.table_ref()?;
-        p.expect_word("ADD")?;
+        if p.word("SET") {
+            let (ttl_secs, options) = p.options()?;
+            p.end()?;
+            return Ok(Statement::SetOptions {
+                name,
+                ttl_secs,
+                options,
+            });
+        }
+        if !p.word("ADD") {
+            let t = p.p.peek_token();
+            return p
+                .p
+                .expected("ADD [COLUMN] or SET (option = value, ...)", t)
+                .map_err(perr);
+        }
         p.word("COLUMN");
         let if_not_exists = p.if_not_exists();
         let column = p.column_def()?;
@@ -557,6 +590,21 @@ mod tests {
             parse("ALTER TABLE iot.r ADD COLUMN hum Float64").unwrap(),
             Statement::AddColumn { .. }
         ));
+        let Statement::SetOptions {
+            name,
+            ttl_secs,
+            options,
+        } = parse("ALTER TABLE iot.r SET (ttl = '2d', json_mappings = 'v <- ''/a/*/0''')").unwrap()
+        else {
+            panic!("not SET")
+        };
+        assert_eq!(name.table, "r");
+        assert_eq!(ttl_secs, Some(2 * 86400));
+        assert_eq!(options["json_mappings"], "v <- '/a/*/0'");
+        let e = parse("ALTER TABLE iot.r DROP COLUMN x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ADD [COLUMN] or SET"), "{e}");
         assert_eq!(
             parse("SELECT 'CREATE TABLE' FROM t").unwrap(),
             Statement::Query

@@ -1,9 +1,24 @@
-//! Payload decoding: CSV and JSON bodies into rows typed for one table.
+//! Payload decoding: CSV, JSON and InfluxDB line protocol bodies into rows typed for one table.
 //!
-//! HTTP writes use this now and MQTT payloads will use it next, so a row means the same
+//! HTTP writes and MQTT messages both come through [`decode_message`], so a row means the same
 //! thing whichever way it arrives. Every error names the 1-based line of the body and the
 //! column at fault. A whole payload is decoded before anything is logged, so a write is all
 //! or nothing.
+//!
+//! Each format has its own submodule; they all build rows through one `Target`, which
+//! knows the table, the values fixed by the MQTT topic (they win over the payload) and what a
+//! missing value becomes. JSON bodies of a table with a `json_mappings` option go through
+//! `mapping` instead of the plain field = column reading ([`JsonMapping`] has the syntax). [`infer_json_columns`] guesses a
+//! schema for tables created on their first message.
+
+mod csv;
+mod infer;
+mod json;
+mod line_protocol;
+mod mapping;
+
+pub use infer::infer_json_columns;
+pub use mapping::{JSON_MAPPINGS, JsonMapping, validate_options};
 
 use crate::catalog::TableDef;
 use crate::error::{Error, Result};
@@ -15,9 +30,10 @@ use datafusion::arrow::compute::kernels::cast_utils::string_to_timestamp_nanos;
 pub enum Format {
     /// Comma-separated values in column order, one row per line, no header.
     Csv,
-    /// A JSON object, an array of objects, or objects one per line (JSON lines).
+    /// A JSON object, an array of objects, or objects one per line (JSON lines); shaped by
+    /// the table's `json_mappings` option when it has one.
     Json,
-    /// InfluxDB line protocol.
+    /// InfluxDB line protocol: `measurement[,tag=v...] field=v[,...] [nanoseconds]`.
     LineProtocol,
 }
 
@@ -27,6 +43,19 @@ impl Format {
         match body.iter().find(|b| !b.is_ascii_whitespace()) {
             Some(b'{') | Some(b'[') => Format::Json,
             _ => Format::Csv,
+        }
+    }
+
+    /// A format by name (case-insensitive): `csv`, `json`, or `line` / `lp` / `influx` /
+    /// `line_protocol` for line protocol.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "csv" => Some(Format::Csv),
+            "json" => Some(Format::Json),
+            "line" | "lp" | "influx" | "line_protocol" | "line-protocol" => {
+                Some(Format::LineProtocol)
+            }
+            _ => None,
         }
     }
 }
@@ -39,6 +68,21 @@ pub fn decode(
     body: &[u8],
     now_micros: i64,
 ) -> Result<Vec<Vec<Value>>> {
+    decode_message(table, format, body, now_micros, &[])
+}
+
+/// Decodes one message for `table`, like [`decode`], with some columns `fixed`: (column
+/// index, text) pairs taken from the MQTT topic. Fixed texts are parsed into the column's
+/// type, set in every row and win over the payload. A CSV line then carries either the
+/// other columns in order or all columns (the fixed ones are overwritten).
+pub fn decode_message(
+    table: &TableDef,
+    format: Format,
+    body: &[u8],
+    now_micros: i64,
+    fixed: &[(usize, String)],
+) -> Result<Vec<Vec<Value>>> {
+    let target = Target::new(table, fixed)?;
     let text = std::str::from_utf8(body).map_err(|e| {
         let line = 1 + body[..e.valid_up_to()]
             .iter()
@@ -50,14 +94,12 @@ pub fn decode(
         }
     })?;
     let mut rows = match format {
-        Format::Csv => decode_csv(table, text)?,
-        Format::Json => decode_json(table, text)?,
-        Format::LineProtocol => {
-            return Err(Error::BadPayload {
-                line: 1,
-                reason: "line protocol is not supported yet".into(),
-            });
-        }
+        Format::Csv => csv::decode(&target, text)?,
+        Format::Json => match mapping::for_table(table)? {
+            Some(m) => mapping::decode(&target, &m, text)?,
+            None => json::decode(&target, text)?,
+        },
+        Format::LineProtocol => line_protocol::decode(&target, text, now_micros)?,
     };
     fill_arrival_time(table, &mut rows, now_micros);
     if rows.is_empty() {
@@ -69,93 +111,85 @@ pub fn decode(
     Ok(rows)
 }
 
-fn decode_csv(table: &TableDef, text: &str) -> Result<Vec<Vec<Value>>> {
-    let mut rows = Vec::new();
-    for (i, raw) in text.split('\n').enumerate() {
-        let line = i + 1;
-        let raw = raw.strip_suffix('\r').unwrap_or(raw);
-        if raw.trim().is_empty() {
-            continue;
-        }
-        let fields = split_csv(raw).map_err(|reason| Error::BadPayload { line, reason })?;
-        if fields.len() != table.columns.len() {
-            return Err(Error::BadPayload {
-                line,
-                reason: format!(
-                    "expected {} fields (columns {}), found {}",
-                    table.columns.len(),
-                    table
-                        .columns
-                        .iter()
-                        .map(|c| c.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    fields.len()
-                ),
-            });
-        }
-        let mut row = Vec::with_capacity(fields.len());
-        for (col, (field, quoted)) in table.columns.iter().zip(fields) {
-            let v = if field.is_empty() && !quoted && col.ty != ColumnType::String {
-                missing(col.nullable, col.ty)
-            } else {
-                parse_text(col.ty, &field)
-            };
-            row.push(v.map_err(|reason| Error::BadRow {
-                line,
-                column: col.name.clone(),
-                reason,
-            })?);
-        }
-        rows.push(row);
-        check_size(table, rows.len())?;
-    }
-    Ok(rows)
+/// The table rows are decoded for, with the values the topic fixes.
+#[derive(Debug)]
+struct Target<'a> {
+    table: &'a TableDef,
+    /// Per column: the value fixed by the topic, if any.
+    fixed: Vec<Option<Value>>,
 }
 
-/// Splits one CSV line (RFC 4180 quoting). Returns each field and whether it was quoted.
-fn split_csv(line: &str) -> Result<Vec<(String, bool)>, String> {
-    let mut out = Vec::new();
-    let mut chars = line.chars().peekable();
-    loop {
-        let mut field = String::new();
-        let mut quoted = false;
-        if chars.peek() == Some(&'"') {
-            quoted = true;
-            chars.next();
-            loop {
-                match chars.next() {
-                    Some('"') if chars.peek() == Some(&'"') => {
-                        chars.next();
-                        field.push('"');
-                    }
-                    Some('"') => break,
-                    Some(c) => field.push(c),
-                    None => return Err("unterminated quoted field".into()),
-                }
-            }
-            match chars.next() {
-                None => {
-                    out.push((field, quoted));
-                    return Ok(out);
-                }
-                Some(',') => {}
-                Some(c) => return Err(format!("unexpected '{c}' after a quoted field")),
-            }
-        } else {
-            loop {
-                match chars.next() {
-                    Some(',') => break,
-                    Some(c) => field.push(c),
-                    None => {
-                        out.push((field.trim().to_string(), quoted));
-                        return Ok(out);
-                    }
-                }
-            }
-            field = field.trim().to_string();
+impl<'a> Target<'a> {
+    fn new(table: &'a TableDef, fixed: &[(usize, String)]) -> Result<Self> {
+        let mut values = vec![None; table.columns.len()];
+        for (c, text) in fixed {
+            let col = table.columns.get(*c).ok_or_else(|| {
+                Error::invalid(format!(
+                    "fixed column {c} is out of range: {}.{} has {} columns",
+                    table.database,
+                    table.name,
+                    table.columns.len()
+                ))
+            })?;
+            let v = if text.is_empty() && col.ty != ColumnType::String {
+                Ok(missing(col.nullable, col.ty))
+            } else {
+                parse_text(col.ty, text)
+            };
+            values[*c] = Some(v.map_err(|reason| Error::BadRow {
+                line: 1,
+                column: col.name.clone(),
+                reason: format!("value from the topic: {reason}"),
+            })?);
         }
-        out.push((field, quoted));
+        Ok(Self {
+            table,
+            fixed: values,
+        })
+    }
+
+    fn is_fixed(&self, c: usize) -> bool {
+        self.fixed[c].is_some()
+    }
+
+    /// An empty row to fill.
+    fn blank(&self) -> Vec<Option<Value>> {
+        vec![None; self.table.columns.len()]
+    }
+
+    /// Completes a row: fixed values win, missing values become NULL or the type's default
+    /// (a missing time partition column stays NULL for [`fill_arrival_time`]).
+    fn finish(&self, row: Vec<Option<Value>>) -> Vec<Value> {
+        let pc = self.table.partition_column;
+        row.into_iter()
+            .zip(&self.fixed)
+            .zip(&self.table.columns)
+            .enumerate()
+            .map(|(c, ((v, fixed), col))| match (fixed, v) {
+                (Some(f), _) => f.clone(),
+                (None, Some(v)) => v,
+                (None, None) if c == pc && col.ty.is_time() => Value::Null,
+                (None, None) => missing(col.nullable, col.ty),
+            })
+            .collect()
+    }
+
+    /// Appends a finished row, refusing writes past [`MAX_VALUES_PER_WRITE`].
+    fn push(&self, rows: &mut Vec<Vec<Value>>, row: Vec<Option<Value>>) -> Result<()> {
+        rows.push(self.finish(row));
+        check_size(self.table, rows.len())
+    }
+
+    /// The error for a field naming no column.
+    fn unknown(&self, line: usize, name: &str) -> Error {
+        Error::BadRow {
+            line,
+            column: name.to_string(),
+            reason: format!(
+                "no such column in {}.{}",
+                self.table.database, self.table.name
+            ),
+        }
     }
 }
 
@@ -172,85 +206,6 @@ fn check_size(table: &TableDef, rows: usize) -> Result<()> {
     Ok(())
 }
 
-fn decode_json(table: &TableDef, text: &str) -> Result<Vec<Vec<Value>>> {
-    let line_of = |offset: usize| {
-        1 + text.as_bytes()[..offset.min(text.len())]
-            .iter()
-            .filter(|b| **b == b'\n')
-            .count()
-    };
-    let mut rows = Vec::new();
-    let mut stream = serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>();
-    loop {
-        let start = stream.byte_offset();
-        let next = match stream.next() {
-            None => break,
-            Some(Ok(v)) => v,
-            Some(Err(e)) => {
-                return Err(Error::BadPayload {
-                    line: e.line(),
-                    reason: format!("invalid JSON: {e}"),
-                });
-            }
-        };
-        // Skip the whitespace serde_json counted before the value.
-        let start = start + text[start..].len() - text[start..].trim_start().len();
-        match next {
-            serde_json::Value::Array(items) => {
-                for (i, item) in items.iter().enumerate() {
-                    // Elements of an array are numbered by position when on one line.
-                    let line = line_of(start) + i;
-                    rows.push(json_row(table, item, line)?);
-                    check_size(table, rows.len())?;
-                }
-            }
-            other => {
-                rows.push(json_row(table, &other, line_of(start))?);
-                check_size(table, rows.len())?;
-            }
-        }
-    }
-    Ok(rows)
-}
-
-fn json_row(table: &TableDef, v: &serde_json::Value, line: usize) -> Result<Vec<Value>> {
-    let serde_json::Value::Object(obj) = v else {
-        return Err(Error::BadPayload {
-            line,
-            reason: "expected a JSON object (field = column)".into(),
-        });
-    };
-    for key in obj.keys() {
-        if table.column_index(key).is_none() {
-            return Err(Error::BadRow {
-                line,
-                column: key.clone(),
-                reason: format!("no such column in {}.{}", table.database, table.name),
-            });
-        }
-    }
-    let mut row = Vec::with_capacity(table.columns.len());
-    for col in &table.columns {
-        let field = obj.get(&col.name).or_else(|| {
-            obj.iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(&col.name))
-                .map(|(_, v)| v)
-        });
-        let v = match field {
-            None => missing(col.nullable, col.ty),
-            Some(serde_json::Value::Null) if col.nullable => Ok(Value::Null),
-            Some(serde_json::Value::Null) => Err("NULL in a NOT NULL column".to_string()),
-            Some(f) => from_json(col.ty, f),
-        };
-        row.push(v.map_err(|reason| Error::BadRow {
-            line,
-            column: col.name.clone(),
-            reason,
-        })?);
-    }
-    Ok(row)
-}
-
 /// Rows of `INSERT ... VALUES` literals (text, `None` for NULL) for `columns` (all columns in
 /// order when `None`). Errors name the 1-based row and the column.
 pub fn decode_values(
@@ -259,17 +214,12 @@ pub fn decode_values(
     rows: &[Vec<Option<String>>],
     now_micros: i64,
 ) -> Result<Vec<Vec<Value>>> {
+    let target = Target::new(table, &[])?;
     let targets: Vec<usize> = match columns {
         None => (0..table.columns.len()).collect(),
         Some(names) => names
             .iter()
-            .map(|n| {
-                table.column_index(n).ok_or_else(|| Error::BadRow {
-                    line: 1,
-                    column: n.clone(),
-                    reason: format!("no such column in {}.{}", table.database, table.name),
-                })
-            })
+            .map(|n| table.column_index(n).ok_or_else(|| target.unknown(1, n)))
             .collect::<Result<_>>()?,
     };
     let mut out = Vec::with_capacity(rows.len());
@@ -281,8 +231,7 @@ pub fn decode_values(
                 reason: format!("expected {} values, found {}", targets.len(), lits.len()),
             });
         }
-        check_size(table, i + 1)?;
-        let mut row: Vec<Option<Value>> = vec![None; table.columns.len()];
+        let mut row = target.blank();
         for (&c, lit) in targets.iter().zip(lits) {
             let col = &table.columns[c];
             let v = match lit {
@@ -296,25 +245,14 @@ pub fn decode_values(
                 reason,
             })?);
         }
-        let row = row
-            .into_iter()
-            .zip(&table.columns)
-            .map(|(v, col)| match v {
-                Some(v) => Ok(v),
-                None => missing(col.nullable, col.ty).map_err(|reason| Error::BadRow {
-                    line,
-                    column: col.name.clone(),
-                    reason,
-                }),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        out.push(row);
+        target.push(&mut out, row)?;
     }
     fill_arrival_time(table, &mut out, now_micros);
     Ok(out)
 }
 
-/// A reading without a time value is taken to be from its arrival.
+/// A reading without a time value is taken to be from its arrival: a NULL time partition
+/// column gets `now_micros`.
 fn fill_arrival_time(table: &TableDef, rows: &mut [Vec<Value>], now_micros: i64) {
     let pc = table.partition_column;
     if !table.columns[pc].ty.is_time() {
@@ -322,37 +260,25 @@ fn fill_arrival_time(table: &TableDef, rows: &mut [Vec<Value>], now_micros: i64)
     }
     for row in rows {
         if row[pc] == Value::Null {
-            row[pc] = match table.columns[pc].ty {
-                ColumnType::Date => Value::Date(now_micros.div_euclid(86_400_000_000) as i32),
-                _ => Value::Timestamp(now_micros),
-            };
+            row[pc] = time_value(table.columns[pc].ty, now_micros);
         }
     }
 }
 
-fn missing(nullable: bool, ty: ColumnType) -> Result<Value, String> {
-    Ok(if nullable {
+/// `micros` as a value of a time column of type `ty` (Date truncates to the day).
+fn time_value(ty: ColumnType, micros: i64) -> Value {
+    match ty {
+        ColumnType::Date => Value::Date(micros.div_euclid(86_400_000_000) as i32),
+        _ => Value::Timestamp(micros),
+    }
+}
+
+/// What a column the payload leaves out holds: NULL, or the type's default when NOT NULL.
+fn missing(nullable: bool, ty: ColumnType) -> Value {
+    if nullable {
         Value::Null
     } else {
         ty.default_value()
-    })
-}
-
-fn from_json(ty: ColumnType, v: &serde_json::Value) -> Result<Value, String> {
-    use serde_json::Value as J;
-    match (ty, v) {
-        (_, J::String(s)) => parse_text(ty, s),
-        (ColumnType::Bool, J::Bool(b)) => Ok(Value::Bool(*b)),
-        (ColumnType::Timestamp, J::Number(n)) => n
-            .as_i64()
-            .map(|x| Value::Timestamp(epoch_to_micros(x)))
-            .or_else(|| n.as_f64().map(|f| Value::Timestamp((f * 1e6) as i64)))
-            .ok_or_else(|| format!("{n} is not a time")),
-        (ColumnType::String, J::Number(_) | J::Bool(_)) => Ok(Value::Str(v.to_string())),
-        (ColumnType::String, J::Array(_) | J::Object(_)) => Ok(Value::Str(v.to_string())),
-        (_, J::Number(n)) => parse_text(ty, &n.to_string()),
-        (_, J::Bool(b)) => parse_text(ty, if *b { "1" } else { "0" }),
-        _ => Err(format!("{v} does not fit type {}", ty.name())),
     }
 }
 
@@ -371,7 +297,7 @@ fn epoch_to_micros(x: i64) -> i64 {
     }
 }
 
-/// Parses text (a CSV field, a JSON string) as a value of `ty`.
+/// Parses text (a CSV field, a JSON string, a topic segment) as a value of `ty`.
 pub fn parse_text(ty: ColumnType, s: &str) -> Result<Value, String> {
     use ColumnType as T;
     let t = s.trim();
@@ -436,118 +362,8 @@ pub fn parse_text(ty: ColumnType, s: &str) -> Result<Value, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::catalog::ColumnDef;
-    use crate::partition::PartitionFn;
-    use proptest::prelude::*;
-
-    fn table() -> TableDef {
-        let col = |name: &str, ty, nullable| ColumnDef {
-            name: name.into(),
-            ty,
-            nullable,
-        };
-        TableDef {
-            id: 1,
-            database: "iot".into(),
-            name: "readings".into(),
-            columns: vec![
-                col("ts", ColumnType::Timestamp, true),
-                col("device", ColumnType::String, true),
-                col("temp", ColumnType::Float64, true),
-                col("n", ColumnType::Int8, false),
-            ],
-            partition: PartitionFn::Ymdh { hours: 1 },
-            partition_column: 0,
-            ttl_secs: None,
-            options: Default::default(),
-        }
-    }
-
-    #[test]
-    fn csv_rows_and_errors() {
-        let t = table();
-        let rows = decode(
-            &t,
-            Format::Csv,
-            b"2016-01-31 13:45:00,\"a,b\",1.5,3\n\n2016-01-31T13:45:01Z,c,,",
-            0,
-        )
-        .unwrap();
-        assert_eq!(rows.len(), 2);
-        assert_eq!(rows[0][1], Value::Str("a,b".into()));
-        assert_eq!(rows[1][2], Value::Null);
-        assert_eq!(rows[1][3], Value::Int(0), "NOT NULL gets its default");
-        let err = decode(
-            &t,
-            Format::Csv,
-            b"2016-01-31 13:45:00,a,1.5,3\n2016-01-31 13:45:00,a,hot,3",
-            0,
-        )
-        .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "line 2, column 'temp': 'hot' is not a number"
-        );
-        let err = decode(&t, Format::Csv, b"2016-01-31 13:45:00,a,1.5,300", 0).unwrap_err();
-        assert!(
-            err.to_string()
-                .starts_with("line 1, column 'n': 300 is out of range"),
-            "{err}"
-        );
-        let err = decode(&t, Format::Csv, b"1,2", 0).unwrap_err();
-        assert!(err.to_string().contains("expected 4 fields"), "{err}");
-    }
-
-    #[test]
-    fn json_forms() {
-        let t = table();
-        let one = decode(
-            &t,
-            Format::Json,
-            br#"{"ts":"2016-01-31 13:45:00","device":"d1","temp":20.5}"#,
-            0,
-        )
-        .unwrap();
-        assert_eq!(one[0][2], Value::Float(20.5));
-        let arr = decode(&t, Format::Json, br#"[{"device":"a"},{"device":"b"}]"#, 42).unwrap();
-        assert_eq!(arr.len(), 2);
-        assert_eq!(
-            arr[0][0],
-            Value::Timestamp(42),
-            "missing time takes arrival time"
-        );
-        let lines = decode(
-            &t,
-            Format::Json,
-            b"{\"device\":\"a\"}\n{\"device\":\"b\",\"temp\":\"x\"}\n",
-            0,
-        )
-        .unwrap_err();
-        assert_eq!(
-            lines.to_string(),
-            "line 2, column 'temp': 'x' is not a number"
-        );
-        let unknown = decode(&t, Format::Json, br#"{"devise":"a"}"#, 0).unwrap_err();
-        assert!(unknown.to_string().contains("column 'devise'"), "{unknown}");
-        assert!(decode(&t, Format::Json, b"{\"device\":", 0).is_err());
-        let epoch = decode(&t, Format::Json, br#"{"ts":1454247900}"#, 0).unwrap();
-        assert_eq!(epoch[0][0], Value::Timestamp(1_454_247_900_000_000));
-    }
-
-    proptest! {
-        #[test]
-        fn csv_never_panics(body in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = decode(&table(), Format::Csv, &body, 0);
-            let _ = decode(&table(), Format::Json, &body, 0);
-        }
-
-        #[test]
-        fn csv_roundtrips_quoted_strings(s in "[a-z,\" ]{0,20}") {
-            let line = format!("2016-01-31 13:45:00,\"{}\",1,1", s.replace('"', "\"\""));
-            let rows = decode(&table(), Format::Csv, line.as_bytes(), 0).unwrap();
-            prop_assert_eq!(&rows[0][1], &Value::Str(s));
-        }
-    }
-}
+mod proptests;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod testutil;

@@ -20,6 +20,7 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 mod maintenance;
+mod messages;
 mod statements;
 
 /// The engine. Cheap to share behind an `Arc`.
@@ -241,6 +242,24 @@ impl Engine {
     }
 }
 
+/// Column indexes for values captured from a topic; a name the table lacks is a bad row.
+fn fixed_columns(def: &TableDef, fixed: &[(String, String)]) -> Result<Vec<(usize, String)>> {
+    fixed
+        .iter()
+        .map(|(name, text)| {
+            let i = def.column_index(name).ok_or_else(|| Error::BadRow {
+                line: 1,
+                column: name.clone(),
+                reason: format!(
+                    "the topic names a column {}.{} lacks",
+                    def.database, def.name
+                ),
+            })?;
+            Ok((i, text.clone()))
+        })
+        .collect()
+}
+
 fn session(shared: &Arc<Shared>) -> SessionContext {
     let mut cfg = SessionConfig::new()
         .with_default_catalog_and_schema("sluice", crate::catalog::DEFAULT_DATABASE)
@@ -299,33 +318,24 @@ impl Database for Engine {
     async fn publish(&self, p: Publication<'_>) -> Result<Option<WriteReceipt>> {
         let def = match self.table(p.database, p.table) {
             Ok(def) => def,
-            Err(Error::UnknownTable { .. } | Error::UnknownDatabase { .. }) if !p.auto_create => {
-                return Ok(None);
+            Err(Error::UnknownTable { .. }) if p.auto_create && p.format == Format::Json => {
+                self.table_for_json(p.database, p.table, p.payload).await?
             }
+            Err(Error::UnknownTable { .. } | Error::UnknownDatabase { .. }) => return Ok(None),
             Err(e) => return Err(e),
         };
-        let mut rows = decode(&def, p.format, p.payload, now_micros())?;
-        for (name, text) in p.fixed {
-            let i = def.column_index(name).ok_or_else(|| Error::BadRow {
-                line: 1,
-                column: name.clone(),
-                reason: format!(
-                    "the topic names a column {}.{} lacks",
-                    def.database, def.name
-                ),
-            })?;
-            let v = crate::decode::parse_text(def.columns[i].ty, text).map_err(|reason| {
-                Error::BadRow {
-                    line: 1,
-                    column: name.clone(),
-                    reason,
-                }
-            })?;
-            for row in &mut rows {
-                row[i] = v.clone();
+        let fixed = fixed_columns(&def, p.fixed)?;
+        match self.write_message(&def, p.format, p.payload, &fixed).await {
+            // A new field in an auto-created database widens the table, then decodes again.
+            Err(Error::BadRow { .. }) if p.auto_create && p.format == Format::Json => {
+                let def = self.table_for_json(p.database, p.table, p.payload).await?;
+                let fixed = fixed_columns(&def, p.fixed)?;
+                self.write_message(&def, p.format, p.payload, &fixed)
+                    .await
+                    .map(Some)
             }
+            other => other.map(Some),
         }
-        self.append_rows_waiting(&def, rows).await.map(Some)
     }
 
     async fn dead_letter(&self, letter: DeadLetter) -> Result<()> {

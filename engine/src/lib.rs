@@ -12,6 +12,9 @@
 //! [`system`] serves `system.*`; [`ddl`] parses Sluice's own statements.
 //!
 //! Start reading at [`api::Database`] (what HTTP and MQTT call) and [`Engine`] (how it is done).
+//! The MQTT broker turns a message into rows with [`Engine::table_for_json`] (tables made or
+//! widened from JSON) and [`Engine::write_message`] ([`decode::decode_message`] with the
+//! columns its topic fixes, then one durable append).
 
 pub mod api;
 pub mod buffer;

@@ -60,8 +60,8 @@ pub async fn serve(
         listener,
         app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
     )
-        .with_graceful_shutdown(cancel.cancelled_owned())
-        .await
+    .with_graceful_shutdown(cancel.cancelled_owned())
+    .await
 }
 
 async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {

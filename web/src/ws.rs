@@ -24,12 +24,10 @@ struct WsState {
 /// A route at `path` that upgrades to WebSocket with `subprotocol` and hands the stream to
 /// `handler`.
 pub fn stream_route(path: &str, subprotocol: &'static str, handler: StreamHandler) -> Router {
-    Router::new()
-        .route(path, get(upgrade))
-        .with_state(WsState {
-            subprotocol,
-            handler,
-        })
+    Router::new().route(path, get(upgrade)).with_state(WsState {
+        subprotocol,
+        handler,
+    })
 }
 
 async fn upgrade(
@@ -49,11 +47,8 @@ async fn pump(socket: WebSocket, peer: SocketAddr, handler: StreamHandler) {
     let inbound = async move {
         while let Some(Ok(msg)) = stream.next().await {
             match msg {
-                Message::Binary(b) => {
-                    if wr.write_all(&b).await.is_err() {
-                        break;
-                    }
-                }
+                Message::Binary(b) if wr.write_all(&b).await.is_err() => break,
+                Message::Binary(_) => {}
                 Message::Close(_) => break,
                 // Text frames are not MQTT; pings are answered by the library.
                 _ => {}

@@ -2,7 +2,7 @@
 
 use super::Engine;
 use crate::api::QueryOutput;
-use crate::catalog::{Catalog, DEFAULT_DATABASE, SYSTEM_DATABASE, TableDef};
+use crate::catalog::{Catalog, ColumnDef, DEFAULT_DATABASE, SYSTEM_DATABASE, TableDef};
 use crate::ddl::{CreateTable, Statement, TableRef};
 use crate::error::{Error, Result};
 use crate::state::TableState;
@@ -97,7 +97,7 @@ impl Engine {
                 Ok(no_rows())
             }
             Statement::CreateTable(ct) => {
-                self.create_table(ct)?;
+                self.create_table(ct, true)?;
                 Ok(no_rows())
             }
             Statement::DropTable { name, if_exists } => {
@@ -109,42 +109,26 @@ impl Engine {
                 column,
                 if_not_exists,
             } => {
-                valid_name("column", &column.name)?;
-                catalog.change(|d| {
-                    let cur = d.table(&name.database, &name.table)?.clone();
-                    if cur.column_index(&column.name).is_some() {
-                        return if if_not_exists {
-                            Ok(())
+                self.add_columns(&name, std::slice::from_ref(&column), if_not_exists)?;
+                Ok(no_rows())
+            }
+            Statement::SetOptions {
+                name,
+                ttl_secs,
+                options,
+            } => {
+                self.change_table(&name, |next| {
+                    for (k, v) in &options {
+                        if v.is_empty() {
+                            next.options.remove(k);
                         } else {
-                            Err(Error::AlreadyExists {
-                                what: "column",
-                                name: column.name.clone(),
-                            })
-                        };
+                            next.options.insert(k.clone(), v.clone());
+                        }
                     }
-                    if cur.columns.len() >= MAX_COLUMNS {
-                        return Err(Error::invalid(format!(
-                            "a table has at most {MAX_COLUMNS} columns"
-                        )));
+                    if ttl_secs.is_some() {
+                        next.ttl_secs = ttl_secs;
                     }
-                    let mut next = (*cur).clone();
-                    // Rows already stored have no value for it, so it must accept NULL.
-                    next.columns.push(crate::catalog::ColumnDef {
-                        nullable: true,
-                        ..column.clone()
-                    });
-                    let next = Arc::new(next);
-                    // Widen the live state before the new definition is published (the
-                    // catalog's write lock is held here), so no row decoded against it can
-                    // meet a narrower buffer, and ALTERs apply in order.
-                    if let Some(t) = self.shared.tables.get(next.id) {
-                        t.alter(next.clone());
-                    }
-                    d.databases
-                        .get_mut(&name.database)
-                        .expect("checked")
-                        .insert(name.table.clone(), next);
-                    Ok(())
+                    crate::decode::validate_options(next)
                 })?;
                 Ok(no_rows())
             }
@@ -253,7 +237,74 @@ impl Engine {
         }
     }
 
-    fn create_table(&self, ct: CreateTable) -> Result<()> {
+    /// Adds `columns` (made nullable: stored rows have no value for them) to a table in one
+    /// catalog change. With `if_not_exists`, columns already there are skipped.
+    pub(super) fn add_columns(
+        &self,
+        name: &TableRef,
+        columns: &[ColumnDef],
+        if_not_exists: bool,
+    ) -> Result<()> {
+        for c in columns {
+            valid_name("column", &c.name)?;
+        }
+        self.change_table(name, |next| {
+            for column in columns {
+                if next.column_index(&column.name).is_some() {
+                    if if_not_exists {
+                        continue;
+                    }
+                    return Err(Error::AlreadyExists {
+                        what: "column",
+                        name: column.name.clone(),
+                    });
+                }
+                if next.columns.len() >= MAX_COLUMNS {
+                    return Err(Error::invalid(format!(
+                        "a table has at most {MAX_COLUMNS} columns"
+                    )));
+                }
+                next.columns.push(ColumnDef {
+                    nullable: true,
+                    ..column.clone()
+                });
+            }
+            Ok(())
+        })
+    }
+
+    /// Changes a table's definition in one catalog change; when `change` fails the catalog
+    /// stays as it was.
+    fn change_table(
+        &self,
+        name: &TableRef,
+        change: impl FnOnce(&mut TableDef) -> Result<()>,
+    ) -> Result<()> {
+        self.shared.catalog.change(|d| {
+            let cur = d.table(&name.database, &name.table)?.clone();
+            let mut next = (*cur).clone();
+            change(&mut next)?;
+            if next == *cur {
+                return Ok(());
+            }
+            let next = Arc::new(next);
+            // Widen the live state before the new definition is published (the
+            // catalog's write lock is held here), so no row decoded against it can
+            // meet a narrower buffer, and ALTERs apply in order.
+            if let Some(t) = self.shared.tables.get(next.id) {
+                t.alter(next.clone());
+            }
+            d.databases
+                .get_mut(&name.database)
+                .expect("checked")
+                .insert(name.table.clone(), next);
+            Ok(())
+        })
+    }
+
+    /// Creates a table. `create_database`: a missing database comes into being with it (as
+    /// for `CREATE TABLE`), else it is an error.
+    pub(super) fn create_table(&self, ct: CreateTable, create_database: bool) -> Result<()> {
         valid_name("table", &ct.name.table)?;
         if ct.columns.len() > MAX_COLUMNS {
             return Err(Error::invalid(format!(
@@ -297,6 +348,11 @@ impl Engine {
         let created = self.shared.catalog.change(|d| {
             // JoinBase scripts create `db.t` without a CREATE DATABASE first: the database
             // comes into being with its first table.
+            if !create_database && !d.databases.contains_key(&ct.name.database) {
+                return Err(Error::UnknownDatabase {
+                    database: ct.name.database.clone(),
+                });
+            }
             let db = d.databases.entry(ct.name.database.clone()).or_default();
             if db.contains_key(&ct.name.table) {
                 return if ct.if_not_exists {
@@ -318,6 +374,7 @@ impl Engine {
                 ttl_secs: ct.ttl_secs,
                 options: ct.options.clone(),
             });
+            crate::decode::validate_options(&def)?;
             // The live state exists before the definition is published, so no write can
             // resolve the table and then find nothing to apply to.
             self.shared

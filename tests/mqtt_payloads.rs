@@ -1,0 +1,246 @@
+//! MQTT payload formats end to end: JSON mappings with `*`, InfluxDB line protocol, tables
+//! created from the first JSON message; plus state that outlives a restart and the metrics.
+
+mod common;
+
+use common::{Server, eventually};
+use std::process::Command;
+
+fn pub_msg(s: &Server, args: &[&str]) -> std::process::Output {
+    let port = s.mqtt_port().to_string();
+    Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port, "-q", "1"])
+        .args(args)
+        .output()
+        .expect("mosquitto_pub (package mosquitto-clients) must be installed")
+}
+
+fn publish(s: &Server, topic: &str, payload: &str) {
+    let out = pub_msg(s, &["-t", topic, "-m", payload]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_mappings_flatten_one_array_into_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    s.sql_ok("CREATE DATABASE iot").await;
+    s.sql_ok(
+        "CREATE TABLE iot.sensors (dev_id STRING, sensor_id INT, value DOUBLE, ts TIMESTAMP) \
+         PARTITION BY yyyymmdd(ts) \
+         WITH (json_mappings = 'sensor_id <- /data/*/0, value <- /data/*/1, ts <- /meta/time')",
+    )
+    .await;
+    publish(
+        &s,
+        "/iot/sensors",
+        r#"{"dev_id":"id-01","meta":{"time":"2026-11-21T08:00:00Z"},"data":[[1,25.1],[2,25.5],[3,25.9]]}"#,
+    );
+    assert_eq!(
+        s.rows("SELECT dev_id, sensor_id, value, ts FROM iot.sensors ORDER BY sensor_id")
+            .await,
+        vec![
+            serde_json::json!({"dev_id": "id-01", "sensor_id": 1, "value": 25.1, "ts": "2026-11-21T08:00:00"}),
+            serde_json::json!({"dev_id": "id-01", "sensor_id": 2, "value": 25.5, "ts": "2026-11-21T08:00:00"}),
+            serde_json::json!({"dev_id": "id-01", "sensor_id": 3, "value": 25.9, "ts": "2026-11-21T08:00:00"}),
+        ]
+    );
+    // A mapping naming a column the table lacks is refused when it is set.
+    let r = s
+        .sql("ALTER TABLE iot.sensors SET (json_mappings = 'nope <- /a')")
+        .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("nope"), "{}", r.body);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn influx_line_protocol_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    s.sql_ok("CREATE DATABASE iot").await;
+    s.sql_ok("CREATE TABLE iot.cpu (ts TIMESTAMP, host STRING, usage DOUBLE, cores INT) PARTITION BY yyyymmdd(ts)")
+        .await;
+    publish(
+        &s,
+        "/iot/cpu",
+        "cpu,host=a usage=0.5,cores=8i 1763712000000000000\ncpu,host=b usage=0.25,cores=4i 1763712001000000000",
+    );
+    assert_eq!(
+        s.rows("SELECT ts, host, usage, cores FROM iot.cpu ORDER BY host")
+            .await,
+        vec![
+            serde_json::json!({"ts": "2025-11-21T08:00:00", "host": "a", "usage": 0.5, "cores": 8}),
+            serde_json::json!({"ts": "2025-11-21T08:00:01", "host": "b", "usage": 0.25, "cores": 4}),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_first_json_message_creates_the_table_in_an_auto_create_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[("SLUICE_MQTT_AUTO_CREATE_DATABASES", "auto")]);
+    s.sql_ok("CREATE DATABASE auto").await;
+    s.sql_ok("CREATE DATABASE manual").await;
+    publish(
+        &s,
+        "/auto/weather",
+        r#"{"station":"s1","temp":21.5,"ok":true}"#,
+    );
+    publish(
+        &s,
+        "/auto/weather",
+        r#"{"station":"s2","temp":19,"humidity":40}"#,
+    );
+    assert_eq!(
+        s.rows("SELECT station, temp, ok, humidity FROM auto.weather ORDER BY station")
+            .await,
+        vec![
+            serde_json::json!({"station": "s1", "temp": 21.5, "ok": true, "humidity": null}),
+            serde_json::json!({"station": "s2", "temp": 19.0, "ok": null, "humidity": 40}),
+        ]
+    );
+    // Arrival time filled the added time column.
+    assert_eq!(
+        s.count("SELECT count(*) FROM auto.weather WHERE ts > now() - INTERVAL '1 hour'")
+            .await,
+        2
+    );
+    // Elsewhere a topic without a table is plain publish/subscribe: nothing is created.
+    publish(&s, "/manual/weather", r#"{"station":"s1"}"#);
+    let r = s.sql("SELECT * FROM manual.weather").await;
+    assert_eq!(r.status, 404, "{}", r.body);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_and_retained_messages_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let port = s.mqtt_port().to_string();
+    // A persistent subscriber (clean session off) that goes away.
+    let out = Command::new("mosquitto_sub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-i",
+            "keeper",
+            "-c",
+            "-q",
+            "1",
+            "-t",
+            "alerts/#",
+            "-E",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    publish(&s, "alerts/boiler", "hot");
+    let out = pub_msg(&s, &["-t", "config/rate", "-r", "-m", "10s"]);
+    assert!(out.status.success());
+    assert_eq!(s.terminate(), 0);
+
+    let s = Server::start(dir.path(), &[]);
+    let port = s.mqtt_port().to_string();
+    let out = Command::new("mosquitto_sub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-i",
+            "keeper",
+            "-c",
+            "-q",
+            "1",
+            "-t",
+            "alerts/#",
+            "-C",
+            "1",
+            "-W",
+            "10",
+            "-v",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "alerts/boiler hot"
+    );
+    let out = Command::new("mosquitto_sub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            "config/#",
+            "-C",
+            "1",
+            "-W",
+            "10",
+            "-v",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "config/rate 10s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_on_http_and_as_sys_topics() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    publish(&s, "plain/topic", "x");
+    let text = s
+        .client()
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("sluice_mqtt_messages_received_total 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("sluice_mqtt_ack_latency_seconds_count 1"),
+        "{text}"
+    );
+    let port = s.mqtt_port().to_string();
+    let mut got = String::new();
+    eventually("$SYS/broker/messages_received_total", 30, || {
+        let out = Command::new("mosquitto_sub")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-t",
+                "$SYS/broker/messages_received_total",
+                "-C",
+                "1",
+                "-W",
+                "3",
+            ])
+            .output()
+            .unwrap();
+        got = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let ok = !got.is_empty();
+        async move { ok }
+    })
+    .await;
+    assert!(got.parse::<u64>().unwrap() >= 1, "{got}");
+}
