@@ -35,15 +35,20 @@ enum Command {
         #[arg(long)]
         mqtt_listen: Option<SocketAddr>,
     },
+    /// Read a password from stdin and print its argon2 hash for a [[user]] entry.
+    HashPassword,
 }
 
 fn main() -> anyhow::Result<()> {
-    let Command::Serve {
-        config,
-        data_dir,
-        http_listen,
-        mqtt_listen,
-    } = Cli::parse().command;
+    let (config, data_dir, http_listen, mqtt_listen) = match Cli::parse().command {
+        Command::Serve {
+            config,
+            data_dir,
+            http_listen,
+            mqtt_listen,
+        } => (config, data_dir, http_listen, mqtt_listen),
+        Command::HashPassword => return hash_password(),
+    };
     let mut cfg = match &config {
         Some(path) => Config::from_file(path)?,
         None => Config::default(),
@@ -69,6 +74,19 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?
         .block_on(serve(cfg))
+}
+
+fn hash_password() -> anyhow::Result<()> {
+    use argon2::PasswordHasher;
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    let password = line.trim_end_matches(['\r', '\n']);
+    anyhow::ensure!(!password.is_empty(), "no password on stdin");
+    let hash = argon2::Argon2::default()
+        .hash_password(password.as_bytes())
+        .map_err(|e| anyhow::anyhow!("hashing: {e}"))?;
+    println!("{hash}");
+    Ok(())
 }
 
 async fn serve(cfg: Config) -> anyhow::Result<()> {

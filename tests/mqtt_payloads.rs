@@ -244,3 +244,118 @@ async fn metrics_on_http_and_as_sys_topics() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn users_and_acl_rules() {
+    use rumqttc::v5::mqttbytes::v5::{Packet as P5, PubAckReason, SubscribeReasonCode};
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let mut hasher = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("hash-password")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    hasher.stdin.take().unwrap().write_all(b"s3cret\n").unwrap();
+    let out = hasher.wait_with_output().unwrap();
+    let hash = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(hash.starts_with("$argon2id$"), "{hash}");
+    let config = dir.path().join("sluice.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[[user]]
+name = "gw"
+password_hash = "{hash}"
+
+[[acl]]
+user = "*"
+action = "subscribe"
+filter = "test/nosubscribe"
+allow = false
+
+[[acl]]
+user = "*"
+action = "publish"
+filter = "locked/#"
+allow = false
+"#
+        ),
+    )
+    .unwrap();
+    let args: Vec<String> = [
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        dir.path().join("data").to_str().unwrap(),
+        "--http-listen",
+        "127.0.0.1:0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let s = Server::start_args(dir.path(), &args, Vec::new());
+    let port = s.mqtt_port().to_string();
+    let sub = |extra: &[&str]| {
+        Command::new("mosquitto_sub")
+            .args(["-h", "127.0.0.1", "-p", &port, "-t", "x", "-E"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // No credentials, a wrong password: refused at CONNECT.
+    assert!(!sub(&[]).status.success());
+    assert!(!sub(&["-u", "gw", "-P", "wrong"]).status.success());
+    assert!(sub(&["-u", "gw", "-P", "s3cret"]).status.success());
+
+    let mut o = rumqttc::v5::MqttOptions::new("acl-5", "127.0.0.1", s.mqtt_port());
+    o.set_credentials("gw", "s3cret");
+    let (c, mut el) = rumqttc::v5::AsyncClient::new(o, 10);
+    c.subscribe("test/nosubscribe", rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    c.publish(
+        "locked/door",
+        rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+        false,
+        "open",
+    )
+    .await
+    .unwrap();
+    let (mut suback, mut puback) = (None, None);
+    while suback.is_none() || puback.is_none() {
+        match el.poll().await.unwrap() {
+            rumqttc::v5::Event::Incoming(P5::SubAck(a)) => suback = Some(a.return_codes),
+            rumqttc::v5::Event::Incoming(P5::PubAck(a)) => puback = Some(a.reason),
+            _ => {}
+        }
+    }
+    assert_eq!(suback.unwrap(), vec![SubscribeReasonCode::NotAuthorized]);
+    assert_eq!(puback.unwrap(), PubAckReason::NotAuthorized);
+    assert_eq!(
+        s.rows("SELECT topic, reason_code FROM system.dead_letters")
+            .await,
+        vec![serde_json::json!({"topic": "locked/door", "reason_code": 135})]
+    );
+    // 3.1.1: SUBACK 0x80.
+    let out = Command::new("mosquitto_sub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-u",
+            "gw",
+            "-P",
+            "s3cret",
+            "-t",
+            "test/nosubscribe",
+            "-E",
+            "-d",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("SUBACK") && text.contains("128"), "{text}");
+}

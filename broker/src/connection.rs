@@ -9,6 +9,7 @@
 //! client's receive maximum.
 
 use crate::Shared;
+use crate::auth::Action;
 use crate::codec::{self, Version};
 use crate::error::{self, Error, Result};
 use crate::router::min_qos;
@@ -59,7 +60,14 @@ where
     let Packet::Connect(connect, will, login) = packet else {
         return;
     };
-    let _ = login;
+    let user = match shared.auth.login(login).await {
+        Ok(user) => user,
+        Err(code) => {
+            tracing::warn!(%peer, client_id = %connect.client_id, ?code, "connection refused: authentication failed");
+            let _ = send_connack(&mut wr, version, code, false, None).await;
+            return;
+        }
+    };
     let current = shared.metrics.connections.fetch_add(1, Ordering::AcqRel) + 1;
     if current > shared.config.max_connections as u64 {
         shared.metrics.connections.fetch_sub(1, Ordering::AcqRel);
@@ -78,7 +86,7 @@ where
         .metrics
         .connections_total
         .fetch_add(1, Ordering::Relaxed);
-    let r = run(&shared, version, connect, will, rd, wr, buf, peer).await;
+    let r = run(&shared, version, connect, will, user, rd, wr, buf, peer).await;
     shared.metrics.connections.fetch_sub(1, Ordering::AcqRel);
     if let Err(e) = r {
         tracing::debug!(%peer, error = %e, "connection closed");
@@ -161,6 +169,7 @@ struct Client {
     ctrl: mpsc::UnboundedSender<Packet>,
     aliases: HashMap<u16, Arc<str>>,
     will: Option<LastWill>,
+    user: Option<Arc<str>>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -169,6 +178,7 @@ async fn run<R, W>(
     version: Version,
     connect: Connect,
     will: Option<LastWill>,
+    user: Option<Arc<str>>,
     mut rd: R,
     mut wr: W,
     mut buf: BytesMut,
@@ -285,6 +295,7 @@ where
         ctrl,
         aliases: HashMap::new(),
         will,
+        user,
     };
     let keep_alive = Duration::from_secs(u64::from(connect.keep_alive)) * 3 / 2;
     let mut deadline = tokio::time::Instant::now() + keep_alive;
@@ -351,7 +362,7 @@ where
     let generation = session.generation.load(Ordering::Acquire);
     let still_ours = session.detach(conn);
     if !clean_exit && let Some(w) = client.will.take() {
-        publish_will(shared, &session, w, generation, expiry);
+        publish_will(shared, &session, w, client.user.clone(), generation, expiry);
     }
     if still_ours && session.state.lock().expiry_secs == 0 {
         shared.router.discard(&session);
@@ -528,7 +539,7 @@ fn on_publish(
     let shared = shared.clone();
     let session = client.session.clone();
     let started = Instant::now();
-    let store = crate::ingest::store(shared.clone(), message);
+    let store = crate::ingest::store(shared.clone(), message, client.user.clone());
     pending.push_back(Box::pin(async move {
         let (reason, text) = store.await;
         shared.metrics.observe_ack(started.elapsed());
@@ -598,6 +609,14 @@ async fn on_subscribe(shared: &Arc<Shared>, client: &mut Client, s: Subscribe) -
         if shared_sub.is_some() && f.nolocal {
             return Err(Error::Protocol("no local on a shared subscription".into()));
         }
+        if !shared
+            .auth
+            .allowed(client.user.as_deref(), Action::Subscribe, plain)
+        {
+            tracing::info!(client_id = %client.id, filter = %f.path, "subscription refused by the ACL");
+            codes.push(SubscribeReasonCode::NotAuthorized);
+            continue;
+        }
         let options = SubOptions {
             qos: f.qos,
             no_local: f.nolocal,
@@ -638,6 +657,7 @@ fn publish_will(
     shared: &Arc<Shared>,
     session: &Arc<Session>,
     will: LastWill,
+    user: Option<Arc<str>>,
     generation: u64,
     expiry: u32,
 ) {
@@ -682,7 +702,7 @@ fn publish_will(
                 return; // The client came back in time.
             }
         }
-        let (reason, _) = crate::ingest::store(shared, message).await;
+        let (reason, _) = crate::ingest::store(shared, message, user).await;
         tracing::debug!(client_id = %session.client_id, reason = error::reason_code(reason), "will published");
     });
 }

@@ -1,6 +1,7 @@
 //! Storing one message: topic -> table, one durable append, dead letters, then routing.
 
 use crate::Shared;
+use crate::auth::Action;
 use crate::error;
 use crate::session::Message;
 use rumqttc::v5::mqttbytes::v5::PubAckReason;
@@ -14,12 +15,23 @@ use std::sync::atomic::Ordering;
 pub(crate) async fn store(
     shared: Arc<Shared>,
     message: Arc<Message>,
+    user: Option<Arc<str>>,
 ) -> (PubAckReason, Option<String>) {
+    let user = user.as_deref();
+    if !shared.auth.allowed(user, Action::Publish, &message.topic) {
+        let text = format!("not authorized to publish to {}", message.topic);
+        return refuse(&shared, &message, PubAckReason::NotAuthorized, text).await;
+    }
     if let Some(t) = shared.mapper.map(
         &message.topic,
         message.properties.as_ref(),
         &message.payload,
     ) {
+        let table = format!("{}.{}", t.database, t.table);
+        if !shared.auth.allowed(user, Action::Write, &table) {
+            let text = format!("not authorized to write to {table}");
+            return refuse(&shared, &message, PubAckReason::NotAuthorized, text).await;
+        }
         let auto_create = shared.config.auto_create_databases.contains(&t.database);
         let result = shared
             .db
@@ -42,22 +54,7 @@ pub(crate) async fn store(
             Ok(None) => {}
             Err(e) => {
                 let reason = error::store_reason(&e);
-                let code = error::reason_code(reason);
-                let text = e.to_string();
-                shared.metrics.dead_letters.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(client_id = %message.origin, topic = %message.topic, reason = code, error = %text, "message refused; kept in system.dead_letters");
-                let letter = DeadLetter {
-                    time_micros: now_micros(),
-                    client_id: message.origin.to_string(),
-                    topic: message.topic.to_string(),
-                    payload: message.payload.to_vec(),
-                    reason: text.clone(),
-                    reason_code: code,
-                };
-                if let Err(e) = shared.db.dead_letter(letter).await {
-                    tracing::error!(topic = %message.topic, error = %e, "could not keep a dead letter");
-                }
-                return (reason, Some(text));
+                return refuse(&shared, &message, reason, e.to_string()).await;
             }
         }
     }
@@ -66,6 +63,30 @@ pub(crate) async fn store(
     }
     shared.router.route(&message).await;
     (PubAckReason::Success, None)
+}
+
+/// Logs a refused message once and keeps it in the dead letters.
+async fn refuse(
+    shared: &Shared,
+    message: &Message,
+    reason: PubAckReason,
+    text: String,
+) -> (PubAckReason, Option<String>) {
+    let code = error::reason_code(reason);
+    shared.metrics.dead_letters.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(client_id = %message.origin, topic = %message.topic, reason = code, error = %text, "message refused; kept in system.dead_letters");
+    let letter = DeadLetter {
+        time_micros: now_micros(),
+        client_id: message.origin.to_string(),
+        topic: message.topic.to_string(),
+        payload: message.payload.to_vec(),
+        reason: text.clone(),
+        reason_code: code,
+    };
+    if let Err(e) = shared.db.dead_letter(letter).await {
+        tracing::error!(topic = %message.topic, error = %e, "could not keep a dead letter");
+    }
+    (reason, Some(text))
 }
 
 fn now_micros() -> i64 {

@@ -8,6 +8,7 @@
 //! [`sluice_engine::Database::publish`], and only then is it acknowledged and handed to the
 //! `router`, which queues it on every matching `session`. Start reading at `connection`.
 
+mod auth;
 mod codec;
 mod connection;
 mod error;
@@ -50,6 +51,7 @@ struct Shared {
     shutdown: CancellationToken,
     max_session_expiry: Duration,
     store: persist::Store,
+    auth: auth::Auth,
 }
 
 impl std::fmt::Debug for Shared {
@@ -76,6 +78,7 @@ impl Broker {
         shutdown: CancellationToken,
     ) -> Result<Self> {
         let mapper = mapping::Mapper::new(&config.topic)?;
+        let auth = auth::Auth::new(&config.user, &config.acl)?;
         let router = Router::new(config.mqtt.max_queued_messages);
         let store = persist::Store::new(&config.data_dir);
         store.load(&router);
@@ -90,6 +93,7 @@ impl Broker {
                 shutdown,
                 max_session_expiry: Config::duration(&config.mqtt.max_session_expiry),
                 store,
+                auth,
             }),
             tasks: TaskTracker::new(),
         })

@@ -43,6 +43,10 @@ pub struct Config {
     pub mqtt: MqttConfig,
     /// Topic rules: topics (with named wildcards) written into tables.
     pub topic: Vec<TopicRule>,
+    /// MQTT users; with none, every listener must be on loopback.
+    pub user: Vec<UserConfig>,
+    /// Access rules, first match wins; what no rule matches is allowed.
+    pub acl: Vec<AclRule>,
 }
 
 impl Default for Config {
@@ -58,6 +62,8 @@ impl Default for Config {
             retention: RetentionConfig::default(),
             mqtt: MqttConfig::default(),
             topic: Vec::new(),
+            user: Vec::new(),
+            acl: Vec::new(),
         }
     }
 }
@@ -290,6 +296,32 @@ pub struct TopicRule {
     pub format: String,
 }
 
+/// One `[[user]]`: a name and an argon2 password hash (PHC string, from
+/// `sluice hash-password`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    /// User name (the MQTT CONNECT user name).
+    pub name: String,
+    /// `$argon2id$v=19$...`; never the password itself.
+    pub password_hash: String,
+}
+
+/// One `[[acl]]` rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AclRule {
+    /// A user name, `*` for everyone, or `anonymous` for connections without a user.
+    pub user: String,
+    /// `publish` or `subscribe` (topic filters), `write` (tables), or `all`.
+    pub action: String,
+    /// For publish/subscribe a topic filter (`+`/`#` allowed); for write `db.table`, `db.*`
+    /// or `*`.
+    pub filter: String,
+    /// Allow or refuse what the rule matches.
+    pub allow: bool,
+}
+
 fn auto_format() -> String {
     "auto".into()
 }
@@ -375,8 +407,8 @@ impl Config {
                 });
             }
         }
-        // Secure by default: without users (none can be configured yet) anyone reaching a
-        // listener could read and write everything, so only loopback listeners are allowed.
+        // Secure by default: without users anyone reaching a listener could read and write
+        // everything, so only loopback listeners are allowed.
         let mut listeners = vec![
             ("http.listen", self.http.listen),
             ("mqtt.listen", self.mqtt.listen),
@@ -385,13 +417,27 @@ impl Config {
             listeners.push(("mqtt.tls_listen", a));
         }
         for (key, addr) in listeners {
-            if !addr.ip().is_loopback() {
+            if !addr.ip().is_loopback() && self.user.is_empty() {
                 return Err(Error::Invalid {
                     key: key.into(),
                     reason: format!(
                         "{addr} is not a loopback address and no users are configured, so \
-                         anyone who can reach it could read and write every table; listen on \
-                         127.0.0.1 (or ::1)"
+                         anyone who can reach it could read and write every table; add \
+                         [[user]] entries or listen on 127.0.0.1 (or ::1)"
+                    ),
+                });
+            }
+        }
+        for (i, rule) in self.acl.iter().enumerate() {
+            if !matches!(
+                rule.action.as_str(),
+                "publish" | "subscribe" | "write" | "all"
+            ) {
+                return Err(Error::Invalid {
+                    key: format!("acl[{i}].action"),
+                    reason: format!(
+                        "{:?}: expected publish, subscribe, write or all",
+                        rule.action
                     ),
                 });
             }

@@ -1,0 +1,188 @@
+//! Who may connect (users with argon2 password hashes) and what they may do (ACL rules on
+//! topic filters and tables, first match wins, allowed when no rule matches).
+
+use crate::error::{Error, Result};
+use crate::topic;
+use argon2::PasswordVerifier;
+use rumqttc::v5::mqttbytes::v5::{ConnectReturnCode, Login};
+use sluice_conf::{AclRule, UserConfig};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What a rule governs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action {
+    Publish,
+    Subscribe,
+    /// Storing rows into a table.
+    Write,
+}
+
+/// Users and rules.
+#[derive(Debug, Default)]
+pub(crate) struct Auth {
+    users: HashMap<String, String>,
+    rules: Vec<AclRule>,
+}
+
+impl Auth {
+    /// Checks every password hash parses, so a typo fails at start, not at first login.
+    pub(crate) fn new(users: &[UserConfig], rules: &[AclRule]) -> Result<Self> {
+        let mut map = HashMap::new();
+        for u in users {
+            argon2::PasswordHash::new(&u.password_hash).map_err(|e| Error::Setup {
+                what: format!("user {:?}", u.name),
+                reason: format!("password_hash is not an argon2 PHC string: {e}"),
+            })?;
+            map.insert(u.name.clone(), u.password_hash.clone());
+        }
+        Ok(Self {
+            users: map,
+            rules: rules.to_vec(),
+        })
+    }
+
+    /// The user a CONNECT logs in as (`None`: anonymous, allowed only when no users are
+    /// configured). Password checks run off the async threads (argon2 is slow by design).
+    pub(crate) async fn login(
+        &self,
+        login: Option<Login>,
+    ) -> std::result::Result<Option<Arc<str>>, ConnectReturnCode> {
+        if self.users.is_empty() {
+            // Nobody can be verified, so nobody is anybody: rules for `anonymous` and `*` apply.
+            return Ok(None);
+        }
+        let Some(login) = login else {
+            return Err(ConnectReturnCode::NotAuthorized);
+        };
+        let Some(hash) = self.users.get(&login.username).cloned() else {
+            return Err(ConnectReturnCode::BadUserNamePassword);
+        };
+        let password = login.password;
+        let ok = tokio::task::spawn_blocking(move || {
+            argon2::Argon2::default()
+                .verify_password(password.as_bytes(), hash.as_str())
+                .is_ok()
+        })
+        .await
+        .unwrap_or(false);
+        match ok {
+            true => Ok(Some(Arc::from(login.username.as_str()))),
+            false => Err(ConnectReturnCode::BadUserNamePassword),
+        }
+    }
+
+    /// Whether `user` may do `action` on `name` (a topic, a subscription filter, or
+    /// `db.table`).
+    pub(crate) fn allowed(&self, user: Option<&str>, action: Action, name: &str) -> bool {
+        for r in &self.rules {
+            let who = match r.user.as_str() {
+                "*" => true,
+                "anonymous" => user.is_none(),
+                u => user == Some(u),
+            };
+            let what = matches!(
+                (r.action.as_str(), action),
+                ("all", _)
+                    | ("publish", Action::Publish)
+                    | ("subscribe", Action::Subscribe)
+                    | ("write", Action::Write)
+            );
+            if !(who && what) {
+                continue;
+            }
+            let hit = match action {
+                Action::Write => table_matches(&r.filter, name),
+                // A subscription filter is matched literally against the rule's filter.
+                _ => r.filter == name || topic::matches(&r.filter, name),
+            };
+            if hit {
+                return r.allow;
+            }
+        }
+        true
+    }
+}
+
+fn table_matches(pattern: &str, table: &str) -> bool {
+    match pattern.strip_suffix(".*") {
+        _ if pattern == "*" || pattern == table => true,
+        Some(db) => table.split_once('.').is_some_and(|(d, _)| d == db),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(user: &str, action: &str, filter: &str, allow: bool) -> AclRule {
+        AclRule {
+            user: user.into(),
+            action: action.into(),
+            filter: filter.into(),
+            allow,
+        }
+    }
+
+    #[test]
+    fn first_matching_rule_decides() {
+        let a = Auth::new(
+            &[],
+            &[
+                rule("*", "subscribe", "test/nosubscribe", false),
+                rule("alice", "all", "secret/#", true),
+                rule("*", "all", "secret/#", false),
+                rule("anonymous", "write", "plant.*", false),
+            ],
+        )
+        .unwrap();
+        assert!(!a.allowed(None, Action::Subscribe, "test/nosubscribe"));
+        assert!(a.allowed(None, Action::Publish, "test/nosubscribe"));
+        assert!(a.allowed(Some("alice"), Action::Subscribe, "secret/x"));
+        assert!(!a.allowed(Some("bob"), Action::Publish, "secret/x"));
+        assert!(!a.allowed(None, Action::Write, "plant.telemetry"));
+        assert!(a.allowed(Some("bob"), Action::Write, "plant.telemetry"));
+        assert!(a.allowed(None, Action::Write, "other.t"));
+    }
+
+    #[tokio::test]
+    async fn passwords_are_checked_against_argon2_hashes() {
+        use argon2::PasswordHasher;
+        let hash = argon2::Argon2::default()
+            .hash_password(b"s3cret")
+            .unwrap()
+            .to_string();
+        let a = Auth::new(
+            &[UserConfig {
+                name: "gw".into(),
+                password_hash: hash,
+            }],
+            &[],
+        )
+        .unwrap();
+        let login = |u: &str, p: &str| Some(Login::new(u, p));
+        assert_eq!(
+            a.login(login("gw", "s3cret")).await.unwrap().as_deref(),
+            Some("gw")
+        );
+        assert_eq!(
+            a.login(login("gw", "wrong")).await.unwrap_err(),
+            ConnectReturnCode::BadUserNamePassword
+        );
+        assert_eq!(
+            a.login(None).await.unwrap_err(),
+            ConnectReturnCode::NotAuthorized
+        );
+        assert!(
+            Auth::new(
+                &[UserConfig {
+                    name: "x".into(),
+                    password_hash: "plain".into()
+                }],
+                &[]
+            )
+            .is_err()
+        );
+    }
+}
