@@ -72,6 +72,11 @@ impl Auth {
         }
     }
 
+    /// Whether any ACL rule exists (without rules everything is allowed).
+    pub(crate) fn has_rules(&self) -> bool {
+        !self.rules.is_empty()
+    }
+
     /// Whether `user` may do `action` on `name` (a topic, a subscription filter, or
     /// `db.table`).
     pub(crate) fn allowed(&self, user: Option<&str>, action: Action, name: &str) -> bool {
