@@ -780,3 +780,45 @@ async fn mqtt_over_websocket_on_the_http_port() {
         1
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exceeding_the_receive_maximum_gets_0x93() {
+    use rumqttc::v5::mqttbytes::v5::{Connect, Packet as P5, Publish};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[("SLUICE_MQTT_RECEIVE_MAXIMUM", "2")]);
+    iot_table(&s).await;
+    let mut raw = tokio::net::TcpStream::connect(&s.mqtt).await.unwrap();
+    let mut out = bytes::BytesMut::new();
+    P5::Connect(
+        Connect {
+            keep_alive: 30,
+            client_id: "greedy".into(),
+            clean_start: true,
+            properties: None,
+        },
+        None,
+        None,
+    )
+    .write(&mut out, None)
+    .unwrap();
+    // Three QoS 1 messages in one write: the third is over the announced maximum of 2.
+    for pkid in 1..=3 {
+        let mut p = Publish::new(
+            "/iot/t",
+            rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+            r#"{"dev":"g","v":1}"#,
+            None,
+        );
+        p.pkid = pkid;
+        P5::Publish(p).write(&mut out, None).unwrap();
+    }
+    raw.write_all(&out).await.unwrap();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), raw.read_to_end(&mut got)).await;
+    // The connection ends with DISCONNECT (0xE0) reason 0x93.
+    assert!(
+        got.windows(3).any(|w| w[0] == 0xE0 && w[2] == 0x93),
+        "{got:02x?}"
+    );
+}

@@ -170,6 +170,8 @@ struct Client {
     aliases: HashMap<u16, Arc<str>>,
     will: Option<LastWill>,
     user: Option<Arc<str>>,
+    /// QoS 1/2 publishes received and not yet acknowledged (bounded by receive maximum).
+    unacked: usize,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -296,11 +298,18 @@ where
         aliases: HashMap::new(),
         will,
         user,
+        unacked: 0,
     };
     let keep_alive = Duration::from_secs(u64::from(connect.keep_alive)) * 3 / 2;
     let mut deadline = tokio::time::Instant::now() + keep_alive;
     let mut pending: FuturesOrdered<Ack> = FuturesOrdered::new();
-    let cap = usize::from(cfg.receive_maximum);
+    // 3.1.1 clients are held to the receive maximum by not reading further; MQTT 5 clients
+    // were told it in CONNACK, so reading goes on a little further to catch a client that
+    // exceeds it (DISCONNECT 0x93) rather than silently stalling it.
+    let cap = match version {
+        Version::V4 => usize::from(cfg.receive_maximum),
+        Version::V5 => 2 * usize::from(cfg.receive_maximum),
+    };
     let max = cfg.max_packet_size;
     let mut clean_exit = false;
     let result: Result<()> = async {
@@ -321,6 +330,9 @@ where
                 biased;
                 Some(ack) = pending.next(), if !pending.is_empty() => {
                     if let Some(p) = ack {
+                        if matches!(p, Packet::PubAck(_) | Packet::PubRec(_)) {
+                            client.unacked = client.unacked.saturating_sub(1);
+                        }
                         let _ = client.ctrl.send(p);
                     }
                 }
@@ -484,6 +496,12 @@ fn on_publish(
     pending: &mut FuturesOrdered<Ack>,
 ) -> Result<()> {
     shared.metrics.messages_in.fetch_add(1, Ordering::Relaxed);
+    if p.qos != QoS::AtMostOnce {
+        if client.unacked >= usize::from(shared.config.receive_maximum) {
+            return Err(Error::ReceiveMaximum(shared.config.receive_maximum));
+        }
+        client.unacked += 1;
+    }
     let mut props = p.properties.take();
     let topic: Arc<str> = match props.as_mut().and_then(|pr| pr.topic_alias.take()) {
         Some(alias) => {
