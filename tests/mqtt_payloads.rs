@@ -359,3 +359,36 @@ allow = false
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("SUBACK") && text.contains("128"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn users_made_with_sql_log_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let port = s.mqtt_port().to_string();
+    let sub = |extra: &[&str]| {
+        Command::new("mosquitto_sub")
+            .args(["-h", "127.0.0.1", "-p", &port, "-t", "x", "-E"])
+            .args(extra)
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    assert!(sub(&[]), "no users yet: anonymous is fine");
+    s.sql_ok("CREATE USER sensor WITH PASSWORD 'pa55'").await;
+    assert_eq!(
+        s.rows("SHOW USERS").await,
+        vec![serde_json::json!({"user_name": "sensor"})]
+    );
+    // The catalog keeps a hash, never the password.
+    let catalog = std::fs::read_to_string(dir.path().join("data/catalog.json")).unwrap();
+    assert!(catalog.contains("$argon2id$") && !catalog.contains("pa55"));
+    assert!(!sub(&[]), "with a user, anonymous is refused");
+    assert!(!sub(&["-u", "sensor", "-P", "nope"]));
+    assert!(sub(&["-u", "sensor", "-P", "pa55"]));
+    s.sql_ok("ALTER USER sensor PASSWORD 'n3w'").await;
+    assert!(!sub(&["-u", "sensor", "-P", "pa55"]));
+    assert!(sub(&["-u", "sensor", "-P", "n3w"]));
+    s.sql_ok("DROP USER sensor").await;
+    assert!(sub(&[]));
+}

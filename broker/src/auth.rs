@@ -6,6 +6,7 @@ use crate::topic;
 use argon2::PasswordVerifier;
 use rumqttc::v5::mqttbytes::v5::{ConnectReturnCode, Login};
 use sluice_conf::{AclRule, UserConfig};
+use sluice_engine::Database;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -44,18 +45,25 @@ impl Auth {
 
     /// The user a CONNECT logs in as (`None`: anonymous, allowed only when no users are
     /// configured). Password checks run off the async threads (argon2 is slow by design).
+    /// Users come from the config and from `CREATE USER` (asked of `db`).
     pub(crate) async fn login(
         &self,
         login: Option<Login>,
+        db: Option<&dyn Database>,
     ) -> std::result::Result<Option<Arc<str>>, ConnectReturnCode> {
-        if self.users.is_empty() {
+        if self.users.is_empty() && !db.is_some_and(|db| db.has_users()) {
             // Nobody can be verified, so nobody is anybody: rules for `anonymous` and `*` apply.
             return Ok(None);
         }
         let Some(login) = login else {
             return Err(ConnectReturnCode::NotAuthorized);
         };
-        let Some(hash) = self.users.get(&login.username).cloned() else {
+        let hash = self
+            .users
+            .get(&login.username)
+            .cloned()
+            .or_else(|| db.and_then(|db| db.password_hash(&login.username)));
+        let Some(hash) = hash else {
             return Err(ConnectReturnCode::BadUserNamePassword);
         };
         let password = login.password;
@@ -168,15 +176,18 @@ mod tests {
         .unwrap();
         let login = |u: &str, p: &str| Some(Login::new(u, p));
         assert_eq!(
-            a.login(login("gw", "s3cret")).await.unwrap().as_deref(),
+            a.login(login("gw", "s3cret"), None)
+                .await
+                .unwrap()
+                .as_deref(),
             Some("gw")
         );
         assert_eq!(
-            a.login(login("gw", "wrong")).await.unwrap_err(),
+            a.login(login("gw", "wrong"), None).await.unwrap_err(),
             ConnectReturnCode::BadUserNamePassword
         );
         assert_eq!(
-            a.login(None).await.unwrap_err(),
+            a.login(None, None).await.unwrap_err(),
             ConnectReturnCode::NotAuthorized
         );
         assert!(

@@ -60,7 +60,7 @@ where
     let Packet::Connect(connect, will, login) = packet else {
         return;
     };
-    let user = match shared.auth.login(login).await {
+    let user = match shared.auth.login(login, Some(&*shared.db)).await {
         Ok(user) => user,
         Err(code) => {
             tracing::warn!(%peer, client_id = %connect.client_id, ?code, "connection refused: authentication failed");

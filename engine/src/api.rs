@@ -114,6 +114,12 @@ pub trait Database: Send + Sync + 'static {
     /// Keeps a refused message durably in `system.dead_letters`.
     async fn dead_letter(&self, letter: DeadLetter) -> Result<()>;
 
+    /// The argon2 password hash of a user made with `CREATE USER`, if there is one.
+    fn password_hash(&self, user: &str) -> Option<String>;
+
+    /// Whether any user was made with `CREATE USER`.
+    fn has_users(&self) -> bool;
+
     /// Current health figures.
     fn health(&self) -> Health;
 }

@@ -131,6 +131,9 @@ pub struct CatalogData {
     next_table_id: u64,
     /// Database -> table name -> table.
     pub databases: BTreeMap<String, BTreeMap<String, Arc<TableDef>>>,
+    /// User name -> argon2 password hash (PHC string), from `CREATE USER`.
+    #[serde(default)]
+    pub users: BTreeMap<String, String>,
 }
 
 impl Default for CatalogData {
@@ -140,6 +143,7 @@ impl Default for CatalogData {
             version: 1,
             next_table_id: 1,
             databases: BTreeMap::from([(DEFAULT_DATABASE.to_string(), BTreeMap::new())]),
+            users: BTreeMap::new(),
         }
     }
 }

@@ -87,6 +87,31 @@ pub enum Statement {
         /// Other options to set (or, when empty, remove).
         options: BTreeMap<String, String>,
     },
+    /// `CREATE USER [IF NOT EXISTS] name [WITH] PASSWORD 'secret'`.
+    CreateUser {
+        /// Name.
+        name: String,
+        /// The password (hashed before it is stored).
+        password: String,
+        /// IF NOT EXISTS.
+        if_not_exists: bool,
+    },
+    /// `ALTER USER name [WITH] PASSWORD 'secret'`.
+    AlterUser {
+        /// Name.
+        name: String,
+        /// The new password.
+        password: String,
+    },
+    /// `DROP USER [IF EXISTS] name`.
+    DropUser {
+        /// Name.
+        name: String,
+        /// IF EXISTS.
+        if_exists: bool,
+    },
+    /// `SHOW USERS`.
+    ShowUsers,
     /// `SHOW DATABASES`.
     ShowDatabases,
     /// `SHOW TABLES [IN|FROM db]`.
@@ -269,6 +294,25 @@ impl P<'_> {
         Ok(ColumnDef { name, ty, nullable })
     }
 
+    /// `[WITH] PASSWORD 'secret'`.
+    fn password(&mut self) -> Result<String> {
+        let _ = self.word("WITH");
+        if !self.word("PASSWORD") {
+            return self
+                .p
+                .expected("PASSWORD 'secret'", self.p.peek_token())
+                .map_err(perr);
+        }
+        let t = self.p.next_token();
+        match t.token {
+            Token::SingleQuotedString(s) if !s.is_empty() => Ok(s),
+            _ => self
+                .p
+                .expected("a non-empty password in single quotes", t)
+                .map_err(perr),
+        }
+    }
+
     /// One literal of a VALUES list, as text; `None` for NULL.
     fn literal(&mut self) -> Result<Option<String>> {
         let negative = self.p.consume_token(&Token::Minus);
@@ -434,9 +478,32 @@ pub fn parse(sql: &str) -> Result<Statement> {
         if p.word("TABLE") {
             return p.create_table();
         }
+        if p.word("USER") {
+            let if_not_exists = p.if_not_exists();
+            let name = p.ident()?;
+            let password = p.password()?;
+            p.end()?;
+            return Ok(Statement::CreateUser {
+                name,
+                password,
+                if_not_exists,
+            });
+        }
         return Ok(Statement::Query);
     }
+    if p.words(&["ALTER", "USER"]) {
+        let name = p.ident()?;
+        let password = p.password()?;
+        p.end()?;
+        return Ok(Statement::AlterUser { name, password });
+    }
     if p.word("DROP") {
+        if p.word("USER") {
+            let if_exists = p.words(&["IF", "EXISTS"]);
+            let name = p.ident()?;
+            p.end()?;
+            return Ok(Statement::DropUser { name, if_exists });
+        }
         if p.word("DATABASE") || p.word("SCHEMA") {
             let if_exists = p.words(&["IF", "EXISTS"]);
             let name = p.ident()?;
@@ -480,6 +547,10 @@ pub fn parse(sql: &str) -> Result<Statement> {
         });
     }
     if p.word("SHOW") {
+        if p.word("USERS") {
+            p.end()?;
+            return Ok(Statement::ShowUsers);
+        }
         if p.word("DATABASES") || p.word("SCHEMAS") {
             p.end()?;
             return Ok(Statement::ShowDatabases);
@@ -572,6 +643,22 @@ mod tests {
     #[test]
     fn other_statements() {
         assert_eq!(parse("SHOW DATABASES").unwrap(), Statement::ShowDatabases);
+        assert_eq!(
+            parse("CREATE USER IF NOT EXISTS gw WITH PASSWORD 's3'").unwrap(),
+            Statement::CreateUser {
+                name: "gw".into(),
+                password: "s3".into(),
+                if_not_exists: true
+            }
+        );
+        assert_eq!(
+            parse("DROP USER gw").unwrap(),
+            Statement::DropUser {
+                name: "gw".into(),
+                if_exists: false
+            }
+        );
+        assert!(parse("CREATE USER gw").is_err());
         assert_eq!(
             parse("show tables in iot").unwrap(),
             Statement::ShowTables {

@@ -342,6 +342,14 @@ impl Database for Engine {
         self.shared.dead_letters.add(letter).await
     }
 
+    fn password_hash(&self, user: &str) -> Option<String> {
+        self.shared.catalog.snapshot().users.get(user).cloned()
+    }
+
+    fn has_users(&self) -> bool {
+        !self.shared.catalog.snapshot().users.is_empty()
+    }
+
     fn health(&self) -> Health {
         let buffered_rows = self
             .shared

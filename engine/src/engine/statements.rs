@@ -26,6 +26,19 @@ fn strings(v: Vec<String>) -> ArrayRef {
     Arc::new(StringArray::from(v))
 }
 
+/// An argon2id hash of `password` (slow by design, so off the async threads).
+async fn hash_password(password: String) -> Result<String> {
+    tokio::task::spawn_blocking(move || {
+        use argon2::PasswordHasher;
+        argon2::Argon2::default()
+            .hash_password(password.as_bytes())
+            .map(|h| h.to_string())
+            .map_err(|e| Error::invalid(format!("hashing the password: {e}")))
+    })
+    .await
+    .map_err(|e| Error::invalid(format!("hashing the password: {e}")))?
+}
+
 fn no_rows() -> QueryOutput {
     QueryOutput::from_batches(Arc::new(Schema::empty()), Vec::new())
 }
@@ -131,6 +144,52 @@ impl Engine {
                     crate::decode::validate_options(next)
                 })?;
                 Ok(no_rows())
+            }
+            Statement::CreateUser {
+                name,
+                password,
+                if_not_exists,
+            } => {
+                valid_name("user", &name)?;
+                let hash = hash_password(password).await?;
+                catalog.change(|d| {
+                    if d.users.contains_key(&name) {
+                        return if if_not_exists {
+                            Ok(())
+                        } else {
+                            Err(Error::AlreadyExists {
+                                what: "user",
+                                name: name.clone(),
+                            })
+                        };
+                    }
+                    d.users.insert(name.clone(), hash);
+                    Ok(())
+                })?;
+                Ok(no_rows())
+            }
+            Statement::AlterUser { name, password } => {
+                let hash = hash_password(password).await?;
+                catalog.change(|d| match d.users.get_mut(&name) {
+                    Some(h) => {
+                        *h = hash;
+                        Ok(())
+                    }
+                    None => Err(Error::invalid(format!("no user '{name}'"))),
+                })?;
+                Ok(no_rows())
+            }
+            Statement::DropUser { name, if_exists } => {
+                catalog.change(|d| match d.users.remove(&name) {
+                    Some(_) => Ok(()),
+                    None if if_exists => Ok(()),
+                    None => Err(Error::invalid(format!("no user '{name}'"))),
+                })?;
+                Ok(no_rows())
+            }
+            Statement::ShowUsers => {
+                let names: Vec<String> = catalog.snapshot().users.keys().cloned().collect();
+                table_output(vec![("user_name", strings(names))])
             }
             Statement::ShowDatabases => {
                 let mut names: Vec<String> = catalog.snapshot().databases.keys().cloned().collect();
