@@ -822,3 +822,43 @@ async fn exceeding_the_receive_maximum_gets_0x93() {
         "{got:02x?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disconnect_with_will_message_publishes_the_will() {
+    use rumqttc::v5::mqttbytes::v5::{Connect, LastWill, Packet as P5};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let mut sub = v4(v4_options(&s, "listener", true)).await;
+    sub.subscribe("wills/#", QoS::AtLeastOnce).await;
+    let mut raw = tokio::net::TcpStream::connect(&s.mqtt).await.unwrap();
+    let mut out = bytes::BytesMut::new();
+    let will = LastWill::new(
+        "wills/a",
+        "bye",
+        rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+        false,
+        None,
+    );
+    P5::Connect(
+        Connect {
+            keep_alive: 30,
+            client_id: "leaver".into(),
+            clean_start: true,
+            properties: None,
+        },
+        Some(will),
+        None,
+    )
+    .write(&mut out, None)
+    .unwrap();
+    raw.write_all(&out).await.unwrap();
+    let mut buf = [0u8; 64];
+    let _ = raw.read(&mut buf).await.unwrap();
+    // DISCONNECT, reason 0x04 "disconnect with will message", no properties.
+    raw.write_all(&[0xE0, 0x01, 0x04]).await.unwrap();
+    assert_eq!(
+        sub.receive(1).await,
+        vec![("wills/a".to_string(), "bye".to_string())]
+    );
+}

@@ -60,16 +60,31 @@ pub(crate) fn read(
 ) -> Result<Option<Packet>> {
     match version {
         Version::V5 => {
-            // rumqttc wants a payload for DISCONNECT; an empty one means "normal".
-            if buf.len() >= 2 && buf[0] == 0xE0 && buf[1] == 0 {
-                let _ = buf.split_to(2);
+            // rumqttc reads neither an empty DISCONNECT ("normal") nor one with a reason
+            // code and no properties, both of which the spec allows.
+            if buf.len() >= 2 && buf[0] == 0xE0 && buf[1] <= 1 {
+                if buf[1] == 1 && buf.len() < 3 {
+                    return Ok(None);
+                }
+                let frame = buf.split_to(2 + usize::from(buf[1]));
+                let reason_code = match frame.get(2).copied().unwrap_or(0) {
+                    0x00 => v5::DisconnectReasonCode::NormalDisconnection,
+                    0x04 => v5::DisconnectReasonCode::DisconnectWithWillMessage,
+                    _ => v5::DisconnectReasonCode::UnspecifiedError,
+                };
                 return Ok(Some(Packet::Disconnect(v5::Disconnect {
-                    reason_code: v5::DisconnectReasonCode::NormalDisconnection,
+                    reason_code,
                     properties: None,
                 })));
             }
+            let before = buf.len();
             match Packet::read(buf, Some(max_packet)) {
                 Ok(p) => Ok(Some(p)),
+                // rumqttc takes the frame off before parsing it: running short inside a
+                // complete frame is a malformed packet, not a wait for more bytes.
+                Err(V5Error::InsufficientBytes(_)) if buf.len() < before => Err(Error::Malformed(
+                    "a field runs past the end of its packet".into(),
+                )),
                 Err(V5Error::InsufficientBytes(_)) => Ok(None),
                 Err(V5Error::PayloadSizeLimitExceeded { pkt_size, max }) => {
                     Err(Error::PacketTooLarge {
@@ -80,17 +95,23 @@ pub(crate) fn read(
                 Err(e) => Err(Error::Malformed(e.to_string())),
             }
         }
-        Version::V4 => match v4::Packet::read(buf, max_packet as usize) {
-            Ok(p) => Ok(Some(from_v4(p))),
-            Err(rumqttc::mqttbytes::Error::InsufficientBytes(_)) => Ok(None),
-            Err(rumqttc::mqttbytes::Error::PayloadSizeLimitExceeded(n)) => {
-                Err(Error::PacketTooLarge {
-                    size: n,
-                    max: max_packet,
-                })
+        Version::V4 => {
+            let before = buf.len();
+            match v4::Packet::read(buf, max_packet as usize) {
+                Ok(p) => Ok(Some(from_v4(p))),
+                Err(rumqttc::mqttbytes::Error::InsufficientBytes(_)) if buf.len() < before => Err(
+                    Error::Malformed("a field runs past the end of its packet".into()),
+                ),
+                Err(rumqttc::mqttbytes::Error::InsufficientBytes(_)) => Ok(None),
+                Err(rumqttc::mqttbytes::Error::PayloadSizeLimitExceeded(n)) => {
+                    Err(Error::PacketTooLarge {
+                        size: n,
+                        max: max_packet,
+                    })
+                }
+                Err(e) => Err(Error::Malformed(e.to_string())),
             }
-            Err(e) => Err(Error::Malformed(e.to_string())),
-        },
+        }
     }
 }
 
@@ -98,7 +119,15 @@ pub(crate) fn read(
 /// form for (a server DISCONNECT, AUTH) are skipped.
 pub(crate) fn write(version: Version, packet: &Packet, out: &mut BytesMut) -> Result<()> {
     let r = match version {
-        Version::V5 => packet.write(out, None).map(|_| ()),
+        // rumqttc 0.25 writes a property length its remaining length does not count
+        // (`E0 01 rc 00`), so the server's DISCONNECT is written here.
+        Version::V5 => match packet {
+            Packet::Disconnect(d) => {
+                out.extend_from_slice(&[0xE0, 0x02, d.reason_code as u8, 0x00]);
+                Ok(())
+            }
+            p => p.write(out, None).map(|_| ()),
+        },
         Version::V4 => match to_v4(packet) {
             Some(p) => p
                 .write(out, usize::MAX)

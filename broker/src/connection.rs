@@ -31,6 +31,9 @@ use tokio_util::sync::CancellationToken;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a closing connection's writer may take to flush before it is abandoned.
+const WRITER_GRACE: Duration = Duration::from_secs(5);
+
 type Ack = Pin<Box<dyn Future<Output = Option<Packet>> + Send>>;
 
 /// Serves one connection until it ends.
@@ -172,6 +175,8 @@ struct Client {
     user: Option<Arc<str>>,
     /// QoS 1/2 publishes received and not yet acknowledged (bounded by receive maximum).
     unacked: usize,
+    /// Signalled once the newest publish has been routed (see `ingest::Order`).
+    routed: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -208,7 +213,13 @@ where
                 "empty client id needs a clean session".into(),
             ));
         }
-        let id = format!("sluice-{conn}");
+        // Unique across restarts (restored sessions keep their ids) and unlikely to be chosen
+        // by a client: the connection number and the start time in nanoseconds.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let id = format!("sluice-{conn}-{nanos:x}");
         assigned = Some(id.clone());
         Arc::from(id)
     } else {
@@ -227,7 +238,7 @@ where
         client_id.clone()
     };
     let cancel = shared.shutdown.child_token();
-    let (session, present) = shared.router.attach(
+    let (session, present, generation) = shared.router.attach(
         &key,
         connect.clean_start || cfg.shared_client_ids,
         expiry,
@@ -299,6 +310,7 @@ where
         will,
         user,
         unacked: 0,
+        routed: None,
     };
     let keep_alive = Duration::from_secs(u64::from(connect.keep_alive)) * 3 / 2;
     let mut deadline = tokio::time::Instant::now() + keep_alive;
@@ -311,7 +323,6 @@ where
         Version::V5 => 2 * usize::from(cfg.receive_maximum),
     };
     let max = cfg.max_packet_size;
-    let mut clean_exit = false;
     let result: Result<()> = async {
         loop {
             while pending.len() < cap {
@@ -319,7 +330,6 @@ where
                     Some(p) => {
                         shared.metrics.packets_in.fetch_add(1, Ordering::Relaxed);
                         if handle(shared, &mut client, p, &mut pending).await? {
-                            clean_exit = true;
                             return Ok(());
                         }
                     }
@@ -328,6 +338,7 @@ where
             }
             tokio::select! {
                 biased;
+                _ = cancel.cancelled() => return Ok(()),
                 Some(ack) = pending.next(), if !pending.is_empty() => {
                     if let Some(p) = ack {
                         if matches!(p, Packet::PubAck(_) | Packet::PubRec(_)) {
@@ -347,7 +358,6 @@ where
                 _ = tokio::time::sleep_until(deadline), if !keep_alive.is_zero() => {
                     return Err(Error::Protocol("keep-alive timeout".into()));
                 }
-                _ = cancel.cancelled() => return Ok(()),
             }
         }
     }
@@ -370,10 +380,15 @@ where
         }));
     }
     drop(client.ctrl);
-    let _ = writer.await;
-    let generation = session.generation.load(Ordering::Acquire);
+    // A peer that stopped reading must not hold the session (and its will) for as long as
+    // TCP takes to give up.
+    let abort = writer.abort_handle();
+    if tokio::time::timeout(WRITER_GRACE, writer).await.is_err() {
+        abort.abort();
+    }
     let still_ours = session.detach(conn);
-    if !clean_exit && let Some(w) = client.will.take() {
+    // The will is gone after a normal DISCONNECT; any other end publishes it.
+    if let Some(w) = client.will.take() {
         publish_will(shared, &session, w, client.user.clone(), generation, expiry);
     }
     if still_ours && session.state.lock().expiry_secs == 0 {
@@ -382,7 +397,7 @@ where
     result
 }
 
-/// Handles one packet; returns true on a DISCONNECT that ends the connection cleanly.
+/// Handles one packet; returns true on a DISCONNECT (which ends the connection).
 async fn handle(
     shared: &Arc<Shared>,
     client: &mut Client,
@@ -472,10 +487,11 @@ async fn handle(
                 let max = u32::try_from(shared.max_session_expiry.as_secs()).unwrap_or(u32::MAX);
                 st.expiry_secs = secs.min(max);
             }
-            if d.reason_code != DisconnectReasonCode::DisconnectWithWillMessage {
+            // Only a normal disconnection (0x00) deletes the will.
+            if d.reason_code == DisconnectReasonCode::NormalDisconnection {
                 client.will = None;
             }
-            return Ok(d.reason_code != DisconnectReasonCode::DisconnectWithWillMessage);
+            return Ok(true);
         }
         Packet::Connect(..) => return Err(Error::Protocol("second CONNECT".into())),
         Packet::Auth(_) => return Err(Error::Protocol("AUTH is not supported".into())),
@@ -537,8 +553,13 @@ fn on_publish(
         }));
         return Ok(());
     }
-    if let Some(pr) = props.as_mut() {
-        pr.subscription_identifiers.clear();
+    if props
+        .as_ref()
+        .is_some_and(|pr| !pr.subscription_identifiers.is_empty())
+    {
+        return Err(Error::Protocol(
+            "a PUBLISH from a client may not carry subscription identifiers".into(),
+        ));
     }
     let expires = props
         .as_ref()
@@ -557,7 +578,8 @@ fn on_publish(
     let shared = shared.clone();
     let session = client.session.clone();
     let started = Instant::now();
-    let store = crate::ingest::store(shared.clone(), message, client.user.clone());
+    let order = crate::ingest::Order::next(&mut client.routed);
+    let store = crate::ingest::store(shared.clone(), message, client.user.clone(), order);
     pending.push_back(Box::pin(async move {
         let (reason, text) = store.await;
         shared.metrics.observe_ack(started.elapsed());
@@ -611,6 +633,9 @@ fn pubrec_reason(r: PubAckReason) -> PubRecReason {
 
 async fn on_subscribe(shared: &Arc<Shared>, client: &mut Client, s: Subscribe) -> Result<()> {
     let id = s.properties.as_ref().and_then(|p| p.id);
+    if id == Some(0) {
+        return Err(Error::Protocol("subscription identifier 0".into()));
+    }
     let mut codes = Vec::with_capacity(s.filters.len());
     let mut retained = Vec::new();
     for f in &s.filters {
@@ -720,7 +745,8 @@ fn publish_will(
                 return; // The client came back in time.
             }
         }
-        let (reason, _) = crate::ingest::store(shared, message, user).await;
+        let (reason, _) =
+            crate::ingest::store(shared, message, user, crate::ingest::Order::default()).await;
         tracing::debug!(client_id = %session.client_id, reason = error::reason_code(reason), "will published");
     });
 }
@@ -754,7 +780,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             .collect();
         for (pkid, o) in again {
             let p = match o {
-                Outgoing::Published(d) => publish_packet(&mut st, &d, pkid, true),
+                Outgoing::Published(d) => publish_packet(&mut st, &d, pkid, true).0,
                 Outgoing::Released => Packet::PubRel(PubRel {
                     pkid,
                     reason: PubRelReason::Success,
@@ -780,7 +806,8 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 }
             }
         }
-        if !closing {
+        // A connection taken over must not take messages meant for its successor.
+        if !closing && !cancel.is_cancelled() {
             fill(&shared, &mut st, &mut out);
         }
         if !out.is_empty() {
@@ -849,9 +876,13 @@ fn fill(shared: &Shared, st: &mut WriterState, out: &mut BytesMut) {
                 s.inflight.insert(pkid, Outgoing::Published(d.clone()));
                 pkid
             };
-            let p = publish_packet(st, &d, pkid, false);
+            let (p, new_alias) = publish_packet(st, &d, pkid, false);
             if p.size() > st.max_packet {
-                // The client cannot take it (MQTT 5 maximum packet size): it is not sent.
+                // The client cannot take it (MQTT 5 maximum packet size): it is not sent,
+                // and neither is the alias it would have set up.
+                if new_alias {
+                    st.aliases.remove(&d.message.topic);
+                }
                 st.session.state.lock().inflight.remove(&pkid);
                 tracing::debug!(client_id = %st.session.client_id, size = p.size(), "message larger than the client's maximum packet size not sent");
                 continue;
@@ -862,7 +893,8 @@ fn fill(shared: &Shared, st: &mut WriterState, out: &mut BytesMut) {
     }
 }
 
-fn publish_packet(st: &mut WriterState, d: &Delivery, pkid: u16, dup: bool) -> Packet {
+/// The PUBLISH for `d`, and whether it set up a new outgoing topic alias.
+fn publish_packet(st: &mut WriterState, d: &Delivery, pkid: u16, dup: bool) -> (Packet, bool) {
     let m = &d.message;
     let mut properties = m.properties.clone();
     if st.version == Version::V5 {
@@ -874,6 +906,7 @@ fn publish_packet(st: &mut WriterState, d: &Delivery, pkid: u16, dup: bool) -> P
         }
     }
     let mut topic = Bytes::copy_from_slice(m.topic.as_bytes());
+    let mut new_alias = false;
     if st.version == Version::V5 && st.alias_max > 0 {
         let props = properties.get_or_insert_with(PublishProperties::default);
         match st.aliases.get(&m.topic) {
@@ -885,6 +918,7 @@ fn publish_packet(st: &mut WriterState, d: &Delivery, pkid: u16, dup: bool) -> P
                 let a = st.aliases.len() as u16 + 1;
                 st.aliases.insert(m.topic.clone(), a);
                 props.topic_alias = Some(a);
+                new_alias = true;
             }
             None => {}
         }
@@ -895,7 +929,7 @@ fn publish_packet(st: &mut WriterState, d: &Delivery, pkid: u16, dup: bool) -> P
     {
         properties = None;
     }
-    Packet::Publish(Publish {
+    let p = Packet::Publish(Publish {
         dup,
         qos: d.qos,
         retain: d.retain,
@@ -903,5 +937,6 @@ fn publish_packet(st: &mut WriterState, d: &Delivery, pkid: u16, dup: bool) -> P
         pkid,
         payload: m.payload.clone(),
         properties,
-    })
+    });
+    (p, new_alias)
 }

@@ -50,7 +50,8 @@ impl Router {
     }
 
     /// Attaches connection `conn` to the session `key`, ending any connection attached to it
-    /// (a takeover). Returns the session and whether it existed before.
+    /// (a takeover). Returns the session, whether it existed before, and the generation
+    /// this connection owns (a delayed will checks it).
     pub(crate) fn attach(
         &self,
         key: &str,
@@ -58,7 +59,7 @@ impl Router {
         expiry_secs: u32,
         conn: u64,
         cancel: CancellationToken,
-    ) -> (Arc<Session>, bool) {
+    ) -> (Arc<Session>, bool, u64) {
         let mut sessions = self.sessions.lock();
         let existing = sessions.get(key).cloned();
         if let Some(old) = &existing
@@ -66,8 +67,18 @@ impl Router {
         {
             token.cancel();
         }
+        // A session whose expiry was 0 ended with its connection, and one offline past its
+        // expiry has ended even if the reaper has not run yet.
+        let now = Instant::now();
+        let alive = |s: &Arc<Session>| {
+            let st = s.state.lock();
+            st.expiry_secs > 0
+                && st.disconnected_at.is_none_or(|at| {
+                    now.duration_since(at) < Duration::from_secs(u64::from(st.expiry_secs))
+                })
+        };
         let (session, present) = match existing {
-            Some(s) if !clean_start => (s, true),
+            Some(s) if !clean_start && alive(&s) => (s, true),
             other => {
                 if let Some(old) = other {
                     self.unsubscribe_all(&old);
@@ -78,21 +89,23 @@ impl Router {
             }
         };
         *session.connection.lock() = Some((conn, cancel));
-        session.bump();
+        let generation = session.bump();
         {
             let mut st = session.state.lock();
             st.disconnected_at = None;
             st.expiry_secs = expiry_secs;
         }
-        (session, present)
+        (session, present, generation)
     }
 
-    /// Forgets `session` if it is still the one registered under its id.
+    /// Forgets `session` if it is still the one registered under its id and no connection
+    /// has attached to it meanwhile.
     pub(crate) fn discard(&self, session: &Arc<Session>) {
         let mut sessions = self.sessions.lock();
         if sessions
             .get(&session.client_id)
             .is_some_and(|s| Arc::ptr_eq(s, session))
+            && session.connection.lock().is_none()
         {
             sessions.remove(&session.client_id);
             self.unsubscribe_all(session);
@@ -264,8 +277,9 @@ impl Router {
         }
         let n = out.len();
         for (session, d) in out {
-            // A client subscribed to what it publishes must not wait for its own reader.
-            let may_wait = session.client_id != message.origin;
+            // A client subscribed to what it publishes must not wait for its own reader, and
+            // the broker's own `$SYS` messages never wait.
+            let may_wait = session.client_id != message.origin && !message.origin.starts_with('$');
             session.enqueue(d, may_wait).await;
         }
         n
