@@ -177,6 +177,8 @@ struct Client {
     unacked: usize,
     /// Signalled once the newest publish has been routed (see `ingest::Order`).
     routed: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// Whether reason strings may be sent (MQTT 5 request problem information).
+    problem_info: bool,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -198,6 +200,27 @@ where
     let cfg = &shared.config;
     let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     let props = connect.properties.clone().unwrap_or_default();
+    let bad_connect = if props.receive_maximum == Some(0) {
+        Some("receive maximum 0")
+    } else if props.max_packet_size == Some(0) {
+        Some("maximum packet size 0")
+    } else if will
+        .as_ref()
+        .is_some_and(|w| std::str::from_utf8(&w.topic).map_or(true, |t| !topic::valid_name(t)))
+    {
+        Some("invalid will topic")
+    } else {
+        None
+    };
+    if let Some(why) = bad_connect {
+        let code = match version {
+            Version::V5 => ConnectReturnCode::ProtocolError,
+            Version::V4 => ConnectReturnCode::ServiceUnavailable,
+        };
+        send_connack(&mut wr, version, code, false, None).await?;
+        return Err(Error::Protocol(why.into()));
+    }
+    let problem_info = props.request_problem_info != Some(0);
     let mut assigned = None;
     let client_id: Arc<str> = if connect.client_id.is_empty() {
         if version == Version::V4 && !connect.clean_start {
@@ -311,6 +334,7 @@ where
         user,
         unacked: 0,
         routed: None,
+        problem_info,
     };
     let keep_alive = Duration::from_secs(u64::from(connect.keep_alive)) * 3 / 2;
     let mut deadline = tokio::time::Instant::now() + keep_alive;
@@ -575,6 +599,7 @@ fn on_publish(
         origin: client.id.clone(),
     });
     let (qos, pkid, version) = (p.qos, p.pkid, client.version);
+    let problem_info = client.problem_info;
     let shared = shared.clone();
     let session = client.session.clone();
     let started = Instant::now();
@@ -584,6 +609,7 @@ fn on_publish(
         let (reason, text) = store.await;
         shared.metrics.observe_ack(started.elapsed());
         let failed = error::reason_code(reason) >= 0x80;
+        let text = text.filter(|_| problem_info);
         let properties = (version == Version::V5 && text.is_some()).then(|| PubAckProperties {
             reason_string: text,
             user_properties: Vec::new(),
