@@ -34,7 +34,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a closing connection's writer may take to flush before it is abandoned.
 const WRITER_GRACE: Duration = Duration::from_secs(5);
 
-type Ack = Pin<Box<dyn Future<Output = Option<Packet>> + Send>>;
+/// A pending publish (or PUBREL): the ack to send once it completes, and the message to
+/// route then. Completed in arrival order, so a client's messages are routed in order.
+type Ack = Pin<Box<dyn Future<Output = (Option<Packet>, Option<Arc<Message>>)> + Send>>;
 
 /// Serves one connection until it ends.
 pub(crate) async fn serve<S>(shared: Arc<Shared>, stream: S, peer: std::net::SocketAddr)
@@ -175,8 +177,6 @@ struct Client {
     user: Option<Arc<str>>,
     /// QoS 1/2 publishes received and not yet acknowledged (bounded by receive maximum).
     unacked: usize,
-    /// Signalled once the newest publish has been routed (see `ingest::Order`).
-    routed: Option<tokio::sync::oneshot::Receiver<()>>,
     /// Whether reason strings may be sent (MQTT 5 request problem information).
     problem_info: bool,
 }
@@ -333,7 +333,6 @@ where
         will,
         user,
         unacked: 0,
-        routed: None,
         problem_info,
     };
     let keep_alive = Duration::from_secs(u64::from(connect.keep_alive)) * 3 / 2;
@@ -360,15 +359,24 @@ where
                     None => break,
                 }
             }
+            // Checked here, cheaply, so a busy connection that was taken over stops at once;
+            // the select below only waits on it when idle.
+            if cancel.is_cancelled() {
+                return Ok(());
+            }
             tokio::select! {
                 biased;
-                _ = cancel.cancelled() => return Ok(()),
-                Some(ack) = pending.next(), if !pending.is_empty() => {
+                Some((ack, routed)) = pending.next(), if !pending.is_empty() => {
                     if let Some(p) = ack {
                         if matches!(p, Packet::PubAck(_) | Packet::PubRec(_)) {
                             client.unacked = client.unacked.saturating_sub(1);
                         }
                         let _ = client.ctrl.send(p);
+                    }
+                    // May wait for room in a slow subscriber's queue: the reader then stops
+                    // reading, which slows this publisher.
+                    if let Some(m) = routed {
+                        crate::ingest::route(shared, &m).await;
                     }
                 }
                 r = rd.read_buf(&mut buf), if pending.len() < cap => {
@@ -382,13 +390,18 @@ where
                 _ = tokio::time::sleep_until(deadline), if !keep_alive.is_zero() => {
                     return Err(Error::Protocol("keep-alive timeout".into()));
                 }
+                _ = cancel.cancelled() => return Ok(()),
             }
         }
     }
     .await;
     // Stored messages still waiting for the log finish (and are routed) even though their
     // acks can no longer be sent.
-    while pending.next().await.is_some() {}
+    while let Some((_, routed)) = pending.next().await {
+        if let Some(m) = routed {
+            crate::ingest::route(shared, &m).await;
+        }
+    }
     if let Err(e) = &result
         && version == Version::V5
     {
@@ -470,7 +483,7 @@ async fn handle(
             let pkid = r.pkid;
             // After the PUBREC of the same id, which may still be pending.
             pending.push_back(Box::pin(async move {
-                Some(Packet::PubComp(PubComp {
+                let comp = Packet::PubComp(PubComp {
                     pkid,
                     reason: if found {
                         PubCompReason::Success
@@ -478,7 +491,8 @@ async fn handle(
                         PubCompReason::PacketIdentifierNotFound
                     },
                     properties: None,
-                }))
+                });
+                (Some(comp), None)
             }));
         }
         Packet::Subscribe(s) => on_subscribe(shared, client, s).await?,
@@ -569,11 +583,12 @@ fn on_publish(
         // A resent QoS 2 message already stored: acknowledge again, store nothing.
         let pkid = p.pkid;
         pending.push_back(Box::pin(async move {
-            Some(Packet::PubRec(PubRec {
+            let rec = Packet::PubRec(PubRec {
                 pkid,
                 reason: PubRecReason::Success,
                 properties: None,
-            }))
+            });
+            (Some(rec), None)
         }));
         return Ok(());
     }
@@ -603,10 +618,9 @@ fn on_publish(
     let shared = shared.clone();
     let session = client.session.clone();
     let started = Instant::now();
-    let order = crate::ingest::Order::next(&mut client.routed);
-    let store = crate::ingest::store(shared.clone(), message, client.user.clone(), order);
+    let user = client.user.clone();
     pending.push_back(Box::pin(async move {
-        let (reason, text) = store.await;
+        let (reason, text) = crate::ingest::store_rows(&shared, &message, user.as_deref()).await;
         shared.metrics.observe_ack(started.elapsed());
         let failed = error::reason_code(reason) >= 0x80;
         let text = text.filter(|_| problem_info);
@@ -614,7 +628,7 @@ fn on_publish(
             reason_string: text,
             user_properties: Vec::new(),
         });
-        match qos {
+        let ack = match qos {
             QoS::AtMostOnce => None,
             QoS::AtLeastOnce => Some(Packet::PubAck(PubAck {
                 pkid,
@@ -634,7 +648,8 @@ fn on_publish(
                     }),
                 }))
             }
-        }
+        };
+        (ack, (!failed).then_some(message))
     }));
     Ok(())
 }
@@ -771,8 +786,7 @@ fn publish_will(
                 return; // The client came back in time.
             }
         }
-        let (reason, _) =
-            crate::ingest::store(shared, message, user, crate::ingest::Order::default()).await;
+        let (reason, _) = crate::ingest::store(shared, message, user).await;
         tracing::debug!(client_id = %session.client_id, reason = error::reason_code(reason), "will published");
     });
 }

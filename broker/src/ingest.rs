@@ -8,54 +8,33 @@ use rumqttc::v5::mqttbytes::v5::PubAckReason;
 use sluice_engine::api::{DeadLetter, Publication};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use tokio::sync::oneshot;
 
-/// Keeps one client's messages routed in the order it sent them, while their stores run
-/// concurrently: each message routes only after the one before it has.
-#[derive(Debug, Default)]
-pub(crate) struct Order {
-    after: Option<oneshot::Receiver<()>>,
-    done: Option<oneshot::Sender<()>>,
-}
-
-impl Order {
-    /// The next link of a chain whose last link is `last` (updated to this one).
-    pub(crate) fn next(last: &mut Option<oneshot::Receiver<()>>) -> Self {
-        let (done, next) = oneshot::channel();
-        Self {
-            after: last.replace(next),
-            done: Some(done),
-        }
-    }
-}
-
-/// Stores `message` if its topic maps to a table, then hands it to the subscribers (in the
-/// order `order` gives). A message the table refuses is kept in the dead letters and not
-/// routed. Returns the ack reason and, on failure, the reason in words.
+/// Stores `message` if its topic maps to a table, then hands it to the subscribers. A message
+/// the table refuses is kept in the dead letters and not routed. Returns the ack reason and,
+/// on failure, the reason in words. (Connections call [`store_rows`] and [`route`]
+/// separately, to route their messages in the order they were sent.)
 pub(crate) async fn store(
     shared: Arc<Shared>,
     message: Arc<Message>,
     user: Option<Arc<str>>,
-    mut order: Order,
 ) -> (PubAckReason, Option<String>) {
     let outcome = store_rows(&shared, &message, user.as_deref()).await;
-    if let Some(after) = order.after.take() {
-        // An error only means the message before was dropped unrouted: go on.
-        let _ = after.await;
-    }
     if outcome.0 == PubAckReason::Success {
-        if message.retain {
-            shared.router.retain(&message);
-        }
-        shared.router.route(&message).await;
-    }
-    if let Some(done) = order.done.take() {
-        let _ = done.send(());
+        route(&shared, &message).await;
     }
     outcome
 }
 
-async fn store_rows(
+/// Keeps `message` if retained and queues it for every matching session.
+pub(crate) async fn route(shared: &Shared, message: &Arc<Message>) {
+    if message.retain {
+        shared.router.retain(message);
+    }
+    shared.router.route(message).await;
+}
+
+/// Stores `message` in its table, if its topic maps to one (see [`store`]).
+pub(crate) async fn store_rows(
     shared: &Arc<Shared>,
     message: &Arc<Message>,
     user: Option<&str>,
