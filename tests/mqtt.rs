@@ -527,24 +527,10 @@ async fn a_shared_subscription_gives_each_message_to_one_member() {
 #[tokio::test(flavor = "multi_thread")]
 async fn topic_rules_fill_columns_from_named_wildcards() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("sluice.toml");
-    std::fs::write(
-        &config,
+    let s = Server::start_with_config(
+        dir.path(),
         "[[topic]]\nfilter = \"factory/+site/+device/telemetry\"\ntable = \"plant.telemetry\"\nformat = \"json\"\n",
-    )
-    .unwrap();
-    let args: Vec<String> = [
-        "--config",
-        config.to_str().unwrap(),
-        "--data-dir",
-        dir.path().join("data").to_str().unwrap(),
-        "--http-listen",
-        "127.0.0.1:0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let s = Server::start_args(dir.path(), &args, Vec::new());
+    );
     s.sql_ok("CREATE DATABASE plant").await;
     s.sql_ok("CREATE TABLE plant.telemetry (site STRING, device STRING, ts TIMESTAMP, temp DOUBLE) PARTITION BY yyyymmdd(ts)")
         .await;
@@ -577,19 +563,7 @@ async fn a_malformed_packet_closes_only_its_connection() {
 
     // MQTT 5 CONNECT, then a PUBLISH whose topic length runs past the packet.
     let mut raw = tokio::net::TcpStream::connect(&s.mqtt).await.unwrap();
-    let mut connect = bytes::BytesMut::new();
-    rumqttc::v5::mqttbytes::v5::Packet::Connect(
-        rumqttc::v5::mqttbytes::v5::Connect {
-            keep_alive: 30,
-            client_id: "raw".into(),
-            clean_start: true,
-            properties: None,
-        },
-        None,
-        None,
-    )
-    .write(&mut connect, None)
-    .unwrap();
+    let connect = common::v5_connect("raw", None);
     raw.write_all(&connect).await.unwrap();
     let mut buf = vec![0u8; 256];
     let n = raw.read(&mut buf).await.unwrap();
@@ -783,25 +757,13 @@ async fn mqtt_over_websocket_on_the_http_port() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn exceeding_the_receive_maximum_gets_0x93() {
-    use rumqttc::v5::mqttbytes::v5::{Connect, Packet as P5, Publish};
+    use rumqttc::v5::mqttbytes::v5::{Packet as P5, Publish};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &[("SLUICE_MQTT_RECEIVE_MAXIMUM", "2")]);
     iot_table(&s).await;
     let mut raw = tokio::net::TcpStream::connect(&s.mqtt).await.unwrap();
-    let mut out = bytes::BytesMut::new();
-    P5::Connect(
-        Connect {
-            keep_alive: 30,
-            client_id: "greedy".into(),
-            clean_start: true,
-            properties: None,
-        },
-        None,
-        None,
-    )
-    .write(&mut out, None)
-    .unwrap();
+    let mut out = common::v5_connect("greedy", None);
     // Three QoS 1 messages in one write: the third is over the announced maximum of 2.
     for pkid in 1..=3 {
         let mut p = Publish::new(
@@ -825,14 +787,13 @@ async fn exceeding_the_receive_maximum_gets_0x93() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn disconnect_with_will_message_publishes_the_will() {
-    use rumqttc::v5::mqttbytes::v5::{Connect, LastWill, Packet as P5};
+    use rumqttc::v5::mqttbytes::v5::LastWill;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &[]);
     let mut sub = v4(v4_options(&s, "listener", true)).await;
     sub.subscribe("wills/#", QoS::AtLeastOnce).await;
     let mut raw = tokio::net::TcpStream::connect(&s.mqtt).await.unwrap();
-    let mut out = bytes::BytesMut::new();
     let will = LastWill::new(
         "wills/a",
         "bye",
@@ -840,18 +801,7 @@ async fn disconnect_with_will_message_publishes_the_will() {
         false,
         None,
     );
-    P5::Connect(
-        Connect {
-            keep_alive: 30,
-            client_id: "leaver".into(),
-            clean_start: true,
-            properties: None,
-        },
-        Some(will),
-        None,
-    )
-    .write(&mut out, None)
-    .unwrap();
+    let out = common::v5_connect("leaver", Some(will));
     raw.write_all(&out).await.unwrap();
     let mut buf = [0u8; 64];
     let _ = raw.read(&mut buf).await.unwrap();

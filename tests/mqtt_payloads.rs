@@ -260,10 +260,9 @@ async fn users_and_acl_rules() {
     let out = hasher.wait_with_output().unwrap();
     let hash = String::from_utf8(out.stdout).unwrap().trim().to_string();
     assert!(hash.starts_with("$argon2id$"), "{hash}");
-    let config = dir.path().join("sluice.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let s = Server::start_with_config(
+        dir.path(),
+        &format!(
             r#"
 [[user]]
 name = "gw"
@@ -282,20 +281,7 @@ filter = "locked/#"
 allow = false
 "#
         ),
-    )
-    .unwrap();
-    let args: Vec<String> = [
-        "--config",
-        config.to_str().unwrap(),
-        "--data-dir",
-        dir.path().join("data").to_str().unwrap(),
-        "--http-listen",
-        "127.0.0.1:0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let s = Server::start_args(dir.path(), &args, Vec::new());
+    );
     let port = s.mqtt_port().to_string();
     let sub = |extra: &[&str]| {
         Command::new("mosquitto_sub")

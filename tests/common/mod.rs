@@ -52,6 +52,21 @@ impl Server {
         Self::start_args(dir, &args, env)
     }
 
+    /// Starts sluice on `dir` with `toml` as its configuration file.
+    pub fn start_with_config(dir: &Path, toml: &str) -> Server {
+        let config = dir.join("sluice.toml");
+        std::fs::write(&config, toml).unwrap();
+        let args = [
+            "--config".to_string(),
+            config.display().to_string(),
+            "--data-dir".to_string(),
+            dir.join("data").display().to_string(),
+            "--http-listen".to_string(),
+            "127.0.0.1:0".to_string(),
+        ];
+        Self::start_args(dir, &args, Vec::new())
+    }
+
     /// Starts `sluice serve ARGS` with these environment variables.
     pub fn start_args(dir: &Path, args: &[String], env: Vec<(String, String)>) -> Server {
         let mut args = args.to_vec();
@@ -230,6 +245,28 @@ impl Server {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+}
+
+/// The bytes of an MQTT 5 CONNECT (clean start, keep-alive 30 s).
+pub fn v5_connect(
+    client_id: &str,
+    will: Option<rumqttc::v5::mqttbytes::v5::LastWill>,
+) -> bytes::BytesMut {
+    use rumqttc::v5::mqttbytes::v5::{Connect, Packet};
+    let mut out = bytes::BytesMut::new();
+    Packet::Connect(
+        Connect {
+            keep_alive: 30,
+            client_id: client_id.into(),
+            clean_start: true,
+            properties: None,
+        },
+        will,
+        None,
+    )
+    .write(&mut out, None)
+    .unwrap();
+    out
 }
 
 impl Drop for Server {

@@ -7,8 +7,9 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use sluice_bench::Killer;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
@@ -29,14 +30,6 @@ struct Args {
     /// (disk write-back from one run disturbs the next, so one round is noisy).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-}
-
-struct Killer(Child);
-impl Drop for Killer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn main() -> Result<()> {

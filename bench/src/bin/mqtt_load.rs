@@ -16,8 +16,9 @@ use bytes::BytesMut;
 use clap::Parser;
 use rumqttc::mqttbytes::QoS;
 use rumqttc::mqttbytes::v4::{Connect, Packet, Publish};
+use sluice_bench::Killer;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -50,14 +51,6 @@ struct Args {
     /// Skip Mosquitto.
     #[arg(long)]
     no_mosquitto: bool,
-}
-
-struct Killer(Child);
-impl Drop for Killer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// messages/s, p50 ms, p99 ms.
