@@ -502,18 +502,21 @@ async fn a_shared_subscription_gives_each_message_to_one_member() {
             .unwrap();
     }
     let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while got_a.len() + got_b.len() < 20 {
-        tokio::select! {
-            Some(e) = a.events.recv() => if let Event::Incoming(Packet::Publish(m)) = e {
-                got_a.push(m.topic)
-            },
-            Some(e) = b.events.recv() => if let Event::Incoming(Packet::Publish(m)) = e {
-                got_b.push(m.topic)
-            },
-            _ = tokio::time::sleep_until(deadline) => panic!("only {} of 20 jobs arrived", got_a.len() + got_b.len()),
+    let all_arrived = async {
+        while got_a.len() + got_b.len() < 20 {
+            tokio::select! {
+                Some(e) = a.events.recv() => if let Event::Incoming(Packet::Publish(m)) = e {
+                    got_a.push(m.topic)
+                },
+                Some(e) = b.events.recv() => if let Event::Incoming(Packet::Publish(m)) = e {
+                    got_b.push(m.topic)
+                },
+            }
         }
-    }
+    };
+    tokio::time::timeout(Duration::from_secs(20), all_arrived)
+        .await
+        .expect("all 20 jobs within 20 s");
     assert!(
         !got_a.is_empty() && !got_b.is_empty(),
         "a: {got_a:?}, b: {got_b:?}"
