@@ -388,7 +388,7 @@ where
                     deadline = tokio::time::Instant::now() + keep_alive;
                 }
                 _ = tokio::time::sleep_until(deadline), if !keep_alive.is_zero() => {
-                    return Err(Error::Protocol("keep-alive timeout".into()));
+                    return Err(Error::KeepAlive);
                 }
                 _ = cancel.cancelled() => return Ok(()),
             }
@@ -405,12 +405,7 @@ where
     if let Err(e) = &result
         && version == Version::V5
     {
-        let reason = match e {
-            Error::Protocol(m) if m == "keep-alive timeout" => {
-                DisconnectReasonCode::KeepAliveTimeout
-            }
-            e => e.disconnect_reason(),
-        };
+        let reason = e.disconnect_reason();
         let _ = client.ctrl.send(Packet::Disconnect(Disconnect {
             reason_code: reason,
             properties: None,

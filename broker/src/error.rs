@@ -22,6 +22,9 @@ pub enum Error {
     /// More unacknowledged QoS 1/2 publishes than the receive maximum allows.
     #[error("receive maximum {0} exceeded")]
     ReceiveMaximum(u16),
+    /// No packet within 1.5 times the keep-alive the client asked for.
+    #[error("keep-alive timeout")]
+    KeepAlive,
     /// A topic alias that is zero, too large, or unknown.
     #[error("topic alias invalid: {0}")]
     TopicAlias(String),
@@ -52,6 +55,7 @@ impl Error {
             Error::Protocol(_) => DisconnectReasonCode::ProtocolError,
             Error::PacketTooLarge { .. } => DisconnectReasonCode::PacketTooLarge,
             Error::ReceiveMaximum(_) => DisconnectReasonCode::ReceiveMaximumExceeded,
+            Error::KeepAlive => DisconnectReasonCode::KeepAliveTimeout,
             Error::TopicAlias(_) => DisconnectReasonCode::TopicAliasInvalid,
             Error::Io(_) | Error::Setup { .. } => DisconnectReasonCode::UnspecifiedError,
         }

@@ -39,28 +39,33 @@ pub(crate) async fn store_rows(
     message: &Arc<Message>,
     user: Option<&str>,
 ) -> (PubAckReason, Option<String>) {
-    let (shared, message) = (shared.clone(), message.clone());
     if !shared.auth.allowed(user, Action::Publish, &message.topic) {
         let text = format!("not authorized to publish to {}", message.topic);
-        return refuse(&shared, &message, PubAckReason::NotAuthorized, text).await;
+        return refuse(shared, message, PubAckReason::NotAuthorized, text).await;
     }
     if let Some(t) = shared.mapper.map(
         &message.topic,
         message.properties.as_ref(),
         &message.payload,
     ) {
-        let table = || format!("{}.{}", t.database, t.table);
-        if shared.auth.has_rules() && !shared.auth.allowed(user, Action::Write, &table()) {
-            let table = table();
-            let text = format!("not authorized to write to {table}");
-            return refuse(&shared, &message, PubAckReason::NotAuthorized, text).await;
+        // Without rules the table name need not be built for every message.
+        if shared.auth.has_rules() {
+            let table = format!("{}.{}", t.database, t.table);
+            if !shared.auth.allowed(user, Action::Write, &table) {
+                let text = format!("not authorized to write to {table}");
+                return refuse(shared, message, PubAckReason::NotAuthorized, text).await;
+            }
         }
-        let auto_create = shared.config.auto_create_databases.contains(&t.database);
+        let auto_create = shared
+            .config
+            .auto_create_databases
+            .iter()
+            .any(|d| d == t.database);
         let result = shared
             .db
             .publish(Publication {
-                database: &t.database,
-                table: &t.table,
+                database: t.database,
+                table: t.table,
                 format: t.format,
                 payload: &message.payload,
                 fixed: &t.fixed,
@@ -77,7 +82,7 @@ pub(crate) async fn store_rows(
             Ok(None) => {}
             Err(e) => {
                 let reason = error::store_reason(&e);
-                return refuse(&shared, &message, reason, e.to_string()).await;
+                return refuse(shared, message, reason, e.to_string()).await;
             }
         }
     }

@@ -9,11 +9,12 @@ use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use sluice_conf::TopicRule;
 use sluice_engine::Format;
 
-/// Where one message goes.
+/// Where one message goes; names borrow from the topic, its properties or the rule, so
+/// mapping a message allocates nothing unless a rule captures levels.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Target {
-    pub(crate) database: String,
-    pub(crate) table: String,
+pub(crate) struct Target<'a> {
+    pub(crate) database: &'a str,
+    pub(crate) table: &'a str,
     pub(crate) format: Format,
     /// Columns filled from captured topic levels: (column, text).
     pub(crate) fixed: Vec<(String, String)>,
@@ -86,12 +87,12 @@ impl Mapper {
     }
 
     /// The table `topic` writes into, if any.
-    pub(crate) fn map(
-        &self,
-        topic: &str,
-        props: Option<&PublishProperties>,
+    pub(crate) fn map<'a>(
+        &'a self,
+        topic: &'a str,
+        props: Option<&'a PublishProperties>,
         payload: &[u8],
-    ) -> Option<Target> {
+    ) -> Option<Target<'a>> {
         let user = |key: &str| {
             props.and_then(|p| {
                 p.user_properties
@@ -108,8 +109,8 @@ impl Mapper {
         let format = |rule: Option<Format>| rule.or(declared).unwrap_or_else(|| sniff(payload));
         if let Some(table) = user("table") {
             return Some(Target {
-                database: user("db").unwrap_or("default").to_string(),
-                table: table.to_string(),
+                database: user("db").unwrap_or("default"),
+                table,
                 format: format(None),
                 fixed: Vec::new(),
             });
@@ -117,8 +118,8 @@ impl Mapper {
         for rule in &self.rules {
             if let Some(fixed) = rule.capture(topic) {
                 return Some(Target {
-                    database: rule.database.clone(),
-                    table: rule.table.clone(),
+                    database: &rule.database,
+                    table: &rule.table,
                     format: format(rule.format),
                     fixed,
                 });
@@ -129,8 +130,8 @@ impl Mapper {
             return None;
         }
         Some(Target {
-            database: db.to_string(),
-            table: table.to_string(),
+            database: db,
+            table,
             format: format(None),
             fixed: Vec::new(),
         })
@@ -212,10 +213,7 @@ mod tests {
     fn rules_capture_named_levels() {
         let m = Mapper::new(&[rule("factory/+site/+device/telemetry", "iot.telemetry")]).unwrap();
         let t = m.map("factory/berlin/d7/telemetry", None, b"{}").unwrap();
-        assert_eq!(
-            (t.database.as_str(), t.table.as_str()),
-            ("iot", "telemetry")
-        );
+        assert_eq!((t.database, t.table), ("iot", "telemetry"));
         assert_eq!(
             t.fixed,
             vec![
@@ -232,10 +230,7 @@ mod tests {
     fn joinbase_convention_and_user_properties() {
         let m = Mapper::default();
         let t = m.map("/db1/t1", None, b"1,2").unwrap();
-        assert_eq!(
-            (t.database.as_str(), t.table.as_str(), t.format),
-            ("db1", "t1", Format::Csv)
-        );
+        assert_eq!((t.database, t.table, t.format), ("db1", "t1", Format::Csv));
         assert!(m.map("db1/t1", None, b"").is_none());
         assert!(m.map("/db1/t1/x", None, b"").is_none());
         let props = PublishProperties {
@@ -244,7 +239,7 @@ mod tests {
             ..Default::default()
         };
         let t = m.map("any/topic", Some(&props), b"x").unwrap();
-        assert_eq!((t.database.as_str(), t.table.as_str()), ("d", "t"));
+        assert_eq!((t.database, t.table), ("d", "t"));
         assert_eq!(t.format, Format::LineProtocol);
     }
 
