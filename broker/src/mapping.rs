@@ -106,7 +106,8 @@ impl Mapper {
                 .and_then(|p| p.content_type.as_deref())
                 .and_then(format_of_content_type)
         });
-        let format = |rule: Option<Format>| rule.or(declared).unwrap_or_else(|| sniff(payload));
+        let format =
+            |rule: Option<Format>| rule.or(declared).unwrap_or_else(|| Format::sniff(payload));
         if let Some(table) = user("table") {
             return Some(Target {
                 database: user("db").unwrap_or("default"),
@@ -175,28 +176,6 @@ fn format_of_content_type(ct: &str) -> Option<Format> {
     }
 }
 
-/// JSON when the payload starts with `{` or `[`; InfluxDB line protocol when its first line
-/// reads `measurement[,tags] field=value...`; CSV otherwise.
-pub(crate) fn sniff(payload: &[u8]) -> Format {
-    let text = payload.trim_ascii_start();
-    match text.first() {
-        Some(b'{') | Some(b'[') => return Format::Json,
-        None => return Format::Csv,
-        _ => {}
-    }
-    let line = text.split(|b| *b == b'\n').next().unwrap_or(&[]);
-    let mut fields = line.split(|b| *b == b' ').filter(|f| !f.is_empty());
-    let head = fields.next().unwrap_or(&[]);
-    let body = fields.next().unwrap_or(&[]);
-    let head_ok = !head.is_empty() && !head.contains(&b'"') && !head.starts_with(b"=");
-    let body_ok = body.iter().position(|b| *b == b'=').is_some_and(|i| i > 0);
-    if head_ok && body_ok {
-        Format::LineProtocol
-    } else {
-        Format::Csv
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,17 +220,5 @@ mod tests {
         let t = m.map("any/topic", Some(&props), b"x").unwrap();
         assert_eq!((t.database, t.table), ("d", "t"));
         assert_eq!(t.format, Format::LineProtocol);
-    }
-
-    #[test]
-    fn sniffing() {
-        assert_eq!(sniff(b" {\"a\":1}"), Format::Json);
-        assert_eq!(sniff(b"[1]"), Format::Json);
-        assert_eq!(sniff(b"1,2,\"x y\""), Format::Csv);
-        assert_eq!(
-            sniff(b"cpu,host=a usage=1.5 1700000000000000000"),
-            Format::LineProtocol
-        );
-        assert_eq!(sniff(b"2016-01-01 00:00:00,1,2.5"), Format::Csv);
     }
 }

@@ -38,11 +38,25 @@ pub enum Format {
 }
 
 impl Format {
-    /// Guesses from the first non-blank byte: `{` or `[` is JSON, anything else CSV.
+    /// Guesses a payload's format: JSON when it starts with `{` or `[`; InfluxDB line
+    /// protocol when its first line reads `measurement[,tags] field=value...`; CSV otherwise.
     pub fn sniff(body: &[u8]) -> Self {
-        match body.iter().find(|b| !b.is_ascii_whitespace()) {
-            Some(b'{') | Some(b'[') => Format::Json,
-            _ => Format::Csv,
+        let text = body.trim_ascii_start();
+        match text.first() {
+            Some(b'{') | Some(b'[') => return Format::Json,
+            None => return Format::Csv,
+            _ => {}
+        }
+        let line = text.split(|b| *b == b'\n').next().unwrap_or(&[]);
+        let mut fields = line.split(|b| *b == b' ').filter(|f| !f.is_empty());
+        let head = fields.next().unwrap_or(&[]);
+        let body = fields.next().unwrap_or(&[]);
+        let head_ok = !head.is_empty() && !head.contains(&b'"') && !head.starts_with(b"=");
+        let body_ok = body.iter().position(|b| *b == b'=').is_some_and(|i| i > 0);
+        if head_ok && body_ok {
+            Format::LineProtocol
+        } else {
+            Format::Csv
         }
     }
 

@@ -446,3 +446,15 @@ fn format_names() {
     assert_eq!(Format::from_name("json"), Some(Format::Json));
     assert_eq!(Format::from_name("xml"), None);
 }
+
+#[test]
+fn sniffing() {
+    assert_eq!(Format::sniff(b" {\"a\":1}"), Format::Json);
+    assert_eq!(Format::sniff(b"[1]"), Format::Json);
+    assert_eq!(Format::sniff(b"1,2,\"x y\""), Format::Csv);
+    assert_eq!(
+        Format::sniff(b"cpu,host=a usage=1.5 1700000000000000000"),
+        Format::LineProtocol
+    );
+    assert_eq!(Format::sniff(b"2016-01-01 00:00:00,1,2.5"), Format::Csv);
+}
