@@ -76,22 +76,12 @@ fn qos(n: u8) -> QoS {
     }
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
-        .collect()
-}
-
 impl StoredMessage {
     pub(crate) fn from(m: &Message) -> Self {
         let p = m.properties.as_ref();
         Self {
             topic: m.topic.to_string(),
-            payload_hex: hex(&m.payload),
+            payload_hex: sluice_engine::hex::encode(&m.payload),
             qos: m.qos as u8,
             retain: m.retain,
             origin: m.origin.to_string(),
@@ -100,7 +90,11 @@ impl StoredMessage {
                 .map(|e| e.saturating_duration_since(Instant::now()).as_secs()),
             content_type: p.and_then(|p| p.content_type.clone()),
             response_topic: p.and_then(|p| p.response_topic.clone()),
-            correlation_hex: p.and_then(|p| p.correlation_data.as_ref().map(|c| hex(c))),
+            correlation_hex: p.and_then(|p| {
+                p.correlation_data
+                    .as_ref()
+                    .map(|c| sluice_engine::hex::encode(c))
+            }),
             payload_format_indicator: p.and_then(|p| p.payload_format_indicator),
             user_properties: p.map(|p| p.user_properties.clone()).unwrap_or_default(),
         }
@@ -114,7 +108,7 @@ impl StoredMessage {
             || !self.user_properties.is_empty();
         Arc::new(Message {
             topic: Arc::from(self.topic),
-            payload: unhex(&self.payload_hex).into(),
+            payload: sluice_engine::hex::decode(&self.payload_hex).into(),
             qos: qos(self.qos),
             retain: self.retain,
             properties: has_props.then(|| PublishProperties {
@@ -122,7 +116,9 @@ impl StoredMessage {
                 message_expiry_interval: None,
                 topic_alias: None,
                 response_topic: self.response_topic,
-                correlation_data: self.correlation_hex.map(|h| unhex(&h).into()),
+                correlation_data: self
+                    .correlation_hex
+                    .map(|h| sluice_engine::hex::decode(&h).into()),
                 user_properties: self.user_properties,
                 subscription_identifiers: Vec::new(),
                 content_type: self.content_type,

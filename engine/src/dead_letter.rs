@@ -52,7 +52,7 @@ impl DeadLetters {
                     time_micros: l.time_micros,
                     client_id: l.client_id,
                     topic: l.topic,
-                    payload: unhex(&l.payload_hex),
+                    payload: crate::hex::decode(&l.payload_hex),
                     reason: l.reason,
                     reason_code: l.reason_code,
                 });
@@ -79,7 +79,7 @@ impl DeadLetters {
             time_micros: letter.time_micros,
             client_id: letter.client_id.clone(),
             topic: letter.topic.clone(),
-            payload_hex: hex(&letter.payload),
+            payload_hex: crate::hex::encode(&letter.payload),
             reason: letter.reason.clone(),
             reason_code: letter.reason_code,
         })
@@ -107,16 +107,6 @@ impl DeadLetters {
     pub fn snapshot(&self) -> Vec<DeadLetter> {
         self.recent.lock().iter().cloned().collect()
     }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .filter_map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok())
-        .collect()
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ pub mod dead_letter;
 pub mod decode;
 pub mod engine;
 pub mod error;
+pub mod hex;
 pub mod partition;
 pub mod provider;
 pub mod state;
