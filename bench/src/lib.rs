@@ -18,3 +18,70 @@ impl Drop for Killer {
         let _ = self.0.wait();
     }
 }
+
+/// A running `sluice serve` on ports the OS picked, in its own data directory; stopped when
+/// dropped.
+#[derive(Debug)]
+pub struct Sluice {
+    _process: Killer,
+    /// HTTP `host:port`.
+    pub http: String,
+    /// MQTT `host:port`.
+    pub mqtt: String,
+    client: reqwest::Client,
+}
+
+impl Sluice {
+    /// Starts `bin serve` with its data under `dir/sluice` and waits until it listens.
+    pub fn start(bin: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(bin)
+            .args([
+                "serve",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--mqtt-listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--data-dir")
+            .arg(dir.join("sluice"))
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let process = Killer(child);
+        let (mut http, mut mqtt) = (None, None);
+        for line in std::io::BufReader::new(stdout).lines() {
+            let line = line?;
+            if let Some(a) = line.strip_prefix("sluice: mqtt listening on ") {
+                mqtt = Some(a.to_string());
+            }
+            if let Some(a) = line.strip_prefix("sluice: http listening on ") {
+                http = Some(a.to_string());
+                break;
+            }
+        }
+        Ok(Self {
+            _process: process,
+            http: http.context("sluice did not start")?,
+            mqtt: mqtt.context("sluice printed no MQTT address")?,
+            client: reqwest::Client::new(),
+        })
+    }
+
+    /// Runs one statement that must succeed; returns the JSON body.
+    pub async fn sql(&self, q: &str) -> anyhow::Result<String> {
+        let r = self
+            .client
+            .post(format!("http://{}/v1/sql", self.http))
+            .body(q.to_string())
+            .send()
+            .await?;
+        let ok = r.status().is_success();
+        let text = r.text().await?;
+        anyhow::ensure!(ok, "{q}: {text}");
+        Ok(text)
+    }
+}

@@ -7,7 +7,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use sluice_bench::Killer;
+use sluice_bench::{Killer, Sluice};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -92,40 +92,12 @@ fn main() -> Result<()> {
 }
 
 async fn run_sluice(bin: &Path, dir: &Path, args: &Args) -> Result<(f64, f64, f64)> {
-    let mut child = Command::new(bin)
-        .args(["serve", "--http-listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.join("sluice"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let stdout = child.stdout.take().expect("piped");
-    let _guard = Killer(child);
-    let addr = {
-        use std::io::BufRead;
-        let mut addr = None;
-        for line in std::io::BufReader::new(stdout).lines() {
-            if let Some(a) = line?.strip_prefix("sluice: http listening on ") {
-                addr = Some(a.to_string());
-                break;
-            }
-        }
-        addr.context("sluice did not start")?
-    };
-    let http = reqwest::Client::new();
-    for q in [
-        "CREATE DATABASE bench",
-        "CREATE TABLE bench.readings (ts TIMESTAMP, device VARCHAR, temp DOUBLE) PARTITION BY ymdh(ts)",
-    ] {
-        let r = http
-            .post(format!("http://{addr}/v1/sql"))
-            .body(q)
-            .send()
-            .await?;
-        if !r.status().is_success() {
-            bail!("{q}: {}", r.text().await?);
-        }
-    }
+    let sluice = Sluice::start(bin, dir)?;
+    sluice.sql("CREATE DATABASE bench").await?;
+    sluice
+        .sql("CREATE TABLE bench.readings (ts TIMESTAMP, device VARCHAR, temp DOUBLE) PARTITION BY ymdh(ts)")
+        .await?;
+    let addr = &sluice.http;
     let url = format!("http://{addr}/v1/write/bench/readings");
     let per = args.rows / args.connections;
     let start = Instant::now();
@@ -166,12 +138,8 @@ async fn run_sluice(bin: &Path, dir: &Path, args: &Args) -> Result<(f64, f64, f6
         lat.extend(t.await??);
     }
     let secs = start.elapsed().as_secs_f64();
-    let r = http
-        .post(format!("http://{addr}/v1/sql"))
-        .body("SELECT count(*) AS n FROM bench.readings")
-        .send()
-        .await?
-        .text()
+    let r = sluice
+        .sql("SELECT count(*) AS n FROM bench.readings")
         .await?;
     if !r.contains(&format!("{}", per * args.connections)) {
         bail!("row count mismatch: {r}");

@@ -16,7 +16,7 @@ use bytes::BytesMut;
 use clap::Parser;
 use rumqttc::mqttbytes::QoS;
 use rumqttc::mqttbytes::v4::{Connect, Packet, Publish};
-use sluice_bench::Killer;
+use sluice_bench::{Killer, Sluice};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -122,58 +122,15 @@ fn main() -> Result<()> {
 }
 
 async fn run_sluice(bin: &Path, dir: &Path, args: &Args) -> Result<Figures> {
-    let mut child = Command::new(bin)
-        .args([
-            "serve",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--data-dir",
-        ])
-        .arg(dir.join("sluice"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let stdout = child.stdout.take().expect("piped");
-    let _guard = Killer(child);
-    let (mut http, mut mqtt) = (None, None);
-    {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout).lines() {
-            let line = line?;
-            if let Some(a) = line.strip_prefix("sluice: mqtt listening on ") {
-                mqtt = Some(a.to_string());
-            }
-            if let Some(a) = line.strip_prefix("sluice: http listening on ") {
-                http = Some(a.to_string());
-                break;
-            }
-        }
-    }
-    let (http, mqtt) = (
-        http.context("sluice did not start")?,
-        mqtt.context("no MQTT address")?,
-    );
-    let client = reqwest::Client::new();
-    let sql = |q: &'static str| {
-        let client = client.clone();
-        let url = format!("http://{http}/v1/sql");
-        async move {
-            let r = client.post(url).body(q).send().await?;
-            let ok = r.status().is_success();
-            let text = r.text().await?;
-            if !ok {
-                bail!("{q}: {text}");
-            }
-            Ok::<_, anyhow::Error>(text)
-        }
-    };
-    sql("CREATE DATABASE bench").await?;
-    sql("CREATE TABLE bench.readings (ts TIMESTAMP, device STRING, seq BIGINT, temp DOUBLE) PARTITION BY ymdh(ts)").await?;
-    let figures = load(&mqtt, args).await?;
-    let count = sql("SELECT count(*) AS n FROM bench.readings").await?;
+    let sluice = Sluice::start(bin, dir)?;
+    sluice.sql("CREATE DATABASE bench").await?;
+    sluice
+        .sql("CREATE TABLE bench.readings (ts TIMESTAMP, device STRING, seq BIGINT, temp DOUBLE) PARTITION BY ymdh(ts)")
+        .await?;
+    let figures = load(&sluice.mqtt, args).await?;
+    let count = sluice
+        .sql("SELECT count(*) AS n FROM bench.readings")
+        .await?;
     let stored = (args.messages / args.connections) * args.connections;
     if !count.contains(&format!("\"n\":{stored}")) {
         bail!("Sluice stored {count}, expected {stored} rows");
