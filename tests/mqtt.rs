@@ -310,13 +310,8 @@ async fn retained_messages_and_clearing_them_with_mosquitto_clients() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &[]);
     iot_table(&s).await;
-    let port = s.mqtt_port().to_string();
     let publish = |args: &[&str]| {
-        let out = Command::new("mosquitto_pub")
-            .args(["-h", "127.0.0.1", "-p", &port])
-            .args(args)
-            .output()
-            .expect("mosquitto_pub (package mosquitto-clients) must be installed");
+        let out = s.mosquitto("mosquitto_pub", args);
         assert!(
             out.status.success(),
             "{}",
@@ -324,22 +319,7 @@ async fn retained_messages_and_clearing_them_with_mosquitto_clients() {
         );
     };
     let subscribe_one = |filter: &str| {
-        let out = Command::new("mosquitto_sub")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port,
-                "-t",
-                filter,
-                "-C",
-                "1",
-                "-W",
-                "2",
-                "-v",
-            ])
-            .output()
-            .unwrap();
+        let out = s.mosquitto("mosquitto_sub", &["-t", filter, "-C", "1", "-W", "2", "-v"]);
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
     publish(&["-t", "site/a/status", "-r", "-m", "online"]);

@@ -7,12 +7,7 @@ use common::{Server, eventually};
 use std::process::Command;
 
 fn pub_msg(s: &Server, args: &[&str]) -> std::process::Output {
-    let port = s.mqtt_port().to_string();
-    Command::new("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &port, "-q", "1"])
-        .args(args)
-        .output()
-        .expect("mosquitto_pub (package mosquitto-clients) must be installed")
+    s.mosquitto("mosquitto_pub", &[&["-q", "1"], args].concat())
 }
 
 fn publish(s: &Server, topic: &str, payload: &str) {
@@ -119,25 +114,11 @@ async fn the_first_json_message_creates_the_table_in_an_auto_create_database() {
 async fn sessions_and_retained_messages_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &[]);
-    let port = s.mqtt_port().to_string();
     // A persistent subscriber (clean session off) that goes away.
-    let out = Command::new("mosquitto_sub")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-i",
-            "keeper",
-            "-c",
-            "-q",
-            "1",
-            "-t",
-            "alerts/#",
-            "-E",
-        ])
-        .output()
-        .unwrap();
+    let out = s.mosquitto(
+        "mosquitto_sub",
+        &["-i", "keeper", "-c", "-q", "1", "-t", "alerts/#", "-E"],
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -149,48 +130,20 @@ async fn sessions_and_retained_messages_survive_a_restart() {
     assert_eq!(s.terminate(), 0);
 
     let s = Server::start(dir.path(), &[]);
-    let port = s.mqtt_port().to_string();
-    let out = Command::new("mosquitto_sub")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-i",
-            "keeper",
-            "-c",
-            "-q",
-            "1",
-            "-t",
-            "alerts/#",
-            "-C",
-            "1",
-            "-W",
-            "10",
-            "-v",
-        ])
-        .output()
-        .unwrap();
+    let out = s.mosquitto(
+        "mosquitto_sub",
+        &[
+            "-i", "keeper", "-c", "-q", "1", "-t", "alerts/#", "-C", "1", "-W", "10", "-v",
+        ],
+    );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "alerts/boiler hot"
     );
-    let out = Command::new("mosquitto_sub")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-t",
-            "config/#",
-            "-C",
-            "1",
-            "-W",
-            "10",
-            "-v",
-        ])
-        .output()
-        .unwrap();
+    let out = s.mosquitto(
+        "mosquitto_sub",
+        &["-t", "config/#", "-C", "1", "-W", "10", "-v"],
+    );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "config/rate 10s"
@@ -219,24 +172,19 @@ async fn metrics_on_http_and_as_sys_topics() {
         text.contains("sluice_mqtt_ack_latency_seconds_count 1"),
         "{text}"
     );
-    let port = s.mqtt_port().to_string();
     let mut got = String::new();
     eventually("$SYS/broker/messages_received_total", 30, || {
-        let out = Command::new("mosquitto_sub")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port,
+        let out = s.mosquitto(
+            "mosquitto_sub",
+            &[
                 "-t",
                 "$SYS/broker/messages_received_total",
                 "-C",
                 "1",
                 "-W",
                 "3",
-            ])
-            .output()
-            .unwrap();
+            ],
+        );
         got = String::from_utf8_lossy(&out.stdout).trim().to_string();
         // Published every 10 s: the first value may predate the message above.
         let ok = got.parse::<u64>().is_ok_and(|n| n >= 1);
@@ -282,14 +230,7 @@ allow = false
 "#
         ),
     );
-    let port = s.mqtt_port().to_string();
-    let sub = |extra: &[&str]| {
-        Command::new("mosquitto_sub")
-            .args(["-h", "127.0.0.1", "-p", &port, "-t", "x", "-E"])
-            .args(extra)
-            .output()
-            .unwrap()
-    };
+    let sub = |extra: &[&str]| s.mosquitto("mosquitto_sub", &[&["-t", "x", "-E"], extra].concat());
     // No credentials, a wrong password: refused at CONNECT.
     assert!(!sub(&[]).status.success());
     assert!(!sub(&["-u", "gw", "-P", "wrong"]).status.success());
@@ -325,12 +266,9 @@ allow = false
         vec![serde_json::json!({"topic": "locked/door", "reason_code": 135})]
     );
     // 3.1.1: SUBACK 0x80.
-    let out = Command::new("mosquitto_sub")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port,
+    let out = s.mosquitto(
+        "mosquitto_sub",
+        &[
             "-u",
             "gw",
             "-P",
@@ -339,9 +277,8 @@ allow = false
             "test/nosubscribe",
             "-E",
             "-d",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("SUBACK") && text.contains("128"), "{text}");
 }
@@ -350,13 +287,8 @@ allow = false
 async fn users_made_with_sql_log_in() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &[]);
-    let port = s.mqtt_port().to_string();
     let sub = |extra: &[&str]| {
-        Command::new("mosquitto_sub")
-            .args(["-h", "127.0.0.1", "-p", &port, "-t", "x", "-E"])
-            .args(extra)
-            .output()
-            .unwrap()
+        s.mosquitto("mosquitto_sub", &[&["-t", "x", "-E"], extra].concat())
             .status
             .success()
     };

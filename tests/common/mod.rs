@@ -126,6 +126,16 @@ impl Server {
         }
     }
 
+    /// Runs `mosquitto_pub` or `mosquitto_sub` against this server's MQTT port.
+    pub fn mosquitto(&self, program: &str, args: &[&str]) -> std::process::Output {
+        let port = self.mqtt_port().to_string();
+        Command::new(program)
+            .args(["-h", "127.0.0.1", "-p", &port])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{program} (package mosquitto-clients): {e}"))
+    }
+
     /// The MQTT port.
     pub fn mqtt_port(&self) -> u16 {
         self.mqtt.rsplit(':').next().unwrap().parse().unwrap()
