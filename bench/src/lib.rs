@@ -32,6 +32,14 @@ pub struct Sluice {
 }
 
 impl Sluice {
+    /// The binary to measure: `explicit`, else the `sluice` built next to the runner.
+    pub fn binary(explicit: Option<&std::path::Path>) -> anyhow::Result<std::path::PathBuf> {
+        Ok(match explicit {
+            Some(p) => p.to_path_buf(),
+            None => std::env::current_exe()?.with_file_name("sluice"),
+        })
+    }
+
     /// Starts `bin serve` with its data under `dir/sluice` and waits until it listens.
     pub fn start(bin: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<Self> {
         use anyhow::Context;
@@ -84,4 +92,12 @@ impl Sluice {
         anyhow::ensure!(ok, "{q}: {text}");
         Ok(text)
     }
+}
+
+/// The runners' async runtime: two workers, like the machine.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
 }

@@ -40,14 +40,8 @@ fn main() -> Result<()> {
         dir.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )?;
-    let sluice = match &args.sluice {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?.with_file_name("sluice"),
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let sluice = Sluice::binary(args.sluice.as_deref())?;
+    let rt = sluice_bench::runtime()?;
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
     for round in 0..args.rounds.max(1) {

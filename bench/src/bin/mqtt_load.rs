@@ -62,14 +62,8 @@ fn main() -> Result<()> {
         bail!("--qos must be 0 or 1");
     }
     let dir = tempfile::tempdir()?;
-    let sluice = match &args.sluice {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?.with_file_name("sluice"),
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let sluice = Sluice::binary(args.sluice.as_deref())?;
+    let rt = sluice_bench::runtime()?;
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for round in 0..args.rounds.max(1) {
         let round_dir = dir.path().join(format!("round{round}"));
