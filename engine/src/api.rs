@@ -36,6 +36,15 @@ impl QueryOutput {
     }
 }
 
+/// How to run a statement.
+#[derive(Debug, Clone, Default)]
+pub struct QueryOptions {
+    /// The database of names written without one (`default` when `None`).
+    pub database: Option<String>,
+    /// Values of `$1`, `$2`, ... in order.
+    pub params: Vec<datafusion::common::ScalarValue>,
+}
+
 /// An acknowledged write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteReceipt {
@@ -95,7 +104,13 @@ pub struct DeadLetter {
 #[async_trait]
 pub trait Database: Send + Sync + 'static {
     /// Executes one SQL statement.
-    async fn execute(&self, sql: &str) -> Result<QueryOutput>;
+    async fn execute(&self, sql: &str) -> Result<QueryOutput> {
+        self.query(sql, &QueryOptions::default()).await
+    }
+
+    /// Executes one SQL statement with options: the database of unqualified names, and
+    /// values for `$1`, `$2`, ... placeholders.
+    async fn query(&self, sql: &str, options: &QueryOptions) -> Result<QueryOutput>;
 
     /// Decodes `payload` for `database.table` and stores it as one durable append; returns
     /// only once the rows are durable and visible to queries. All rows or none.

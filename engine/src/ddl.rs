@@ -141,6 +141,8 @@ pub enum Statement {
 
 struct P<'a> {
     p: Parser<'a>,
+    /// The database of names written without one.
+    database: &'a str,
 }
 
 fn perr(e: ParserError) -> Error {
@@ -204,7 +206,7 @@ impl P<'_> {
             .collect();
         match parts.as_slice() {
             [t] => Ok(TableRef {
-                database: DEFAULT_DATABASE.into(),
+                database: self.database.into(),
                 table: t.clone(),
             }),
             [d, t] => Ok(TableRef {
@@ -461,10 +463,18 @@ impl P<'_> {
 /// Parses one statement. Statements that are not Sluice's own come back as
 /// [`Statement::Query`] without being parsed further.
 pub fn parse(sql: &str) -> Result<Statement> {
+    parse_in(sql, DEFAULT_DATABASE)
+}
+
+/// Like [`parse`], with names written without a database meaning `database`.
+pub fn parse_in(sql: &str, database: &str) -> Result<Statement> {
     let parser = Parser::new(&GenericDialect {})
         .try_with_sql(sql)
         .map_err(perr)?;
-    let mut p = P { p: parser };
+    let mut p = P {
+        p: parser,
+        database,
+    };
     if p.word("CREATE") {
         if p.word("DATABASE") || p.word("SCHEMA") {
             let if_not_exists = p.if_not_exists();

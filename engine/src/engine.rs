@@ -2,18 +2,18 @@
 //! serves writes (decode -> log -> apply -> ack) and SQL, while a background task persists
 //! buffers, compacts files and applies retention.
 
-use crate::api::{Database, DeadLetter, Health, Publication, QueryOutput, WriteReceipt};
+use crate::api::{
+    Database, DeadLetter, Health, Publication, QueryOptions, QueryOutput, WriteReceipt,
+};
 use crate::catalog::{Catalog, TableDef};
-use crate::ddl::{self, Statement};
 use crate::decode::{Format, decode};
 use crate::error::{Error, Result};
-use crate::provider::{Shared, SluiceCatalog};
+use crate::provider::Shared;
 use crate::state::{Partition, TableState, Tables};
 use crate::storage::{Manifest, Storage};
 use crate::wal::record::WriteRecord;
 use crate::wal::{self, Wal};
 use async_trait::async_trait;
-use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
 use sluice_conf::Config;
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 mod maintenance;
 mod messages;
+mod query;
 mod statements;
 
 /// The engine. Cheap to share behind an `Arc`.
@@ -28,7 +29,7 @@ pub struct Engine {
     config: Config,
     shared: Arc<Shared>,
     wal: Wal,
-    ctx: SessionContext,
+    planner: query::Planner,
     /// The current manifest; its lock also serialises flush, compaction, retention and DDL
     /// that touches files.
     manifest: tokio::sync::Mutex<Manifest>,
@@ -138,12 +139,11 @@ impl Engine {
             storage,
             dead_letters: crate::dead_letter::DeadLetters::open(&dir)?,
         });
-        let ctx = session(&shared);
         Ok(Arc::new(Self {
             config,
             shared,
             wal,
-            ctx,
+            planner: query::Planner::default(),
             manifest: tokio::sync::Mutex::new(manifest),
             graveyard: parking_lot::Mutex::new(Vec::new()),
         }))
@@ -221,27 +221,6 @@ impl Engine {
     }
 }
 
-impl Engine {
-    /// Names a missing table or database before planning, so the client gets a 404 that says
-    /// which, rather than a planning error.
-    fn check_table(&self, r: &datafusion::common::TableReference) -> Result<()> {
-        if r.catalog().is_some_and(|c| c != "sluice") {
-            return Ok(());
-        }
-        let db = r.schema().unwrap_or(crate::catalog::DEFAULT_DATABASE);
-        if db == crate::catalog::SYSTEM_DATABASE {
-            return match crate::system::SystemSchema::has(r.table()) {
-                true => Ok(()),
-                false => Err(Error::UnknownTable {
-                    database: db.into(),
-                    table: r.table().into(),
-                }),
-            };
-        }
-        self.table(db, r.table()).map(|_| ())
-    }
-}
-
 /// Column indexes for values captured from a topic; a name the table lacks is a bad row.
 fn fixed_columns(def: &TableDef, fixed: &[(String, String)]) -> Result<Vec<(usize, String)>> {
     fixed
@@ -260,47 +239,10 @@ fn fixed_columns(def: &TableDef, fixed: &[(String, String)]) -> Result<Vec<(usiz
         .collect()
 }
 
-fn session(shared: &Arc<Shared>) -> SessionContext {
-    let mut cfg = SessionConfig::new()
-        .with_default_catalog_and_schema("sluice", crate::catalog::DEFAULT_DATABASE)
-        .with_create_default_catalog_and_schema(false)
-        .with_information_schema(false);
-    cfg.options_mut().sql_parser.enable_ident_normalization = false;
-    let ctx = SessionContext::new_with_config(cfg);
-    ctx.register_catalog(
-        "sluice",
-        Arc::new(SluiceCatalog {
-            shared: shared.clone(),
-        }),
-    );
-    ctx.register_object_store(shared.storage.url.as_ref(), shared.storage.store.clone());
-    ctx
-}
-
 #[async_trait]
 impl Database for Engine {
-    async fn execute(&self, sql: &str) -> Result<QueryOutput> {
-        match ddl::parse(sql)? {
-            Statement::Query => {
-                let options = SQLOptions::new()
-                    .with_allow_ddl(false)
-                    .with_allow_dml(false)
-                    .with_allow_statements(false);
-                let state = self.ctx.state();
-                let dialect = state.config().options().sql_parser.dialect;
-                let stmt = state.sql_to_statement(sql, &dialect)?;
-                for r in state.resolve_table_references(&stmt)? {
-                    self.check_table(&r)?;
-                }
-                let plan = state.statement_to_plan(stmt).await?;
-                options.verify_plan(&plan)?;
-                let df = self.ctx.execute_logical_plan(plan).await?;
-                let schema = Arc::new(df.schema().as_arrow().clone());
-                let stream = df.execute_stream().await?;
-                Ok(QueryOutput { schema, stream })
-            }
-            other => self.run_statement(other).await,
-        }
+    async fn query(&self, sql: &str, options: &QueryOptions) -> Result<QueryOutput> {
+        Engine::query(self, sql, options).await
     }
 
     async fn write(

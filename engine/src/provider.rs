@@ -2,7 +2,8 @@
 //! `system`), and a table provider per table that unions the table's Parquet files with its
 //! in-memory buffers, skipping partitions that the filters rule out.
 
-use crate::catalog::{SYSTEM_DATABASE, TableDef};
+use crate::catalog::{CatalogData, DEFAULT_DATABASE, SYSTEM_DATABASE, TableDef};
+use crate::parts::PartsSpec;
 use crate::state::{TableState, Tables};
 use crate::storage::Storage;
 use crate::types::Value;
@@ -10,17 +11,21 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::{CatalogProvider, SchemaProvider, Session};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::datasource::{MemTable, TableProvider, TableType};
-use datafusion::error::Result as DfResult;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::union::UnionExec;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, PlanProperties};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -98,7 +103,8 @@ impl SchemaProvider for DatabaseSchema {
 
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
         let cat = self.shared.catalog.snapshot();
-        let Ok(def) = cat.table(&self.database, name) else {
+        let (name, parts) = PartsSpec::split_name(name);
+        let Some(def) = resolve(&cat, &self.database, name) else {
             return Ok(None);
         };
         let Some(state) = self.shared.tables.get(def.id) else {
@@ -109,15 +115,30 @@ impl SchemaProvider for DatabaseSchema {
             def: state.def(),
             state,
             storage: self.shared.storage.clone(),
+            parts,
         })))
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        self.shared
-            .catalog
-            .snapshot()
-            .table(&self.database, name)
-            .is_ok()
+        let (name, _) = PartsSpec::split_name(name);
+        resolve(&self.shared.catalog.snapshot(), &self.database, name).is_some()
+    }
+}
+
+/// The table an unqualified or qualified name means: `database.table`, else, when `database`
+/// is the default one and lacks it, the one table of that name in any database (so OIDBS's
+/// `FROM nyct_lite` finds `benchmark.nyct_lite`).
+pub fn resolve<'a>(cat: &'a CatalogData, database: &str, table: &str) -> Option<&'a Arc<TableDef>> {
+    if let Ok(def) = cat.table(database, table) {
+        return Some(def);
+    }
+    if database != DEFAULT_DATABASE {
+        return None;
+    }
+    let mut found = cat.databases.values().filter_map(|t| t.get(table));
+    match (found.next(), found.next()) {
+        (Some(def), None) => Some(def),
+        _ => None,
     }
 }
 
@@ -128,6 +149,8 @@ pub struct SluiceTable {
     schema: SchemaRef,
     state: Arc<TableState>,
     storage: Storage,
+    /// The `WHERE PARTS` list the query gave this reference.
+    parts: Option<PartsSpec>,
 }
 
 /// Which partition keys can hold rows matching the filters.
@@ -254,6 +277,10 @@ fn literal_value(e: &Expr, ty: crate::types::ColumnType) -> Option<Value> {
 /// What a scan reads, taken under the partition lock.
 #[derive(Debug, Default)]
 pub struct ScanSet {
+    /// Keys of the partitions scanned.
+    pub keys: Vec<u64>,
+    /// Partitions the table has.
+    pub of: usize,
     /// Parquet files: path and size.
     pub files: Vec<(String, u64)>,
     /// In-memory rows.
@@ -263,17 +290,30 @@ pub struct ScanSet {
 impl SluiceTable {
     /// Collects the files and buffered rows of the partitions that `filter` admits.
     pub fn scan_set(&self, filter: &KeyFilter) -> ScanSet {
-        let mut set = ScanSet::default();
-        if filter.lo > filter.hi {
-            // Contradictory bounds: no partition can match.
+        let parts = self.state.parts.read();
+        let mut set = ScanSet {
+            of: parts.len(),
+            ..ScanSet::default()
+        };
+        let (mut lo, mut hi) = (filter.lo, filter.hi);
+        let selector = self
+            .parts
+            .as_ref()
+            .map(|spec| spec.selector(parts.iter().filter(|(_, p)| p.rows() > 0).map(|(k, _)| *k)));
+        if let Some(s) = &selector {
+            let (a, b) = s.bounds();
+            lo = lo.max(a);
+            hi = hi.min(b);
+        }
+        if lo > hi {
+            // Contradictory bounds, or no partition named: nothing can match.
             return set;
         }
-        let parts = self.state.parts.read();
-        let range = parts.range(filter.lo..=filter.hi);
-        for (k, p) in range {
-            if !filter.admits(*k) {
+        for (k, p) in parts.range(lo..=hi) {
+            if !filter.admits(*k) || selector.as_ref().is_some_and(|s| !s.admits(*k)) {
                 continue;
             }
+            set.keys.push(*k);
             set.files
                 .extend(p.files.iter().map(|f| (f.path.clone(), f.bytes)));
             if let Some(f) = &p.frozen {
@@ -315,7 +355,9 @@ impl TableProvider for SluiceTable {
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let filter = key_filter(&self.def, filters);
-        let set = self.scan_set(&filter);
+        let mut set = self.scan_set(&filter);
+        let keys = std::mem::take(&mut set.keys);
+        let of = set.of;
         let lanes = state.config().target_partitions().max(1);
         let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
         if !set.files.is_empty() {
@@ -351,7 +393,95 @@ impl TableProvider for SluiceTable {
                 projection.cloned(),
             )?);
         }
-        UnionExec::try_new(inputs)
+        Ok(Arc::new(ScanExec {
+            table: format!("{}.{}", self.def.database, self.def.name),
+            keys,
+            of,
+            input: UnionExec::try_new(inputs)?,
+        }))
+    }
+}
+
+/// The root of a table's scan: shows in `EXPLAIN` which partitions it reads, and runs its
+/// input unchanged.
+#[derive(Debug)]
+pub struct ScanExec {
+    table: String,
+    keys: Vec<u64>,
+    of: usize,
+    input: Arc<dyn ExecutionPlan>,
+}
+
+impl DisplayAs for ScanExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        const SHOWN: usize = 16;
+        write!(
+            f,
+            "SluiceScan: {} partitions={} of {} [",
+            self.table,
+            self.keys.len(),
+            self.of
+        )?;
+        for (i, k) in self.keys.iter().take(SHOWN).enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{k}")?;
+        }
+        if self.keys.len() > SHOWN {
+            write!(f, ", ... {} more", self.keys.len() - SHOWN)?;
+        }
+        f.write_str("]")
+    }
+}
+
+impl ExecutionPlan for ScanExec {
+    fn name(&self) -> &'static str {
+        "SluiceScan"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return Err(DataFusionError::Internal(
+                "SluiceScan takes one input".into(),
+            ));
+        }
+        Ok(Arc::new(Self {
+            table: self.table.clone(),
+            keys: self.keys.clone(),
+            of: self.of,
+            input: children.swap_remove(0),
+        }))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        self.input.execute(partition, context)
     }
 }
 

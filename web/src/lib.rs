@@ -19,9 +19,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use datafusion::common::ScalarValue;
 use futures::StreamExt;
 use sluice_conf::HttpConfig;
-use sluice_engine::{Database, Format};
+use sluice_engine::{Database, Format, QueryOptions};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -77,22 +78,81 @@ async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
 #[derive(serde::Deserialize)]
 struct SqlParams {
     format: Option<String>,
+    /// The database of unqualified table names.
+    db: Option<String>,
+}
+
+/// A JSON request body: `{"sql": "... $1 ...", "params": [1, "x"], "db": "benchmark"}`.
+#[derive(serde::Deserialize)]
+struct SqlRequest {
+    sql: String,
+    #[serde(default)]
+    params: Vec<serde_json::Value>,
+    db: Option<String>,
+}
+
+fn bad_request(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+}
+
+/// A JSON parameter as an SQL value; the engine casts it to the type its place asks for.
+fn param(i: usize, v: serde_json::Value) -> Result<ScalarValue, ApiError> {
+    use serde_json::Value as J;
+    Ok(match v {
+        J::Null => ScalarValue::Null,
+        J::Bool(b) => ScalarValue::Boolean(Some(b)),
+        J::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => ScalarValue::Int64(Some(i)),
+            (_, Some(u), _) => ScalarValue::UInt64(Some(u)),
+            (_, _, Some(f)) => ScalarValue::Float64(Some(f)),
+            _ => {
+                return Err(bad_request(format!(
+                    "parameter ${}: number out of range",
+                    i + 1
+                )));
+            }
+        },
+        J::String(s) => ScalarValue::Utf8(Some(s)),
+        J::Array(_) | J::Object(_) => {
+            return Err(bad_request(format!(
+                "parameter ${}: only null, booleans, numbers and strings can be parameters",
+                i + 1
+            )));
+        }
+    })
 }
 
 async fn sql(
     State(s): State<AppState>,
     Query(q): Query<SqlParams>,
+    headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let out_format = format::OutputFormat::parse(q.format.as_deref())?;
     let body = read_body(body, s.max_body).await?;
-    let text = std::str::from_utf8(&body).map_err(|_| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            "SQL must be UTF-8 text",
-        )
-    })?;
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/json"));
+    let mut options = QueryOptions {
+        database: q.db,
+        params: Vec::new(),
+    };
+    let request;
+    let text = if json {
+        request = serde_json::from_slice::<SqlRequest>(&body).map_err(|e| {
+            bad_request(format!(
+                "expected {{\"sql\": \"...\", \"params\": [...], \"db\": \"...\"}}: {e}"
+            ))
+        })?;
+        options.database = request.db.clone().or(options.database);
+        options.params = (request.params.iter().cloned().enumerate())
+            .map(|(i, v)| param(i, v))
+            .collect::<Result<_, _>>()?;
+        request.sql.as_str()
+    } else {
+        std::str::from_utf8(&body).map_err(|_| bad_request("SQL must be UTF-8 text"))?
+    };
     if text.trim().is_empty() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -101,7 +161,7 @@ async fn sql(
         ));
     }
     let started = std::time::Instant::now();
-    let output = s.db.execute(text).await?;
+    let output = s.db.query(text, &options).await?;
     let mut stream = output.stream;
     let mut encoder = out_format.encoder(output.schema)?;
     // The first batch decides the status: an error before any row is still a clean 4xx/5xx.
