@@ -8,7 +8,9 @@
 //! - `src/bin/mqtt_load.rs`: end to end, C MQTT connections publishing one reading per
 //!   message at QoS 0 or 1 into the real binary, and into Mosquitto in the same run.
 //! - [`nyct`]: a deterministic nyct_lite-like data set (JoinBase's taxi-trip benchmark table).
+//! - [`answer`]: query answers from different systems, compared.
 
+pub mod answer;
 pub mod nyct;
 
 /// Kills and reaps a child process (a server under test) when dropped.
