@@ -7,8 +7,10 @@
 //!   (pgbench) in the same run, and the ratio.
 //! - `src/bin/mqtt_load.rs`: end to end, C MQTT connections publishing one reading per
 //!   message at QoS 0 or 1 into the real binary, and into Mosquitto in the same run.
-//! - [`nyct`]: a deterministic nyct_lite-like data set (JoinBase's taxi-trip benchmark table).
-//! - [`answer`]: query answers from different systems, compared.
+//! - `src/bin/query_bench.rs`: end to end, JoinBase's nyct_lite queries against the real
+//!   binary over HTTP and against DuckDB (`duckdb_queries.py`) on the same data in the same
+//!   run, answers compared. Its data comes from [`nyct`], its answers are compared by
+//!   [`answer`].
 
 pub mod answer;
 pub mod nyct;
