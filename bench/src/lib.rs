@@ -7,6 +7,13 @@
 //!   (pgbench) in the same run, and the ratio.
 //! - `src/bin/mqtt_load.rs`: end to end, C MQTT connections publishing one reading per
 //!   message at QoS 0 or 1 into the real binary, and into Mosquitto in the same run.
+//! - `src/bin/query_bench.rs`: end to end, JoinBase's nyct_lite queries against the real
+//!   binary over HTTP and against DuckDB (`duckdb_queries.py`) on the same data in the same
+//!   run, answers compared. Its data comes from [`nyct`], its answers are compared by
+//!   [`answer`].
+
+pub mod answer;
+pub mod nyct;
 
 /// Kills and reaps a child process (a server under test) when dropped.
 #[derive(Debug)]
