@@ -4,8 +4,9 @@
 
 use crate::catalog::{CatalogData, DEFAULT_DATABASE, SYSTEM_DATABASE, TableDef};
 use crate::parts::PartsSpec;
-use crate::state::{TableState, Tables};
+use crate::state::{Partition, TableState, Tables};
 use crate::storage::Storage;
+use crate::synopsis::ColumnSynopsis;
 use crate::types::Value;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -26,7 +27,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, PlanProperties};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// What the SQL layer needs of the engine.
@@ -288,13 +289,17 @@ pub struct ScanSet {
 }
 
 impl SluiceTable {
-    /// Collects the files and buffered rows of the partitions that `filter` admits.
-    pub fn scan_set(&self, filter: &KeyFilter) -> ScanSet {
-        let parts = self.state.parts.read();
-        let mut set = ScanSet {
-            of: parts.len(),
-            ..ScanSet::default()
-        };
+    /// The table's definition.
+    pub fn def(&self) -> Arc<TableDef> {
+        self.def.clone()
+    }
+
+    /// The partitions that `filter` and the `WHERE PARTS` list admit, and how many there are.
+    fn selected<'a>(
+        &self,
+        parts: &'a BTreeMap<u64, Partition>,
+        filter: &KeyFilter,
+    ) -> Vec<(u64, &'a Partition)> {
         let (mut lo, mut hi) = (filter.lo, filter.hi);
         let selector = self
             .parts
@@ -307,13 +312,24 @@ impl SluiceTable {
         }
         if lo > hi {
             // Contradictory bounds, or no partition named: nothing can match.
-            return set;
+            return Vec::new();
         }
-        for (k, p) in parts.range(lo..=hi) {
-            if !filter.admits(*k) || selector.as_ref().is_some_and(|s| !s.admits(*k)) {
-                continue;
-            }
-            set.keys.push(*k);
+        parts
+            .range(lo..=hi)
+            .filter(|(k, _)| filter.admits(**k) && selector.as_ref().is_none_or(|s| s.admits(**k)))
+            .map(|(k, p)| (*k, p))
+            .collect()
+    }
+
+    /// Collects the files and buffered rows of the partitions that `filter` admits.
+    pub fn scan_set(&self, filter: &KeyFilter) -> ScanSet {
+        let parts = self.state.parts.read();
+        let mut set = ScanSet {
+            of: parts.len(),
+            ..ScanSet::default()
+        };
+        for (k, p) in self.selected(&parts, filter) {
+            set.keys.push(k);
             set.files
                 .extend(p.files.iter().map(|f| (f.path.clone(), f.bytes)));
             if let Some(f) = &p.frozen {
@@ -326,6 +342,37 @@ impl SluiceTable {
             set.batches.extend(p.buffer.snapshot(&self.schema));
         }
         set
+    }
+
+    /// Row count and the synopses of `columns` over every partition the `WHERE PARTS` list
+    /// admits: files from their stored synopses, buffered rows computed now. `None` if a
+    /// file has no synopsis.
+    pub fn synopsis(&self, columns: &[usize]) -> Option<(u64, Vec<ColumnSynopsis>)> {
+        let parts = self.state.parts.read();
+        let mut rows = 0;
+        let mut out = vec![ColumnSynopsis::default(); columns.len()];
+        for (_, p) in self.selected(&parts, &KeyFilter::all()) {
+            for f in &p.files {
+                let syn = f.synopsis.as_ref()?;
+                rows += f.rows;
+                for (o, c) in out.iter_mut().zip(columns) {
+                    // Files older than an ADD COLUMN lack it: all NULL there.
+                    if let Some(s) = syn.get(*c) {
+                        o.merge(s);
+                    }
+                }
+            }
+            let frozen = p.frozen.iter().flat_map(|f| f.batches.iter().cloned());
+            for b in frozen.chain(p.buffer.snapshot(&self.schema)) {
+                rows += b.num_rows() as u64;
+                for (o, c) in out.iter_mut().zip(columns) {
+                    if let Some(a) = b.columns().get(*c) {
+                        o.merge(&ColumnSynopsis::of(a));
+                    }
+                }
+            }
+        }
+        Some((rows, out))
     }
 }
 

@@ -7,6 +7,7 @@
 //! replay needs to apply each acknowledged row exactly once.
 
 use crate::error::{Error, Result};
+use crate::synopsis::ColumnSynopsis;
 use bytes::Bytes;
 use datafusion::arrow::compute::{
     SortColumn, concat_batches, lexsort_to_indices, take_record_batch,
@@ -46,6 +47,9 @@ pub struct FileMeta {
     pub min_time: Option<i64>,
     /// Largest time value.
     pub max_time: Option<i64>,
+    /// Per column count, sum, min and max (absent in files written before synopses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synopsis: Option<Arc<Vec<ColumnSynopsis>>>,
 }
 
 /// A partition's persisted state.
@@ -97,6 +101,10 @@ pub struct Encoded {
     pub rows: u64,
     /// Its time range (microseconds), when the table has a time column.
     pub time_range: Option<(i64, i64)>,
+    /// Per column synopsis.
+    pub synopsis: Vec<ColumnSynopsis>,
+    /// The rows as written (sorted), for the hot cache.
+    pub batch: RecordBatch,
 }
 
 /// The object store holding Parquet files and manifests.
@@ -315,6 +323,11 @@ impl Storage {
             bytes: Bytes::from(out),
             rows: batch.num_rows() as u64,
             time_range: range,
+            synopsis: crate::synopsis::of_batches(
+                std::slice::from_ref(&batch),
+                schema.fields().len(),
+            ),
+            batch,
         })
     }
 
@@ -326,6 +339,7 @@ impl Storage {
             bytes: file.bytes.len() as u64,
             min_time: file.time_range.map(|r| r.0),
             max_time: file.time_range.map(|r| r.1),
+            synopsis: Some(Arc::new(file.synopsis)),
         };
         self.put_durable(&meta.path, file.bytes).await?;
         Ok(meta)

@@ -54,6 +54,7 @@ fn new_session(shared: &Arc<Shared>, database: &str) -> Session {
     for f in crate::functions::all() {
         ctx.register_udf(f);
     }
+    ctx.add_optimizer_rule(Arc::new(crate::optimizer::SynopsisRule));
     let state = ctx.state();
     let task = state.task_ctx();
     Session { state, task }
