@@ -39,6 +39,8 @@ pub struct Config {
     pub compaction: CompactionConfig,
     /// Dropping partitions past their table's TTL.
     pub retention: RetentionConfig,
+    /// Query execution.
+    pub query: QueryConfig,
     /// The MQTT broker.
     pub mqtt: MqttConfig,
     /// Topic rules: topics (with named wildcards) written into tables.
@@ -60,6 +62,7 @@ impl Default for Config {
             storage: StorageConfig::default(),
             compaction: CompactionConfig::default(),
             retention: RetentionConfig::default(),
+            query: QueryConfig::default(),
             mqtt: MqttConfig::default(),
             topic: Vec::new(),
             user: Vec::new(),
@@ -220,6 +223,24 @@ impl Default for RetentionConfig {
     fn default() -> Self {
         Self {
             interval: "1m".into(),
+        }
+    }
+}
+
+/// Query execution.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueryConfig {
+    /// Memory for decoded Parquet files (the hot cache): files written by flushes and
+    /// compactions stay here, least recently used first out, so queries on recent partitions
+    /// never read Parquet. 0 turns the cache off.
+    pub hot_cache_bytes: usize,
+}
+
+impl Default for QueryConfig {
+    fn default() -> Self {
+        Self {
+            hot_cache_bytes: 2 * 1024 * 1024 * 1024,
         }
     }
 }

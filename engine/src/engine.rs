@@ -138,6 +138,7 @@ impl Engine {
             tables,
             storage,
             dead_letters: crate::dead_letter::DeadLetters::open(&dir)?,
+            hot: crate::hot::HotCache::new(config.query.hot_cache_bytes),
         });
         Ok(Arc::new(Self {
             config,

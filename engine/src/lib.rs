@@ -27,6 +27,7 @@ pub mod engine;
 pub mod error;
 pub mod functions;
 pub mod hex;
+pub mod hot;
 pub mod optimizer;
 pub mod partition;
 pub mod parts;

@@ -41,6 +41,8 @@ pub struct Shared {
     pub storage: Storage,
     /// Refused messages.
     pub dead_letters: crate::dead_letter::DeadLetters,
+    /// Decoded Parquet files.
+    pub hot: crate::hot::HotCache,
 }
 
 /// The `sluice` catalog: one schema per database, plus `system`.
@@ -115,7 +117,7 @@ impl SchemaProvider for DatabaseSchema {
             schema: state.schema(),
             def: state.def(),
             state,
-            storage: self.shared.storage.clone(),
+            shared: self.shared.clone(),
             parts,
         })))
     }
@@ -149,7 +151,7 @@ pub struct SluiceTable {
     def: Arc<TableDef>,
     schema: SchemaRef,
     state: Arc<TableState>,
-    storage: Storage,
+    shared: Arc<Shared>,
     /// The `WHERE PARTS` list the query gave this reference.
     parts: Option<PartsSpec>,
 }
@@ -214,13 +216,37 @@ pub fn key_filter(def: &TableDef, filters: &[Expr]) -> KeyFilter {
                     f.lo = f.lo.max(k);
                     f.hi = f.hi.min(k);
                 }
-                Operator::Gt | Operator::GtEq => f.lo = f.lo.max(k),
-                Operator::Lt | Operator::LtEq => f.hi = f.hi.min(k),
+                Operator::GtEq => f.lo = f.lo.max(k),
+                Operator::LtEq => f.hi = f.hi.min(k),
+                // Strict bounds: the key of the next (previous) value, so `ts < '12:00'`
+                // does not read the partition that starts at 12:00.
+                // (At the ends of the type no step exists; the bound is then not used.)
+                Operator::Gt => {
+                    if let Some(next) = step(&v, 1) {
+                        f.lo = f.lo.max(def.partition.key(&next));
+                    }
+                }
+                Operator::Lt => {
+                    if let Some(prev) = step(&v, -1) {
+                        f.hi = f.hi.min(def.partition.key(&prev));
+                    }
+                }
                 _ => {}
             }
         }
     }
     f
+}
+
+/// The value one unit (1 microsecond, 1) after (`delta` 1) or before (-1) `v`; `None` past
+/// the end of its type.
+fn step(v: &Value, delta: i64) -> Option<Value> {
+    Some(match v {
+        Value::Timestamp(t) => Value::Timestamp(t.checked_add(delta)?),
+        Value::Int(i) => Value::Int(i.checked_add(delta)?),
+        Value::UInt(u) => Value::UInt(u.checked_add_signed(delta)?),
+        _ => return None,
+    })
 }
 
 fn column_of(e: &Expr) -> Option<&str> {
@@ -282,7 +308,7 @@ pub struct ScanSet {
     pub keys: Vec<u64>,
     /// Partitions the table has.
     pub of: usize,
-    /// Parquet files: path and size.
+    /// Parquet files not in the hot cache: path and size.
     pub files: Vec<(String, u64)>,
     /// In-memory rows.
     pub batches: Vec<RecordBatch>,
@@ -330,8 +356,16 @@ impl SluiceTable {
         };
         for (k, p) in self.selected(&parts, filter) {
             set.keys.push(k);
-            set.files
-                .extend(p.files.iter().map(|f| (f.path.clone(), f.bytes)));
+            for f in &p.files {
+                match self.shared.hot.get(&f.path) {
+                    Some(batches) => set.batches.extend(
+                        batches
+                            .iter()
+                            .map(|b| crate::buffer::widen(b, &self.schema)),
+                    ),
+                    None => set.files.push((f.path.clone(), f.bytes)),
+                }
+            }
             if let Some(f) = &p.frozen {
                 set.batches.extend(
                     f.batches
@@ -405,6 +439,9 @@ impl TableProvider for SluiceTable {
         let mut set = self.scan_set(&filter);
         let keys = std::mem::take(&mut set.keys);
         let of = set.of;
+        for (path, bytes) in &set.files {
+            self.warm(path, *bytes);
+        }
         let lanes = state.config().target_partitions().max(1);
         let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
         if !set.files.is_empty() {
@@ -421,11 +458,12 @@ impl TableProvider for SluiceTable {
             for (i, (path, size)) in set.files.into_iter().enumerate() {
                 groups[i % n].push(PartitionedFile::new(path, size));
             }
-            let conf = FileScanConfigBuilder::new(self.storage.url.clone(), Arc::new(source))
-                .with_file_groups(groups.into_iter().map(FileGroup::new).collect())
-                .with_projection_indices(projection.cloned())?
-                .with_limit(limit)
-                .build();
+            let conf =
+                FileScanConfigBuilder::new(self.shared.storage.url.clone(), Arc::new(source))
+                    .with_file_groups(groups.into_iter().map(FileGroup::new).collect())
+                    .with_projection_indices(projection.cloned())?
+                    .with_limit(limit)
+                    .build();
             inputs.push(DataSourceExec::from_data_source(conf));
         }
         if !set.batches.is_empty() || inputs.is_empty() {
@@ -446,6 +484,46 @@ impl TableProvider for SluiceTable {
             of,
             input: UnionExec::try_new(inputs)?,
         }))
+    }
+}
+
+impl SluiceTable {
+    /// Loads a file the hot cache missed into it in the background, if there is room.
+    fn warm(&self, path: &str, bytes: u64) {
+        // Decoded columns take a few times the compressed size.
+        let estimate = usize::try_from(bytes)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(5);
+        if !self.shared.hot.claim(path, estimate) {
+            return;
+        }
+        let shared = self.shared.clone();
+        let path = path.to_string();
+        tokio::spawn(async move {
+            let loaded = async {
+                let bytes = shared.storage.get(&path).await?;
+                tokio::task::spawn_blocking(move || -> crate::error::Result<_> {
+                    let batches = Storage::decode_parquet(bytes)?;
+                    match batches.first() {
+                        Some(b) => Ok(Some(datafusion::arrow::compute::concat_batches(
+                            &b.schema(),
+                            &batches,
+                        )?)),
+                        None => Ok(None),
+                    }
+                })
+                .await
+                .map_err(|e| crate::error::Error::io("hot cache load", std::io::Error::other(e)))?
+            };
+            match loaded.await {
+                Ok(Some(batch)) => shared.hot.insert(&path, &batch),
+                Ok(None) => shared.hot.abandon(&path),
+                Err(e) => {
+                    shared.hot.abandon(&path);
+                    tracing::debug!(error = %e, path, "hot cache: could not load file");
+                }
+            }
+        });
     }
 }
 

@@ -167,11 +167,13 @@ impl Engine {
         let encoded =
             blocking(move || storage.encode_parquet(&schema, &f2.batches, time_col)).await?;
         let rows = encoded.rows;
+        let batch = encoded.batch.clone();
         let meta = self
             .shared
             .storage
             .put_file(file_path(def.id, key, frozen.max_lsn), encoded)
             .await?;
+        self.shared.hot.insert(&meta.path, &batch);
         self.change_manifest(m, |next| {
             let pm = next.partition(def.id, key);
             pm.files.push(meta.clone());
@@ -239,12 +241,14 @@ impl Engine {
                 let encoded =
                     blocking(move || storage.encode_parquet(&schema, &batches, time_col)).await?;
                 let rows = encoded.rows;
+                let batch = encoded.batch.clone();
                 let flushed = t.parts.read().get(&key).map_or(0, |p| p.flushed_lsn);
                 let meta = self
                     .shared
                     .storage
                     .put_file(file_path(def.id, key, flushed), encoded)
                     .await?;
+                self.shared.hot.insert(&meta.path, &batch);
                 let old: Vec<String> = small.iter().map(|f| f.path.clone()).collect();
                 self.change_manifest(&mut m, |next| {
                     let pm = next.partition(def.id, key);
@@ -257,11 +261,18 @@ impl Engine {
                     p.files.push(meta);
                 }
                 tracing::info!(table = %def.name, partition = key, files = old.len(), rows, "compacted");
-                self.graveyard.lock().push((Instant::now(), old));
+                self.retire(old);
                 merged += 1;
             }
         }
         Ok(merged)
+    }
+
+    /// Files no longer live (replaced, expired, dropped): out of the hot cache now, deleted
+    /// from the store once queries that may still read them are done.
+    pub(super) fn retire(&self, files: Vec<String>) {
+        self.shared.hot.remove(&files);
+        self.graveyard.lock().push((Instant::now(), files));
     }
 
     /// Drops partitions whose newest row is older than their table's TTL.
@@ -319,7 +330,7 @@ impl Engine {
                     }
                 }
                 tracing::info!(table = %def.name, partition = key, files = files.len(), "partition expired");
-                self.graveyard.lock().push((Instant::now(), files));
+                self.retire(files);
                 dropped += 1;
             }
         }

@@ -99,12 +99,14 @@ impl Engine {
             Some(plan) => plan,
             None => match ddl::parse_in(sql, database)? {
                 Statement::Query => {
-                    let plan = self.plan(&session, database, sql).await?;
-                    let mut plans = self.planner.plans.lock();
-                    if plans.len() >= CACHED_PLANS {
-                        plans.clear();
+                    let (plan, cacheable) = self.plan(&session, database, sql).await?;
+                    if cacheable {
+                        let mut plans = self.planner.plans.lock();
+                        if plans.len() >= CACHED_PLANS {
+                            plans.clear();
+                        }
+                        plans.insert(key, (version, plan.clone()));
                     }
-                    plans.insert(key, (version, plan.clone()));
                     plan
                 }
                 other if options.params.is_empty() => return self.run_statement(other).await,
@@ -122,7 +124,14 @@ impl Engine {
         Ok(QueryOutput { schema, stream })
     }
 
-    async fn plan(&self, session: &Session, database: &str, sql: &str) -> Result<LogicalPlan> {
+    /// Plans a query; also says whether the plan may be cached (not when it reads `system`
+    /// tables, whose rows are taken when the plan is made).
+    async fn plan(
+        &self,
+        session: &Session,
+        database: &str,
+        sql: &str,
+    ) -> Result<(LogicalPlan, bool)> {
         let mut statements = crate::dialect::parse(sql)?;
         if statements.len() != 1 {
             return Err(Error::sql(format!(
@@ -131,8 +140,10 @@ impl Engine {
             )));
         }
         let stmt = DfStatement::Statement(Box::new(statements.remove(0)));
+        let mut cacheable = true;
         for r in session.state.resolve_table_references(&stmt)? {
             self.check_table(database, &r)?;
+            cacheable &= r.schema().unwrap_or(database) != SYSTEM_DATABASE;
         }
         let plan = session.state.statement_to_plan(stmt).await?;
         SQLOptions::new()
@@ -140,7 +151,7 @@ impl Engine {
             .with_allow_dml(false)
             .with_allow_statements(false)
             .verify_plan(&plan)?;
-        Ok(plan)
+        Ok((plan, cacheable))
     }
 
     /// Names a missing table or database before planning, so the client gets a 404 that says

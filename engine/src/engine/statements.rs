@@ -490,9 +490,7 @@ impl Engine {
                 next.tables.remove(&def.id);
             })
             .await?;
-            self.graveyard
-                .lock()
-                .push((std::time::Instant::now(), files));
+            self.retire(files);
         }
         drop(m);
         self.truncate_wal()
