@@ -3,7 +3,9 @@
 //! query (an alert, a dashboard panel, a prepared statement with `$1` parameters) skips
 //! parsing and SQL planning and only optimizes and runs. The cache is keyed by catalog version:
 //! any DDL makes every cached plan stale. Plans are cached before optimization, so values that
-//! change between runs (partition lists, `last N`, statistics, `now()`) are read afresh.
+//! change between runs (partition lists, `last N`, statistics, `now()`) are read afresh; the
+//! optimized plan is cached as well when optimizing it read none of those ([`reusable`]), so
+//! a repeated alert query costs only physical planning and execution.
 
 use super::Engine;
 use crate::api::{QueryOptions, QueryOutput};
@@ -15,7 +17,7 @@ use crate::provider::{Shared, SluiceCatalog};
 use datafusion::common::ScalarValue;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext, SessionState};
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::sql::parser::Statement as DfStatement;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -30,11 +32,68 @@ pub(super) struct Session {
     task: Arc<TaskContext>,
 }
 
+/// Cached plans by key, each with the catalog version it was planned at.
+type PlanCache<K> = Mutex<HashMap<K, (u64, LogicalPlan)>>;
+
 /// Sessions and cached plans.
 #[derive(Default)]
 pub(super) struct Planner {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
-    plans: Mutex<HashMap<(String, String), (u64, LogicalPlan)>>,
+    /// (database, SQL) -> (catalog version, plan before optimization).
+    plans: PlanCache<(String, String)>,
+    /// (database, SQL, parameters) -> (catalog version, optimized plan), for plans whose
+    /// optimization reads nothing that changes between runs.
+    optimized: PlanCache<(String, String, String)>,
+}
+
+fn remember<K: std::hash::Hash + Eq>(map: &PlanCache<K>, key: K, version: u64, plan: &LogicalPlan) {
+    let mut m = map.lock();
+    if m.len() >= CACHED_PLANS {
+        m.clear();
+    }
+    m.insert(key, (version, plan.clone()));
+}
+
+fn recall<K: std::hash::Hash + Eq>(
+    map: &PlanCache<K>,
+    key: &K,
+    version: u64,
+) -> Option<LogicalPlan> {
+    map.lock()
+        .get(key)
+        .filter(|(v, _)| *v == version)
+        .map(|(_, p)| p.clone())
+}
+
+/// Whether an optimized plan can be run again as it is: not when the optimizer folded in a
+/// value of the moment (`now()` and other non-immutable functions), answered from synopses
+/// (a `Values` node), or when it is an EXPLAIN.
+fn reusable(plan: &LogicalPlan, optimized: &LogicalPlan) -> bool {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    use datafusion::logical_expr::Volatility;
+    let any = |p: &LogicalPlan, test: &dyn Fn(&LogicalPlan) -> bool| {
+        let mut found = false;
+        let walked = p.apply_with_subqueries(|node| {
+            found |= test(node);
+            Ok(if found {
+                TreeNodeRecursion::Stop
+            } else {
+                TreeNodeRecursion::Continue
+            })
+        });
+        found || walked.is_err()
+    };
+    let moment = any(plan, &|node| {
+        node.expressions().iter().any(|e| {
+            e.exists(|e| {
+                Ok(matches!(e, Expr::ScalarFunction(f)
+                    if f.func.signature().volatility != Volatility::Immutable))
+            })
+            .unwrap_or(true)
+        })
+    });
+    let values = any(optimized, &|node| matches!(node, LogicalPlan::Values(_)));
+    !moment && !values && !matches!(optimized, LogicalPlan::Explain(_) | LogicalPlan::Analyze(_))
 }
 
 fn new_session(shared: &Arc<Shared>, database: &str) -> Session {
@@ -88,37 +147,47 @@ impl Engine {
         let session = self.session(database)?;
         let version = self.shared.catalog.snapshot().version;
         let key = (database.to_string(), sql.to_string());
-        let cached = self
-            .planner
-            .plans
-            .lock()
-            .get(&key)
-            .filter(|(v, _)| *v == version)
-            .map(|(_, p)| p.clone());
-        let plan = match cached {
-            Some(plan) => plan,
-            None => match ddl::parse_in(sql, database)? {
-                Statement::Query => {
-                    let (plan, cacheable) = self.plan(&session, database, sql).await?;
-                    if cacheable {
-                        let mut plans = self.planner.plans.lock();
-                        if plans.len() >= CACHED_PLANS {
-                            plans.clear();
+        let okey = (
+            key.0.clone(),
+            key.1.clone(),
+            format!("{:?}", options.params),
+        );
+        let optimized = match recall(&self.planner.optimized, &okey, version) {
+            Some(optimized) => optimized,
+            None => {
+                let (plan, cacheable) = match recall(&self.planner.plans, &key, version) {
+                    Some(plan) => (plan, true),
+                    None => match ddl::parse_in(sql, database)? {
+                        Statement::Query => {
+                            let (plan, cacheable) = self.plan(&session, database, sql).await?;
+                            if cacheable {
+                                remember(&self.planner.plans, key, version, &plan);
+                            }
+                            (plan, cacheable)
                         }
-                        plans.insert(key, (version, plan.clone()));
-                    }
-                    plan
+                        other if options.params.is_empty() => {
+                            return self.run_statement(other).await;
+                        }
+                        _ => {
+                            return Err(Error::sql(
+                                "parameters are only for queries, not for DDL or SHOW",
+                            ));
+                        }
+                    },
+                };
+                let plan = bind(plan, &options.params)?;
+                let optimized = session.state.optimize(&plan)?;
+                if cacheable && reusable(&plan, &optimized) {
+                    remember(&self.planner.optimized, okey, version, &optimized);
                 }
-                other if options.params.is_empty() => return self.run_statement(other).await,
-                _ => {
-                    return Err(Error::sql(
-                        "parameters are only for queries, not for DDL or SHOW",
-                    ));
-                }
-            },
+                optimized
+            }
         };
-        let plan = bind(plan, &options.params)?;
-        let physical = session.state.create_physical_plan(&plan).await?;
+        let physical = session
+            .state
+            .query_planner()
+            .create_physical_plan(&optimized, &session.state)
+            .await?;
         let schema = physical.schema();
         let stream = datafusion::physical_plan::execute_stream(physical, session.task.clone())?;
         Ok(QueryOutput { schema, stream })
