@@ -92,6 +92,9 @@ pub struct TableState {
     /// Set (under the `parts` lock) when the table is dropped: nothing is applied or
     /// flushed after that, and its memory is released exactly once.
     pub dropped: std::sync::atomic::AtomicBool,
+    /// Grows whenever the table's rows change (apply, retention): kept query results are
+    /// valid while it stands still.
+    changes: AtomicU64,
 }
 
 impl TableState {
@@ -102,7 +105,18 @@ impl TableState {
             def: RwLock::new((def, schema)),
             parts: RwLock::new(BTreeMap::new()),
             dropped: std::sync::atomic::AtomicBool::new(false),
+            changes: AtomicU64::new(0),
         }
+    }
+
+    /// How many times the rows have changed.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// Records that rows changed (after the change is visible).
+    pub fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::Release);
     }
 
     /// The current definition.
@@ -227,5 +241,7 @@ impl Applier for Tables {
             added += part.buffer.push(lsn, row, time_col);
         }
         self.buffered.fetch_add(added as u64, Ordering::Relaxed);
+        drop(parts);
+        table.changed();
     }
 }

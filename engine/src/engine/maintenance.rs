@@ -329,6 +329,7 @@ impl Engine {
                         p.flushed_lsn = lsn;
                     }
                 }
+                t.changed();
                 tracing::info!(table = %def.name, partition = key, files = files.len(), "partition expired");
                 self.retire(files);
                 dropped += 1;

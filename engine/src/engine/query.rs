@@ -5,7 +5,9 @@
 //! any DDL makes every cached plan stale. Plans are cached before optimization, so values that
 //! change between runs (partition lists, `last N`, statistics, `now()`) are read afresh; the
 //! optimized plan is cached as well when optimizing it read none of those ([`reusable`]), so
-//! a repeated alert query costs only physical planning and execution.
+//! a repeated alert query costs only physical planning and execution; and its small result
+//! is kept until a table it reads changes (a row applied, a partition expired) or the
+//! catalog does, so polling unchanged data costs a lookup.
 
 use super::Engine;
 use crate::api::{QueryOptions, QueryOutput};
@@ -14,11 +16,16 @@ use crate::ddl::{self, Statement};
 use crate::error::{Error, Result};
 use crate::parts::PartsSpec;
 use crate::provider::{Shared, SluiceCatalog};
+use crate::state::TableState;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::ScalarValue;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext, SessionState};
 use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::sql::parser::Statement as DfStatement;
+use futures::StreamExt;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,8 +39,29 @@ pub(super) struct Session {
     task: Arc<TaskContext>,
 }
 
+/// A plan and the tables it reads.
+#[derive(Clone)]
+struct Planned {
+    plan: LogicalPlan,
+    tables: Vec<Arc<TableState>>,
+}
+
 /// Cached plans by key, each with the catalog version it was planned at.
-type PlanCache<K> = Mutex<HashMap<K, (u64, LogicalPlan)>>;
+type PlanCache<K> = Mutex<HashMap<K, (u64, Planned)>>;
+
+/// A small result kept with what it was computed from.
+struct CachedResult {
+    catalog: u64,
+    /// Each table's change count before the query ran.
+    changes: Vec<u64>,
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+}
+
+/// Results up to this size are kept.
+const RESULT_MAX_BYTES: usize = 1 << 20;
+/// Results kept at most (the cache is emptied past this).
+const CACHED_RESULTS: usize = 1024;
 
 /// Sessions and cached plans.
 #[derive(Default)]
@@ -44,9 +72,12 @@ pub(super) struct Planner {
     /// (database, SQL, parameters) -> (catalog version, optimized plan), for plans whose
     /// optimization reads nothing that changes between runs.
     optimized: PlanCache<(String, String, String)>,
+    /// (database, SQL, parameters) -> the last result of a reusable plan, valid while no
+    /// table it reads has changed (an alert query polled with no new rows is not recomputed).
+    results: Mutex<HashMap<(String, String, String), CachedResult>>,
 }
 
-fn remember<K: std::hash::Hash + Eq>(map: &PlanCache<K>, key: K, version: u64, plan: &LogicalPlan) {
+fn remember<K: std::hash::Hash + Eq>(map: &PlanCache<K>, key: K, version: u64, plan: &Planned) {
     let mut m = map.lock();
     if m.len() >= CACHED_PLANS {
         m.clear();
@@ -54,11 +85,7 @@ fn remember<K: std::hash::Hash + Eq>(map: &PlanCache<K>, key: K, version: u64, p
     m.insert(key, (version, plan.clone()));
 }
 
-fn recall<K: std::hash::Hash + Eq>(
-    map: &PlanCache<K>,
-    key: &K,
-    version: u64,
-) -> Option<LogicalPlan> {
+fn recall<K: std::hash::Hash + Eq>(map: &PlanCache<K>, key: &K, version: u64) -> Option<Planned> {
     map.lock()
         .get(key)
         .filter(|(v, _)| *v == version)
@@ -152,18 +179,21 @@ impl Engine {
             key.1.clone(),
             format!("{:?}", options.params),
         );
-        let optimized = match recall(&self.planner.optimized, &okey, version) {
-            Some(optimized) => optimized,
+        if let Some(hit) = self.cached_result(&okey, version) {
+            return Ok(hit);
+        }
+        let (optimized, reuse) = match recall(&self.planner.optimized, &okey, version) {
+            Some(optimized) => (optimized, true),
             None => {
-                let (plan, cacheable) = match recall(&self.planner.plans, &key, version) {
-                    Some(plan) => (plan, true),
+                let (planned, cacheable) = match recall(&self.planner.plans, &key, version) {
+                    Some(planned) => (planned, true),
                     None => match ddl::parse_in(sql, database)? {
                         Statement::Query => {
-                            let (plan, cacheable) = self.plan(&session, database, sql).await?;
+                            let (planned, cacheable) = self.plan(&session, database, sql).await?;
                             if cacheable {
-                                remember(&self.planner.plans, key, version, &plan);
+                                remember(&self.planner.plans, key, version, &planned);
                             }
-                            (plan, cacheable)
+                            (planned, cacheable)
                         }
                         other if options.params.is_empty() => {
                             return self.run_statement(other).await;
@@ -175,32 +205,81 @@ impl Engine {
                         }
                     },
                 };
-                let plan = bind(plan, &options.params)?;
-                let optimized = session.state.optimize(&plan)?;
-                if cacheable && reusable(&plan, &optimized) {
-                    remember(&self.planner.optimized, okey, version, &optimized);
+                let plan = bind(planned.plan, &options.params)?;
+                let optimized = Planned {
+                    plan: session.state.optimize(&plan)?,
+                    tables: planned.tables,
+                };
+                let reuse = cacheable && reusable(&plan, &optimized.plan);
+                if reuse {
+                    remember(&self.planner.optimized, okey.clone(), version, &optimized);
                 }
-                optimized
+                (optimized, reuse)
             }
         };
+        // Read before running: a change that lands meanwhile makes the kept result stale.
+        let changes: Vec<u64> = optimized.tables.iter().map(|t| t.changes()).collect();
         let physical = session
             .state
             .query_planner()
-            .create_physical_plan(&optimized, &session.state)
+            .create_physical_plan(&optimized.plan, &session.state)
             .await?;
         let schema = physical.schema();
-        let stream = datafusion::physical_plan::execute_stream(physical, session.task.clone())?;
-        Ok(QueryOutput { schema, stream })
+        let mut stream = datafusion::physical_plan::execute_stream(physical, session.task.clone())?;
+        if !reuse {
+            return Ok(QueryOutput { schema, stream });
+        }
+        let mut batches = Vec::new();
+        let mut bytes = 0;
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            bytes += batch.get_array_memory_size();
+            batches.push(batch);
+            if bytes > RESULT_MAX_BYTES {
+                // Too big to keep: what was read so far, then the rest as it comes.
+                let head = futures::stream::iter(batches.into_iter().map(Ok));
+                let stream = RecordBatchStreamAdapter::new(schema.clone(), head.chain(stream));
+                return Ok(QueryOutput {
+                    schema,
+                    stream: Box::pin(stream),
+                });
+            }
+        }
+        let mut results = self.planner.results.lock();
+        if results.len() >= CACHED_RESULTS {
+            results.clear();
+        }
+        results.insert(
+            okey,
+            CachedResult {
+                catalog: version,
+                changes,
+                schema: schema.clone(),
+                batches: batches.clone(),
+            },
+        );
+        Ok(QueryOutput::from_batches(schema, batches))
+    }
+
+    fn cached_result(&self, key: &(String, String, String), catalog: u64) -> Option<QueryOutput> {
+        let results = self.planner.results.lock();
+        let hit = results.get(key)?;
+        if hit.catalog != catalog {
+            return None;
+        }
+        let planned = recall(&self.planner.optimized, key, catalog)?;
+        let unchanged = planned.tables.len() == hit.changes.len()
+            && planned
+                .tables
+                .iter()
+                .zip(&hit.changes)
+                .all(|(t, c)| t.changes() == *c);
+        unchanged.then(|| QueryOutput::from_batches(hit.schema.clone(), hit.batches.clone()))
     }
 
     /// Plans a query; also says whether the plan may be cached (not when it reads `system`
     /// tables, whose rows are taken when the plan is made).
-    async fn plan(
-        &self,
-        session: &Session,
-        database: &str,
-        sql: &str,
-    ) -> Result<(LogicalPlan, bool)> {
+    async fn plan(&self, session: &Session, database: &str, sql: &str) -> Result<(Planned, bool)> {
         let mut statements = crate::dialect::parse(sql)?;
         if statements.len() != 1 {
             return Err(Error::sql(format!(
@@ -210,9 +289,16 @@ impl Engine {
         }
         let stmt = DfStatement::Statement(Box::new(statements.remove(0)));
         let mut cacheable = true;
+        let mut tables = Vec::new();
+        let cat = self.shared.catalog.snapshot();
         for r in session.state.resolve_table_references(&stmt)? {
             self.check_table(database, &r)?;
-            cacheable &= r.schema().unwrap_or(database) != SYSTEM_DATABASE;
+            let db = r.schema().unwrap_or(database);
+            cacheable &= db != SYSTEM_DATABASE;
+            let (name, _) = PartsSpec::split_name(r.table());
+            if let Some(def) = crate::provider::resolve(&cat, db, name) {
+                tables.extend(self.shared.tables.get(def.id));
+            }
         }
         let plan = session.state.statement_to_plan(stmt).await?;
         SQLOptions::new()
@@ -220,7 +306,7 @@ impl Engine {
             .with_allow_dml(false)
             .with_allow_statements(false)
             .verify_plan(&plan)?;
-        Ok((plan, cacheable))
+        Ok((Planned { plan, tables }, cacheable))
     }
 
     /// Names a missing table or database before planning, so the client gets a 404 that says
