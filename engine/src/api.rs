@@ -43,6 +43,9 @@ pub struct QueryOptions {
     pub database: Option<String>,
     /// Values of `$1`, `$2`, ... in order.
     pub params: Vec<datafusion::common::ScalarValue>,
+    /// Compute the answer even if a kept result of the same query is still valid (and keep
+    /// none): for measuring.
+    pub no_result_cache: bool,
 }
 
 /// An acknowledged write.

@@ -80,6 +80,8 @@ struct SqlParams {
     format: Option<String>,
     /// The database of unqualified table names.
     db: Option<String>,
+    /// `off`: compute the answer even if a kept result is still valid (for measuring).
+    cache: Option<String>,
 }
 
 /// A JSON request body: `{"sql": "... $1 ...", "params": [1, "x"], "db": "benchmark"}`.
@@ -137,6 +139,7 @@ async fn sql(
     let mut options = QueryOptions {
         database: q.db,
         params: Vec::new(),
+        no_result_cache: q.cache.as_deref() == Some("off"),
     };
     let request;
     let text = if json {

@@ -57,6 +57,10 @@ struct Args {
     /// that has no `db` parameter yet. Without it the queries are sent as written.
     #[arg(long)]
     qualify_table: bool,
+    /// Ask Sluice to compute every answer (`cache=off`) instead of returning the kept
+    /// result of an identical query over unchanged tables: measures the execution path.
+    #[arg(long)]
+    no_result_cache: bool,
 }
 
 /// One benchmark query in each system's spelling.
@@ -309,7 +313,15 @@ async fn run_sluice(bin: &Path, dir: &Path, files: &[PathBuf], args: &Args) -> R
         args.rows as f64 / load_secs
     );
 
-    let url = format!("http://{}/v1/sql?format=json&db=benchmark", sluice.http);
+    let url = format!(
+        "http://{}/v1/sql?format=json&db=benchmark{}",
+        sluice.http,
+        if args.no_result_cache {
+            "&cache=off"
+        } else {
+            ""
+        }
+    );
     let text = |q: &Query| {
         if args.qualify_table {
             q.sluice.replacen("nyct_lite", "benchmark.nyct_lite", 1)

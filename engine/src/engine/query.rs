@@ -179,7 +179,9 @@ impl Engine {
             key.1.clone(),
             format!("{:?}", options.params),
         );
-        if let Some(hit) = self.cached_result(&okey, version) {
+        if !options.no_result_cache
+            && let Some(hit) = self.cached_result(&okey, version)
+        {
             return Ok(hit);
         }
         let (optimized, reuse) = match recall(&self.planner.optimized, &okey, version) {
@@ -226,7 +228,7 @@ impl Engine {
             .await?;
         let schema = physical.schema();
         let mut stream = datafusion::physical_plan::execute_stream(physical, session.task.clone())?;
-        if !reuse {
+        if !reuse || options.no_result_cache {
             return Ok(QueryOutput { schema, stream });
         }
         let mut batches = Vec::new();
