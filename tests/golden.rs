@@ -34,7 +34,7 @@
 
 mod common;
 
-use common::Server;
+use common::{Server, eventually_eq};
 use std::path::Path;
 
 #[derive(Debug)]
@@ -187,20 +187,8 @@ async fn run_file(path: &Path) {
                 assert_eq!(got, expected, "{place}: {sql}");
             }
             Record::Eventually { sql, expected } => {
-                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-                loop {
-                    let got = csv_rows(&s, &sql).await;
-                    if got.as_ref() == Ok(&expected) {
-                        break;
-                    }
-                    if std::time::Instant::now() > deadline {
-                        panic!(
-                            "{place}: {sql}\nstill {got:?} after 30 s, expected {expected:?}\nserver log:\n{}",
-                            s.log_text()
-                        );
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
+                let want = Ok(expected);
+                eventually_eq(&format!("{place}: {sql}"), 30, &want, || csv_rows(&s, &sql)).await;
             }
             Record::Explain { sql, expected } => {
                 let rows = s.rows(&format!("EXPLAIN {sql}")).await;

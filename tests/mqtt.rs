@@ -75,6 +75,14 @@ impl V4 {
         out
     }
 
+    /// Publishes at QoS 1, not retained.
+    async fn publish1(&self, topic: impl Into<String>, payload: impl Into<Vec<u8>>) {
+        self.client
+            .publish(topic, QoS::AtLeastOnce, false, payload)
+            .await
+            .unwrap();
+    }
+
     async fn subscribe(&mut self, filter: &str, qos: QoS) {
         self.client.subscribe(filter, qos).await.unwrap();
         self.wait(|e| matches!(e, Event::Incoming(Packet::SubAck(_))))
@@ -197,10 +205,7 @@ async fn a_bad_payload_gets_0x99_and_a_dead_letter() {
 
     // 3.1.1 has no negative ack: the message is acked, logged and kept all the same.
     let mut c = v4(v4_options(&s, "bad-4", true)).await;
-    c.client
-        .publish("/iot/t", QoS::AtLeastOnce, false, "not,enough")
-        .await
-        .unwrap();
+    c.publish1("/iot/t", "not,enough").await;
     c.wait(|e| matches!(e, Event::Incoming(Packet::PubAck(_))))
         .await;
     let letters = s
@@ -365,19 +370,8 @@ async fn subscribers_receive_table_messages_as_stored_and_wills_on_abnormal_clos
         false,
     ));
     let dev = v4(o).await;
-    dev.client
-        .publish("/iot/t", QoS::AtLeastOnce, false, r#"{"dev":"d7","v":7}"#)
-        .await
-        .unwrap();
-    dev.client
-        .publish(
-            "/iot/t",
-            QoS::AtLeastOnce,
-            false,
-            r#"{"dev":"d7","v":"bad"}"#,
-        )
-        .await
-        .unwrap();
+    dev.publish1("/iot/t", r#"{"dev":"d7","v":7}"#).await;
+    dev.publish1("/iot/t", r#"{"dev":"d7","v":"bad"}"#).await;
     assert_eq!(
         sub.receive(1).await,
         vec![("/iot/t".to_string(), r#"{"dev":"d7","v":7}"#.to_string())]
@@ -426,15 +420,7 @@ async fn a_persistent_session_gets_what_was_published_while_it_was_away() {
 
     let mut p = v4(v4_options(&s, "pub", true)).await;
     for i in 0..5 {
-        p.client
-            .publish(
-                format!("news/{i}"),
-                QoS::AtLeastOnce,
-                false,
-                format!("n{i}"),
-            )
-            .await
-            .unwrap();
+        p.publish1(format!("news/{i}"), format!("n{i}")).await;
     }
     for _ in 0..5 {
         p.wait(|e| matches!(e, Event::Incoming(Packet::PubAck(_))))
@@ -448,18 +434,12 @@ async fn a_persistent_session_gets_what_was_published_while_it_was_away() {
     // A clean session starts empty.
     back.client.disconnect().await.unwrap();
     let _ = back.task.await;
-    p.client
-        .publish("news/x", QoS::AtLeastOnce, false, "late")
-        .await
-        .unwrap();
+    p.publish1("news/x", "late").await;
     p.wait(|e| matches!(e, Event::Incoming(Packet::PubAck(_))))
         .await;
     let mut clean = v4(v4_options(&s, "away", true)).await;
     clean.subscribe("probe", QoS::AtLeastOnce).await;
-    p.client
-        .publish("probe", QoS::AtLeastOnce, false, "p")
-        .await
-        .unwrap();
+    p.publish1("probe", "p").await;
     assert_eq!(
         clean.receive(1).await,
         vec![("probe".to_string(), "p".to_string())]
@@ -476,10 +456,7 @@ async fn a_shared_subscription_gives_each_message_to_one_member() {
     b.subscribe("$share/workers/jobs/+", QoS::AtLeastOnce).await;
     let p = v4(v4_options(&s, "boss", true)).await;
     for i in 0..20 {
-        p.client
-            .publish(format!("jobs/{i}"), QoS::AtLeastOnce, false, format!("{i}"))
-            .await
-            .unwrap();
+        p.publish1(format!("jobs/{i}"), format!("{i}")).await;
     }
     let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
     let all_arrived = async {
@@ -518,15 +495,8 @@ async fn topic_rules_fill_columns_from_named_wildcards() {
     s.sql_ok("CREATE TABLE plant.telemetry (site STRING, device STRING, ts TIMESTAMP, temp DOUBLE) PARTITION BY yyyymmdd(ts)")
         .await;
     let mut c = v4(v4_options(&s, "gw", true)).await;
-    c.client
-        .publish(
-            "factory/berlin/press-3/telemetry",
-            QoS::AtLeastOnce,
-            false,
-            r#"{"temp":71.5}"#,
-        )
-        .await
-        .unwrap();
+    c.publish1("factory/berlin/press-3/telemetry", r#"{"temp":71.5}"#)
+        .await;
     c.wait(|e| matches!(e, Event::Incoming(Packet::PubAck(_))))
         .await;
     assert_eq!(
@@ -588,10 +558,7 @@ async fn a_malformed_packet_closes_only_its_connection() {
     );
 
     // The other connection is untouched.
-    good.client
-        .publish("t", QoS::AtLeastOnce, false, "still here")
-        .await
-        .unwrap();
+    good.publish1("t", "still here").await;
     assert_eq!(
         good.receive(1).await,
         vec![("t".to_string(), "still here".to_string())]

@@ -287,14 +287,31 @@ impl Drop for Server {
 }
 
 /// Polls `check` until it returns true or the deadline passes.
-pub async fn eventually<F, Fut>(what: &str, secs: u64, mut check: F)
+pub async fn eventually<F, Fut>(what: &str, secs: u64, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
+    eventually_eq(what, secs, &true, check).await;
+}
+
+/// Polls `get` until it returns `want` or the deadline passes; a failure shows the last value.
+pub async fn eventually_eq<T, F, Fut>(what: &str, secs: u64, want: &T, mut get: F)
+where
+    T: PartialEq + std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
     let deadline = Instant::now() + Duration::from_secs(secs);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+    loop {
+        let got = get().await;
+        if got == *want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for: {what}\nlast: {got:?}\nwanted: {want:?}"
+        );
         tokio::task::yield_now().await;
         std::thread::park_timeout(Duration::from_millis(50));
     }

@@ -141,18 +141,19 @@ async fn sql(
         params: Vec::new(),
         no_result_cache: q.cache.as_deref() == Some("off"),
     };
-    let request;
+    let sql_owned;
     let text = if json {
-        request = serde_json::from_slice::<SqlRequest>(&body).map_err(|e| {
+        let request = serde_json::from_slice::<SqlRequest>(&body).map_err(|e| {
             bad_request(format!(
                 "expected {{\"sql\": \"...\", \"params\": [...], \"db\": \"...\"}}: {e}"
             ))
         })?;
-        options.database = request.db.clone().or(options.database);
-        options.params = (request.params.iter().cloned().enumerate())
+        options.database = request.db.or(options.database);
+        options.params = (request.params.into_iter().enumerate())
             .map(|(i, v)| param(i, v))
             .collect::<Result<_, _>>()?;
-        request.sql.as_str()
+        sql_owned = request.sql;
+        sql_owned.as_str()
     } else {
         std::str::from_utf8(&body).map_err(|_| bad_request("SQL must be UTF-8 text"))?
     };
