@@ -10,12 +10,14 @@ export CARGO_TERM_COLOR=never
 if ! command -v moto_server >/dev/null 2>&1; then
   python3 -m pip install --quiet 'moto[server]'
 fi
-# Real MQTT clients for tests/mqtt.rs: mosquitto_pub and mosquitto_sub, from Debian.
-if ! command -v mosquitto_pub >/dev/null 2>&1 || ! command -v mosquitto_sub >/dev/null 2>&1; then
+# Real MQTT clients for tests/mqtt.rs (mosquitto_pub, mosquitto_sub) and a real broker to
+# bridge from for tests/bridge.rs (mosquitto), from Debian.
+if ! command -v mosquitto_pub >/dev/null 2>&1 || ! command -v mosquitto_sub >/dev/null 2>&1 \
+   || { ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; }; then
   sudo_=""
   [ "$(id -u)" -eq 0 ] || sudo_="sudo"
   $sudo_ apt-get update -qq || true
-  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq mosquitto-clients >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq mosquitto mosquitto-clients >/dev/null
 fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

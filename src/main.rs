@@ -1,5 +1,7 @@
 //! The `sluice` binary: command line, configuration layering and wiring. No logic lives here.
 
+mod admin;
+
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sluice_conf::Config;
@@ -128,6 +130,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         Some(tokio::spawn(async move { broker.serve_tls(l, tls).await }))
     };
     println!("sluice: http listening on {addr}");
+    broker.start_bridges(&cfg.bridge).await;
 
     let signal_cancel = cancel.clone();
     tokio::spawn(async move {
@@ -151,21 +154,23 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     let extra = {
         let broker = broker.clone();
-        sluice_web::stream_route("/mqtt", "mqtt", ws).route(
-            "/metrics",
-            axum::routing::get(move || {
-                let text = broker.metrics_text();
-                async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4",
-                        )],
-                        text,
-                    )
-                }
-            }),
-        )
+        sluice_web::stream_route("/mqtt", "mqtt", ws)
+            .merge(admin::bridge_routes(broker.bridges().clone()))
+            .route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let text = broker.metrics_text();
+                    async move {
+                        (
+                            [(
+                                axum::http::header::CONTENT_TYPE,
+                                "text/plain; version=0.0.4",
+                            )],
+                            text,
+                        )
+                    }
+                }),
+            )
     };
     sluice_web::serve(listener, db, &cfg.http, extra, cancel.clone()).await?;
     cancel.cancel();

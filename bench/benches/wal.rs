@@ -22,6 +22,7 @@ fn row(i: i64) -> Arc<WriteRecord> {
             Value::Str(format!("device-{}", i % 100)),
             Value::Float(i as f64),
         ]],
+        origin: None,
     })
 }
 

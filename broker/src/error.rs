@@ -1,6 +1,7 @@
 //! Broker errors, and the one place they become MQTT reason codes.
 
 use rumqttc::v5::mqttbytes::v5::{DisconnectReasonCode, PubAckReason};
+use std::path::PathBuf;
 
 /// What can end a connection or refuse a message.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +42,29 @@ pub enum Error {
         what: String,
         /// Why it failed.
         reason: String,
+    },
+}
+
+/// What the admin API can get wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum BridgeError {
+    /// No bridge of that name.
+    #[error("no bridge named {0:?}")]
+    NotFound(String),
+    /// A bridge of that name exists.
+    #[error("a bridge named {0:?} exists")]
+    Exists(String),
+    /// The configuration is not valid.
+    #[error("{0}")]
+    Invalid(String),
+    /// The saved bridges could not be written.
+    #[error("saving {path}: {source}")]
+    Save {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
     },
 }
 

@@ -5,6 +5,7 @@ use crate::auth::Action;
 use crate::error;
 use crate::session::Message;
 use rumqttc::v5::mqttbytes::v5::PubAckReason;
+use sluice_engine::Origin;
 use sluice_engine::api::{DeadLetter, Publication};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -39,58 +40,92 @@ pub(crate) async fn store_rows(
     message: &Arc<Message>,
     user: Option<&str>,
 ) -> (PubAckReason, Option<String>) {
+    match try_store(shared, message, user, None).await {
+        Ok(_) => (PubAckReason::Success, None),
+        Err(Refusal { reason, text, .. }) => refuse(shared, message, reason, text).await,
+    }
+}
+
+/// Why a message was not stored.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub(crate) reason: PubAckReason,
+    pub(crate) text: String,
+    /// Trying again later can succeed (see [`sluice_engine::Error::is_transient`]).
+    pub(crate) transient: bool,
+}
+
+/// Stores `message` in its table, if its topic maps to one, with the bridged message's
+/// `origin`; says whether rows were stored. A refusal is returned, not yet kept (see
+/// [`refuse`]).
+pub(crate) async fn try_store(
+    shared: &Arc<Shared>,
+    message: &Message,
+    user: Option<&str>,
+    origin: Option<&Origin>,
+) -> Result<bool, Refusal> {
+    let refusal = |reason, text| {
+        Err(Refusal {
+            reason,
+            text,
+            transient: false,
+        })
+    };
     if !shared.auth.allowed(user, Action::Publish, &message.topic) {
         let text = format!("not authorized to publish to {}", message.topic);
-        return refuse(shared, message, PubAckReason::NotAuthorized, text).await;
+        return refusal(PubAckReason::NotAuthorized, text);
     }
-    if let Some(t) = shared.mapper.map(
+    let Some(t) = shared.mapper.map(
         &message.topic,
         message.properties.as_ref(),
         &message.payload,
-    ) {
-        // Without rules the table name need not be built for every message.
-        if shared.auth.has_rules() {
-            let table = format!("{}.{}", t.database, t.table);
-            if !shared.auth.allowed(user, Action::Write, &table) {
-                let text = format!("not authorized to write to {table}");
-                return refuse(shared, message, PubAckReason::NotAuthorized, text).await;
-            }
-        }
-        let auto_create = shared
-            .config
-            .auto_create_databases
-            .iter()
-            .any(|d| d == t.database);
-        let result = shared
-            .db
-            .publish(Publication {
-                database: t.database,
-                table: t.table,
-                format: t.format,
-                payload: &message.payload,
-                fixed: &t.fixed,
-                auto_create,
-            })
-            .await;
-        match result {
-            Ok(Some(receipt)) => {
-                shared
-                    .metrics
-                    .rows_stored
-                    .fetch_add(receipt.rows as u64, Ordering::Relaxed);
-            }
-            Ok(None) => {}
-            Err(e) => {
-                let reason = error::store_reason(&e);
-                return refuse(shared, message, reason, e.to_string()).await;
-            }
+    ) else {
+        return Ok(false);
+    };
+    // Without rules the table name need not be built for every message.
+    if shared.auth.has_rules() {
+        let table = format!("{}.{}", t.database, t.table);
+        if !shared.auth.allowed(user, Action::Write, &table) {
+            let text = format!("not authorized to write to {table}");
+            return refusal(PubAckReason::NotAuthorized, text);
         }
     }
-    (PubAckReason::Success, None)
+    let auto_create = shared
+        .config
+        .auto_create_databases
+        .iter()
+        .any(|d| d == t.database);
+    let result = shared
+        .db
+        .publish(Publication {
+            database: t.database,
+            table: t.table,
+            format: t.format,
+            payload: &message.payload,
+            fixed: &t.fixed,
+            auto_create,
+            origin,
+        })
+        .await;
+    match result {
+        Ok(Some(receipt)) => {
+            shared
+                .metrics
+                .rows_stored
+                .fetch_add(receipt.rows as u64, Ordering::Relaxed);
+            Ok(true)
+        }
+        Ok(None) => Ok(false),
+        Err(e) => Err(Refusal {
+            reason: error::store_reason(&e),
+            text: e.to_string(),
+            transient: e.is_transient(),
+        }),
+    }
 }
 
 /// Logs a refused message once and keeps it in the dead letters.
-async fn refuse(
+pub(crate) async fn refuse(
     shared: &Shared,
     message: &Message,
     reason: PubAckReason,

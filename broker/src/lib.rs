@@ -7,8 +7,12 @@
 //! rules, `/db/table`), the engine stores it as one durable append through
 //! [`sluice_engine::Database::publish`], and only then is it acknowledged and handed to the
 //! `router`, which queues it on every matching `session`. Start reading at `connection`.
+//!
+//! `bridge` makes Sluice a client of other brokers: what they deliver takes the same path,
+//! and is acknowledged to them only once stored.
 
 mod auth;
+mod bridge;
 mod codec;
 mod connection;
 mod error;
@@ -20,7 +24,8 @@ mod router;
 mod session;
 mod topic;
 
-pub use error::{Error, Result};
+pub use bridge::{BridgeStatus, Bridges};
+pub use error::{BridgeError, Error, Result};
 
 use metrics::Metrics;
 use router::Router;
@@ -68,6 +73,7 @@ impl std::fmt::Debug for Shared {
 pub struct Broker {
     shared: Arc<Shared>,
     tasks: TaskTracker,
+    bridges: Arc<Bridges>,
 }
 
 impl Broker {
@@ -82,21 +88,42 @@ impl Broker {
         let router = Router::new(config.mqtt.max_queued_messages);
         let store = persist::Store::new(&config.data_dir);
         store.load(&router);
+        let shared = Arc::new(Shared {
+            config: config.mqtt.clone(),
+            db,
+            router,
+            mapper,
+            metrics: Metrics::default(),
+            next_conn: AtomicU64::new(1),
+            shutdown,
+            max_session_expiry: Config::duration(&config.mqtt.max_session_expiry),
+            store,
+            auth,
+        });
+        let bridges = Arc::new(Bridges::new(shared.clone(), &config.data_dir));
+        let status = Arc::downgrade(&bridges);
+        shared.db.add_system_table(
+            "bridges",
+            sluice_engine::SystemRows(Arc::new(move || {
+                let all = status.upgrade().map(|b| b.status_now()).unwrap_or_default();
+                bridge::system_table(&all)
+            })),
+        );
         Ok(Self {
-            shared: Arc::new(Shared {
-                config: config.mqtt.clone(),
-                db,
-                router,
-                mapper,
-                metrics: Metrics::default(),
-                next_conn: AtomicU64::new(1),
-                shutdown,
-                max_session_expiry: Config::duration(&config.mqtt.max_session_expiry),
-                store,
-                auth,
-            }),
+            shared,
             tasks: TaskTracker::new(),
+            bridges,
         })
+    }
+
+    /// Starts the bridges of the configuration (and those the admin API added earlier).
+    pub async fn start_bridges(&self, configured: &[sluice_conf::BridgeConfig]) {
+        self.bridges.start(configured).await;
+    }
+
+    /// The bridges, for the admin API.
+    pub fn bridges(&self) -> &Arc<Bridges> {
+        &self.bridges
     }
 
     /// Accepts MQTT connections on `listener` until shutdown, then waits for them to end.
@@ -132,6 +159,7 @@ impl Broker {
         }
         self.tasks.close();
         self.tasks.wait().await;
+        self.bridges.stopped().await;
         self.save().await;
         Ok(())
     }
@@ -179,12 +207,14 @@ impl Broker {
             .spawn(async move { connection::serve(shared, stream, peer).await });
     }
 
-    /// The broker's metrics in Prometheus text format.
+    /// The broker's metrics (bridges' included) in Prometheus text format.
     pub fn metrics_text(&self) -> String {
-        self.shared.metrics.render(
+        let mut text = self.shared.metrics.render(
             self.shared.router.session_count(),
             self.shared.router.retained_count(),
-        )
+        );
+        text.push_str(&bridge::render_metrics(&self.bridges.status_now()));
+        text
     }
 }
 

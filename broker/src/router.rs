@@ -132,6 +132,11 @@ impl Router {
         expired.len()
     }
 
+    /// The session registered under `key`, if any.
+    pub(crate) fn session(&self, key: &str) -> Option<Arc<Session>> {
+        self.sessions.lock().get(key).cloned()
+    }
+
     /// Number of sessions (online and offline).
     pub(crate) fn session_count(&self) -> usize {
         self.sessions.lock().len()

@@ -3,6 +3,7 @@
 
 use crate::decode::Format;
 use crate::error::Result;
+use crate::origin::Origin;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -84,6 +85,19 @@ pub struct Publication<'a> {
     /// Create the table from this (JSON) message if it does not exist, and add columns for
     /// new fields.
     pub auto_create: bool,
+    /// Where a bridged message came from; logged with its rows (see [`crate::origin`]).
+    pub origin: Option<&'a Origin>,
+}
+
+/// Builds the rows of a `system` table another layer serves (the broker's bridges), fresh
+/// for each query.
+#[derive(Clone)]
+pub struct SystemRows(pub std::sync::Arc<dyn Fn() -> RecordBatch + Send + Sync>);
+
+impl std::fmt::Debug for SystemRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SystemRows")
+    }
 }
 
 /// A message that could not be stored, kept whole for inspection and replay.
@@ -131,6 +145,16 @@ pub trait Database: Send + Sync + 'static {
 
     /// Keeps a refused message durably in `system.dead_letters`.
     async fn dead_letter(&self, letter: DeadLetter) -> Result<()>;
+
+    /// Whether `origin` is the last message its bridge stored with its packet id: a
+    /// redelivery of it must be acknowledged, not stored again.
+    fn is_stored(&self, origin: &Origin) -> bool;
+
+    /// Forgets what a removed bridge stored (its packet ids mean nothing any more).
+    fn forget_origins(&self, source: &str) -> Result<()>;
+
+    /// Serves `system.<name>` from `rows` (replacing an earlier one of that name).
+    fn add_system_table(&self, name: &str, rows: SystemRows);
 
     /// The argon2 password hash of a user made with `CREATE USER`, if there is one.
     fn password_hash(&self, user: &str) -> Option<String>;

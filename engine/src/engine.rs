@@ -8,6 +8,7 @@ use crate::api::{
 use crate::catalog::{Catalog, TableDef};
 use crate::decode::{Format, decode};
 use crate::error::{Error, Result};
+use crate::origin::{Origin, Origins};
 use crate::provider::Shared;
 use crate::state::{Partition, TableState, Tables};
 use crate::storage::{Manifest, Storage};
@@ -109,11 +110,15 @@ impl Engine {
         }
 
         let wal_dir = dir.join("wal");
-        let replay_tables = tables.clone();
+        let applier = Arc::new(Apply {
+            tables: tables.clone(),
+            origins: Arc::new(Origins::open(&dir)?),
+        });
+        let replay = applier.clone();
         let started = Instant::now();
         let report = tokio::task::spawn_blocking(move || {
             wal::replay(&wal_dir, |lsn, rec| {
-                crate::wal::Applier::apply(&*replay_tables, lsn, rec)
+                crate::wal::Applier::apply(&*replay, lsn, rec)
             })
         })
         .await
@@ -130,7 +135,7 @@ impl Engine {
             &config.wal,
             next_lsn,
             config.http.max_pending_writes,
-            tables.clone(),
+            applier.clone(),
         )?;
 
         let shared = Arc::new(Shared {
@@ -139,6 +144,8 @@ impl Engine {
             storage,
             dead_letters: crate::dead_letter::DeadLetters::open(&dir)?,
             hot: crate::hot::HotCache::new(config.query.hot_cache_bytes),
+            origins: applier.origins.clone(),
+            extra_system: Default::default(),
         });
         Ok(Arc::new(Self {
             config,
@@ -184,7 +191,7 @@ impl Engine {
         def: &TableDef,
         rows: Vec<Vec<crate::types::Value>>,
     ) -> Result<WriteReceipt> {
-        self.append(def, rows, false).await
+        self.append(def, rows, false, None).await
     }
 
     /// Like [`Engine::append_rows`], but waits for room in the log's queue instead of
@@ -194,7 +201,7 @@ impl Engine {
         def: &TableDef,
         rows: Vec<Vec<crate::types::Value>>,
     ) -> Result<WriteReceipt> {
-        self.append(def, rows, true).await
+        self.append(def, rows, true, None).await
     }
 
     async fn append(
@@ -202,6 +209,7 @@ impl Engine {
         def: &TableDef,
         rows: Vec<Vec<crate::types::Value>>,
         wait: bool,
+        origin: Option<Origin>,
     ) -> Result<WriteReceipt> {
         let bytes = self.shared.tables.buffered_bytes();
         let limit = 2 * self.config.buffer.total_max_bytes as u64;
@@ -213,12 +221,29 @@ impl Engine {
             table_id: def.id,
             ncols: def.columns.len(),
             rows,
+            origin,
         });
         let lsn = match wait {
             true => self.wal.append_waiting(record).await?,
             false => self.wal.append(record).await?,
         };
         Ok(WriteReceipt { rows: n, lsn })
+    }
+}
+
+/// The apply step, live and on replay: a bridged message's origin is remembered, its rows go
+/// to the buffers.
+struct Apply {
+    tables: Arc<Tables>,
+    origins: Arc<Origins>,
+}
+
+impl crate::wal::Applier for Apply {
+    fn apply(&self, lsn: u64, record: &WriteRecord) {
+        if let Some(o) = &record.origin {
+            self.origins.remember(lsn, o);
+        }
+        self.tables.apply(lsn, record);
     }
 }
 
@@ -268,12 +293,13 @@ impl Database for Engine {
             Err(e) => return Err(e),
         };
         let fixed = fixed_columns(&def, p.fixed)?;
-        match self.write_message(&def, p.format, p.payload, &fixed).await {
+        let origin = p.origin.cloned();
+        match (self.write_message(&def, p.format, p.payload, &fixed, origin.clone())).await {
             // A new field in an auto-created database widens the table, then decodes again.
             Err(Error::BadRow { .. }) if p.auto_create && p.format == Format::Json => {
                 let def = self.table_for_json(p.database, p.table, p.payload).await?;
                 let fixed = fixed_columns(&def, p.fixed)?;
-                self.write_message(&def, p.format, p.payload, &fixed)
+                self.write_message(&def, p.format, p.payload, &fixed, origin)
                     .await
                     .map(Some)
             }
@@ -283,6 +309,21 @@ impl Database for Engine {
 
     async fn dead_letter(&self, letter: DeadLetter) -> Result<()> {
         self.shared.dead_letters.add(letter).await
+    }
+
+    fn is_stored(&self, origin: &Origin) -> bool {
+        self.shared.origins.is_stored(origin)
+    }
+
+    fn forget_origins(&self, source: &str) -> Result<()> {
+        self.shared.origins.forget(source)
+    }
+
+    fn add_system_table(&self, name: &str, rows: crate::api::SystemRows) {
+        self.shared
+            .extra_system
+            .write()
+            .insert(name.to_string(), rows);
     }
 
     fn password_hash(&self, user: &str) -> Option<String> {

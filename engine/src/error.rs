@@ -198,6 +198,22 @@ impl Error {
             message: message.into(),
         }
     }
+
+    /// Whether the same write can succeed later (the log or buffers are full, the disk or
+    /// object store failed, the server is stopping), as opposed to one that never will (a
+    /// payload that does not fit its table).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Overloaded { .. }
+                | Error::BuffersFull { .. }
+                | Error::ShuttingDown
+                | Error::Wal { .. }
+                | Error::WalPoisoned { .. }
+                | Error::Io { .. }
+                | Error::ObjectStore { .. }
+        )
+    }
 }
 
 /// Result with [`Error`].

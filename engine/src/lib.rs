@@ -29,6 +29,7 @@ pub mod functions;
 pub mod hex;
 pub mod hot;
 pub mod optimizer;
+pub mod origin;
 pub mod partition;
 pub mod parts;
 pub mod provider;
@@ -39,7 +40,10 @@ pub mod system;
 pub mod types;
 pub mod wal;
 
-pub use api::{Database, DeadLetter, Health, Publication, QueryOptions, QueryOutput, WriteReceipt};
+pub use api::{
+    Database, DeadLetter, Health, Publication, QueryOptions, QueryOutput, SystemRows, WriteReceipt,
+};
 pub use decode::Format;
 pub use engine::Engine;
 pub use error::{Error, Result};
+pub use origin::Origin;

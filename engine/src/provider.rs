@@ -43,6 +43,11 @@ pub struct Shared {
     pub dead_letters: crate::dead_letter::DeadLetters,
     /// Decoded Parquet files.
     pub hot: crate::hot::HotCache,
+    /// The last stored message per bridge and packet id.
+    pub origins: Arc<crate::origin::Origins>,
+    /// `system` tables other layers serve (the broker's `system.bridges`).
+    pub extra_system:
+        parking_lot::RwLock<std::collections::HashMap<String, crate::api::SystemRows>>,
 }
 
 /// The `sluice` catalog: one schema per database, plus `system`.

@@ -1,5 +1,6 @@
 //! `system.tables`, `system.partitions`, `system.files` and `system.dead_letters`: the
-//! catalog, storage state and refused messages as SQL tables, built fresh for each query.
+//! catalog, storage state and refused messages as SQL tables, built fresh for each query;
+//! plus tables other layers serve through [`crate::Database::add_system_table`].
 
 use crate::provider::{Shared, mem_table};
 use async_trait::async_trait;
@@ -75,9 +76,9 @@ struct PartRow {
 }
 
 impl SystemSchema {
-    /// Whether `system.<name>` exists.
-    pub fn has(name: &str) -> bool {
-        NAMES.contains(&name)
+    /// Whether `system.<name>` exists (built in, or served by another layer).
+    pub fn has(shared: &Shared, name: &str) -> bool {
+        NAMES.contains(&name) || shared.extra_system.read().contains_key(name)
     }
 
     fn partitions(&self) -> Vec<PartRow> {
@@ -108,6 +109,9 @@ impl SystemSchema {
     }
 
     fn build(&self, name: &str) -> DfResult<RecordBatch> {
+        if let Some(rows) = self.shared.extra_system.read().get(name).cloned() {
+            return Ok((rows.0)());
+        }
         let parts = self.partitions();
         match name {
             "tables" => {
@@ -234,17 +238,19 @@ impl SystemSchema {
 #[async_trait]
 impl SchemaProvider for SystemSchema {
     fn table_names(&self) -> Vec<String> {
-        NAMES.iter().map(|s| s.to_string()).collect()
+        let mut names: Vec<String> = NAMES.iter().map(|s| s.to_string()).collect();
+        names.extend(self.shared.extra_system.read().keys().cloned());
+        names
     }
 
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
-        if !NAMES.contains(&name) {
+        if !Self::has(&self.shared, name) {
             return Ok(None);
         }
         Ok(Some(mem_table(self.build(name)?)?))
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        NAMES.contains(&name)
+        Self::has(&self.shared, name)
     }
 }

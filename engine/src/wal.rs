@@ -15,7 +15,7 @@
 pub mod record;
 
 use crate::error::{Error, Result};
-use record::{FrameError, KIND_WRITE, WriteRecord, decode_frame, encode_frame};
+use record::{FrameError, WriteRecord, decode_frame, encode_frame};
 use sluice_conf::{Durability, WalConfig};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -136,11 +136,11 @@ pub fn replay(dir: &Path, mut apply: impl FnMut(u64, &WriteRecord)) -> Result<Re
                     if frame.lsn <= last_lsn {
                         return Err(fatal(format!("LSN {} after {last_lsn}", frame.lsn)));
                     }
-                    if frame.kind != KIND_WRITE {
-                        return Err(fatal(format!("unknown record kind {}", frame.kind)));
-                    }
-                    let Some(rec) = WriteRecord::decode(frame.payload) else {
-                        return Err(fatal("write payload does not decode".into()));
+                    let Some(rec) = WriteRecord::decode(frame.kind, frame.payload) else {
+                        return Err(fatal(format!(
+                            "record of kind {} does not decode",
+                            frame.kind
+                        )));
                     };
                     apply(frame.lsn, &rec);
                     report.records += 1;
@@ -296,6 +296,15 @@ impl Wal {
         self.applied.load(Ordering::Acquire)
     }
 
+    /// How many segments [`Wal::truncate_before`] would delete for `lsn`.
+    pub fn removable_before(&self, lsn: u64) -> usize {
+        let segs = self.segments.lock();
+        segs.iter()
+            .skip(1)
+            .take_while(|(first, _)| *first <= lsn)
+            .count()
+    }
+
     /// Deletes every closed segment all of whose records have LSN < `lsn`.
     pub fn truncate_before(&self, lsn: u64) -> Result<usize> {
         let mut segs = self.segments.lock();
@@ -447,7 +456,7 @@ impl Writer {
         buf.clear();
         let first = self.next_lsn;
         for (i, p) in group.iter().enumerate() {
-            encode_frame(first + i as u64, KIND_WRITE, &p.payload, buf);
+            encode_frame(first + i as u64, p.record.kind(), &p.payload, buf);
         }
         let before = self.size;
         let written = self
@@ -509,6 +518,7 @@ mod tests {
             table_id: 7,
             ncols: 2,
             rows: vec![vec![Value::Int(i), Value::Str(format!("row {i}"))]],
+            origin: None,
         })
     }
 

@@ -201,6 +201,10 @@ impl Engine {
             .tables
             .min_unpersisted_lsn()
             .map_or(applied + 1, |l| l.min(applied + 1));
+        // Bridged messages' origins must outlive the segments that hold them.
+        if self.wal.removable_before(needed) > 0 {
+            self.shared.origins.save()?;
+        }
         let removed = self.wal.truncate_before(needed)?;
         if removed > 0 {
             tracing::debug!(removed, needed, "WAL segments removed");

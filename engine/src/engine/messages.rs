@@ -7,6 +7,7 @@ use crate::catalog::{ColumnDef, TableDef};
 use crate::ddl::{CreateTable, TableRef};
 use crate::decode::{Format, decode_message, infer_json_columns};
 use crate::error::{Error, Result};
+use crate::origin::Origin;
 use crate::partition::PartitionFn;
 use crate::types::ColumnType;
 use std::sync::Arc;
@@ -17,16 +18,18 @@ const TIME_NAMES: [&str; 3] = ["ts", "time", "timestamp"];
 
 impl Engine {
     /// Decodes one message for `def` ([`decode_message`], `fixed` being the (column index,
-    /// text) values the topic sets) and stores its rows as one durable append.
+    /// text) values the topic sets) and stores its rows as one durable append, with the
+    /// bridged message's `origin` if it is one.
     pub async fn write_message(
         &self,
         def: &TableDef,
         format: Format,
         body: &[u8],
         fixed: &[(usize, String)],
+        origin: Option<Origin>,
     ) -> Result<WriteReceipt> {
         let rows = decode_message(def, format, body, now_micros(), fixed)?;
-        self.append_rows_waiting(def, rows).await
+        self.append(def, rows, true, origin).await
     }
 
     /// The table a JSON message is stored in, made to fit it.
@@ -175,7 +178,7 @@ mod tests {
         let def = e.table("iot", "s").unwrap();
         let body = br#"{"dev_id":"id-01","data":[[1,25.1],[2,25.5],[3,25.9]]}"#;
         let r = e
-            .write_message(&def, Format::Json, body, &[])
+            .write_message(&def, Format::Json, body, &[], None)
             .await
             .unwrap();
         assert_eq!(r.rows, 3);
@@ -223,7 +226,7 @@ mod tests {
             .unwrap();
         let def = e.table("iot", "s").unwrap();
         let body = br#"{"dev_id":"id-02","reading":{"id":9,"v":1.5}}"#;
-        e.write_message(&def, Format::Json, body, &[])
+        e.write_message(&def, Format::Json, body, &[], None)
             .await
             .unwrap();
         let got = query(&e, "SELECT dev_id, value FROM iot.s WHERE sensor_id = 9").await;
@@ -246,7 +249,13 @@ mod tests {
         let def = e.table("iot", "t").unwrap();
         let fixed = [(0, "plant-a".to_string()), (1, "d7".to_string())];
         let r = e
-            .write_message(&def, Format::Csv, b"2026-01-01T00:00:00Z,21.5", &fixed)
+            .write_message(
+                &def,
+                Format::Csv,
+                b"2026-01-01T00:00:00Z,21.5",
+                &fixed,
+                None,
+            )
             .await
             .unwrap();
         assert_eq!(r.rows, 1);
@@ -255,6 +264,7 @@ mod tests {
             Format::LineProtocol,
             b"m temp=22 1767225601000000000",
             &fixed,
+            None,
         )
         .await
         .unwrap();
@@ -264,7 +274,7 @@ mod tests {
             "{got}"
         );
         let err = e
-            .write_message(&def, Format::LineProtocol, b"m temp=1i,hum=3", &fixed)
+            .write_message(&def, Format::LineProtocol, b"m temp=1i,hum=3", &fixed, None)
             .await
             .unwrap_err();
         assert_eq!(
@@ -310,7 +320,7 @@ mod tests {
         );
         assert_eq!(def.partition, PartitionFn::Yyyymmdd { days: 1 });
         assert_eq!(def.partition_column, 0);
-        e.write_message(&def, Format::Json, body, &[])
+        e.write_message(&def, Format::Json, body, &[], None)
             .await
             .unwrap();
         let got = query(

@@ -46,50 +46,58 @@ struct Planned {
     tables: Vec<Arc<TableState>>,
 }
 
-/// Cached plans by key, each with the catalog version it was planned at.
-type PlanCache<K> = Mutex<HashMap<K, (u64, Planned)>>;
-
 /// A small result kept with what it was computed from.
 struct CachedResult {
-    catalog: u64,
     /// Each table's change count before the query ran.
     changes: Vec<u64>,
     schema: SchemaRef,
     batches: Vec<RecordBatch>,
 }
 
+/// An optimized plan that can be run again as it is, and its last small result.
+struct Reusable {
+    /// Catalog version it was planned at.
+    version: u64,
+    planned: Planned,
+    result: Option<CachedResult>,
+}
+
+impl Reusable {
+    /// The kept result, if no table it read has changed since.
+    fn result(&self) -> Option<QueryOutput> {
+        let r = self.result.as_ref()?;
+        let tables = &self.planned.tables;
+        let unchanged = tables.len() == r.changes.len()
+            && tables
+                .iter()
+                .zip(&r.changes)
+                .all(|(t, c)| t.changes() == *c);
+        unchanged.then(|| QueryOutput::from_batches(r.schema.clone(), r.batches.clone()))
+    }
+}
+
 /// Results up to this size are kept.
 const RESULT_MAX_BYTES: usize = 1 << 20;
-/// Results kept at most (the cache is emptied past this).
-const CACHED_RESULTS: usize = 1024;
 
 /// Sessions and cached plans.
 #[derive(Default)]
 pub(super) struct Planner {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     /// (database, SQL) -> (catalog version, plan before optimization).
-    plans: PlanCache<(String, String)>,
-    /// (database, SQL, parameters) -> (catalog version, optimized plan), for plans whose
-    /// optimization reads nothing that changes between runs.
-    optimized: PlanCache<(String, String, String)>,
-    /// (database, SQL, parameters) -> the last result of a reusable plan, valid while no
+    plans: Mutex<HashMap<(String, String), (u64, Planned)>>,
+    /// (database, SQL, parameters) -> the optimized plan, for plans whose optimization
+    /// reads nothing that changes between runs, with its last small result, valid while no
     /// table it reads has changed (an alert query polled with no new rows is not recomputed).
-    results: Mutex<HashMap<(String, String, String), CachedResult>>,
+    reusable: Mutex<HashMap<(String, String, String), Reusable>>,
 }
 
-fn remember<K: std::hash::Hash + Eq>(map: &PlanCache<K>, key: K, version: u64, plan: &Planned) {
-    let mut m = map.lock();
-    if m.len() >= CACHED_PLANS {
-        m.clear();
+/// Inserts into a bounded cache: past `limit` entries it is emptied and refills with what is
+/// used.
+fn bounded_insert<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, limit: usize, k: K, v: V) {
+    if map.len() >= limit {
+        map.clear();
     }
-    m.insert(key, (version, plan.clone()));
-}
-
-fn recall<K: std::hash::Hash + Eq>(map: &PlanCache<K>, key: &K, version: u64) -> Option<Planned> {
-    map.lock()
-        .get(key)
-        .filter(|(v, _)| *v == version)
-        .map(|(_, p)| p.clone())
+    map.insert(k, v);
 }
 
 /// Whether an optimized plan can be run again as it is: not when the optimizer folded in a
@@ -179,21 +187,36 @@ impl Engine {
             key.1.clone(),
             format!("{:?}", options.params),
         );
-        if !options.no_result_cache
-            && let Some(hit) = self.cached_result(&okey, version)
-        {
-            return Ok(hit);
-        }
-        let (optimized, reuse) = match recall(&self.planner.optimized, &okey, version) {
-            Some(optimized) => (optimized, true),
+        let reused = self
+            .planner
+            .reusable
+            .lock()
+            .get(&okey)
+            .filter(|r| r.version == version)
+            .map(|r| {
+                let hit = (!options.no_result_cache).then(|| r.result()).flatten();
+                (r.planned.clone(), hit)
+            });
+        let (optimized, reuse) = match reused {
+            Some((_, Some(hit))) => return Ok(hit),
+            Some((planned, None)) => (planned, true),
             None => {
-                let (planned, cacheable) = match recall(&self.planner.plans, &key, version) {
+                let cached = (self.planner.plans.lock().get(&key))
+                    .filter(|(v, _)| *v == version)
+                    .map(|(_, p)| p.clone());
+                let (planned, cacheable) = match cached {
                     Some(planned) => (planned, true),
                     None => match ddl::parse_in(sql, database)? {
                         Statement::Query => {
                             let (planned, cacheable) = self.plan(&session, database, sql).await?;
                             if cacheable {
-                                remember(&self.planner.plans, key, version, &planned);
+                                let entry = (version, planned.clone());
+                                bounded_insert(
+                                    &mut self.planner.plans.lock(),
+                                    CACHED_PLANS,
+                                    key,
+                                    entry,
+                                );
                             }
                             (planned, cacheable)
                         }
@@ -214,7 +237,17 @@ impl Engine {
                 };
                 let reuse = cacheable && reusable(&plan, &optimized.plan);
                 if reuse {
-                    remember(&self.planner.optimized, okey.clone(), version, &optimized);
+                    let entry = Reusable {
+                        version,
+                        planned: optimized.clone(),
+                        result: None,
+                    };
+                    bounded_insert(
+                        &mut self.planner.reusable.lock(),
+                        CACHED_PLANS,
+                        okey.clone(),
+                        entry,
+                    );
                 }
                 (optimized, reuse)
             }
@@ -247,36 +280,16 @@ impl Engine {
                 });
             }
         }
-        let mut results = self.planner.results.lock();
-        if results.len() >= CACHED_RESULTS {
-            results.clear();
-        }
-        results.insert(
-            okey,
-            CachedResult {
-                catalog: version,
+        if let Some(r) = self.planner.reusable.lock().get_mut(&okey)
+            && r.version == version
+        {
+            r.result = Some(CachedResult {
                 changes,
                 schema: schema.clone(),
                 batches: batches.clone(),
-            },
-        );
-        Ok(QueryOutput::from_batches(schema, batches))
-    }
-
-    fn cached_result(&self, key: &(String, String, String), catalog: u64) -> Option<QueryOutput> {
-        let results = self.planner.results.lock();
-        let hit = results.get(key)?;
-        if hit.catalog != catalog {
-            return None;
+            });
         }
-        let planned = recall(&self.planner.optimized, key, catalog)?;
-        let unchanged = planned.tables.len() == hit.changes.len()
-            && planned
-                .tables
-                .iter()
-                .zip(&hit.changes)
-                .all(|(t, c)| t.changes() == *c);
-        unchanged.then(|| QueryOutput::from_batches(hit.schema.clone(), hit.batches.clone()))
+        Ok(QueryOutput::from_batches(schema, batches))
     }
 
     /// Plans a query; also says whether the plan may be cached (not when it reads `system`
@@ -292,14 +305,10 @@ impl Engine {
         let stmt = DfStatement::Statement(Box::new(statements.remove(0)));
         let mut cacheable = true;
         let mut tables = Vec::new();
-        let cat = self.shared.catalog.snapshot();
         for r in session.state.resolve_table_references(&stmt)? {
-            self.check_table(database, &r)?;
-            let db = r.schema().unwrap_or(database);
-            cacheable &= db != SYSTEM_DATABASE;
-            let (name, _) = PartsSpec::split_name(r.table());
-            if let Some(def) = crate::provider::resolve(&cat, db, name) {
-                tables.extend(self.shared.tables.get(def.id));
+            cacheable &= r.schema().unwrap_or(database) != SYSTEM_DATABASE;
+            if let Some(id) = self.check_table(database, &r)? {
+                tables.extend(self.shared.tables.get(id));
             }
         }
         let plan = session.state.statement_to_plan(stmt).await?;
@@ -312,16 +321,21 @@ impl Engine {
     }
 
     /// Names a missing table or database before planning, so the client gets a 404 that says
-    /// which, rather than a planning error.
-    fn check_table(&self, database: &str, r: &datafusion::common::TableReference) -> Result<()> {
+    /// which, rather than a planning error. Returns the id of a Sluice table (`None` for
+    /// `system` tables).
+    fn check_table(
+        &self,
+        database: &str,
+        r: &datafusion::common::TableReference,
+    ) -> Result<Option<u64>> {
         if r.catalog().is_some_and(|c| c != "sluice") {
-            return Ok(());
+            return Ok(None);
         }
         let (table, _) = PartsSpec::split_name(r.table());
         let db = r.schema().unwrap_or(database);
         if db == SYSTEM_DATABASE {
-            return match crate::system::SystemSchema::has(table) {
-                true => Ok(()),
+            return match crate::system::SystemSchema::has(&self.shared, table) {
+                true => Ok(None),
                 false => Err(Error::UnknownTable {
                     database: db.into(),
                     table: table.into(),
@@ -330,8 +344,9 @@ impl Engine {
         }
         let cat = self.shared.catalog.snapshot();
         match crate::provider::resolve(&cat, db, table) {
-            Some(_) => Ok(()),
-            None => cat.table(db, table).map(|_| ()),
+            Some(def) => Ok(Some(def.id)),
+            // The catalog's own lookup says which is missing, the database or the table.
+            None => cat.table(db, table).map(|def| Some(def.id)),
         }
     }
 }

@@ -4,18 +4,22 @@
 //! frame   = len:u32le  crc:u32le  body          (len = body length, crc = CRC-32 of body)
 //! body    = version:u8  kind:u8  lsn:u64le  payload
 //! payload (kind 1, write) = table_id:u64le  ncols:u16le  nrows:u32le  value*(nrows*ncols)
+//! payload (kind 2, bridged write) = origin  write   (origin: see crate::origin::Origin::encode)
 //! value   = tag:u8 [data]  0 null | 1 false | 2 true | 3 i64 | 4 u64 | 5 f64 | 6 str | 7 bytes
 //!                          | 8 timestamp i64 | 9 date i32     (str/bytes: len:u32le then bytes)
 //! ```
 //! A record whose length runs past the end of the file, or whose CRC does not match, is a torn
 //! or corrupt tail: replay stops there and the file is cut.
 
+use crate::origin::Origin;
 use crate::types::Value;
 
 /// Version byte written in every record.
 pub const RECORD_VERSION: u8 = 1;
 /// Kind byte of a write (rows for one table).
 pub const KIND_WRITE: u8 = 1;
+/// Kind byte of a write of a message received from a bridged broker, with its origin.
+pub const KIND_WRITE_ORIGIN: u8 = 2;
 /// Frame header: len + crc.
 pub const FRAME_HEADER: usize = 8;
 /// Body header: version + kind + lsn.
@@ -32,12 +36,25 @@ pub struct WriteRecord {
     pub ncols: usize,
     /// Rows, each exactly `ncols` values in column order.
     pub rows: Vec<Vec<Value>>,
+    /// The bridged message these rows came from, if they came from one.
+    pub origin: Option<Origin>,
 }
 
 impl WriteRecord {
-    /// Encodes the payload (not the frame).
+    /// The record kind this write is logged as.
+    pub fn kind(&self) -> u8 {
+        match self.origin {
+            Some(_) => KIND_WRITE_ORIGIN,
+            None => KIND_WRITE,
+        }
+    }
+
+    /// Encodes the payload (not the frame) of [`WriteRecord::kind`].
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 + self.rows.len() * self.ncols * 9);
+        if let Some(o) = &self.origin {
+            o.encode(&mut out);
+        }
         out.extend_from_slice(&self.table_id.to_le_bytes());
         out.extend_from_slice(&(self.ncols as u16).to_le_bytes());
         out.extend_from_slice(&(self.rows.len() as u32).to_le_bytes());
@@ -50,8 +67,13 @@ impl WriteRecord {
         out
     }
 
-    /// Decodes a payload; `None` if it is malformed.
-    pub fn decode(mut buf: &[u8]) -> Option<Self> {
+    /// Decodes the payload of a record of `kind`; `None` if it is malformed.
+    pub fn decode(kind: u8, mut buf: &[u8]) -> Option<Self> {
+        let origin = match kind {
+            KIND_WRITE => None,
+            KIND_WRITE_ORIGIN => Some(Origin::decode(&mut buf)?),
+            _ => return None,
+        };
         let table_id = u64::from_le_bytes(take(&mut buf, 8)?.try_into().ok()?);
         let ncols = u16::from_le_bytes(take(&mut buf, 2)?.try_into().ok()?) as usize;
         let nrows = u32::from_le_bytes(take(&mut buf, 4)?.try_into().ok()?) as usize;
@@ -71,6 +93,7 @@ impl WriteRecord {
             table_id,
             ncols,
             rows,
+            origin,
         })
     }
 }
@@ -246,16 +269,30 @@ mod tests {
         ]
     }
 
+    fn origin() -> impl Strategy<Value = Option<Origin>> {
+        proptest::option::of(
+            (
+                "[a-z0-9_-]{1,12}",
+                any::<u16>(),
+                ".{0,30}",
+                any::<Vec<u8>>(),
+            )
+                .prop_map(|(s, pkid, topic, payload)| Origin::new(&s, pkid, &topic, &payload)),
+        )
+    }
+
     fn record() -> impl Strategy<Value = WriteRecord> {
         (1usize..6).prop_flat_map(|ncols| {
             (
                 any::<u64>(),
                 proptest::collection::vec(proptest::collection::vec(value(), ncols), 0..8),
+                origin(),
             )
-                .prop_map(move |(table_id, rows)| WriteRecord {
+                .prop_map(move |(table_id, rows, origin)| WriteRecord {
                     table_id,
                     ncols,
                     rows,
+                    origin,
                 })
         })
     }
@@ -263,7 +300,7 @@ mod tests {
     proptest! {
         #[test]
         fn payload_roundtrip(r in record()) {
-            prop_assert_eq!(WriteRecord::decode(&r.encode()), Some(r));
+            prop_assert_eq!(WriteRecord::decode(r.kind(), &r.encode()), Some(r));
         }
 
         #[test]
@@ -275,7 +312,7 @@ mod tests {
             let mut log = Vec::new();
             let mut ends = Vec::new();
             for (i, r) in recs.iter().enumerate() {
-                encode_frame(i as u64 + 1, KIND_WRITE, &r.encode(), &mut log);
+                encode_frame(i as u64 + 1, r.kind(), &r.encode(), &mut log);
                 ends.push(log.len());
             }
             // Whole log reads back exactly.
@@ -283,7 +320,7 @@ mod tests {
             for (i, r) in recs.iter().enumerate() {
                 let (f, n) = decode_frame(&log[off..]).unwrap().unwrap();
                 prop_assert_eq!(f.lsn, i as u64 + 1);
-                prop_assert_eq!(WriteRecord::decode(f.payload), Some(r.clone()));
+                prop_assert_eq!(WriteRecord::decode(f.kind, f.payload), Some(r.clone()));
                 off += n;
             }
             prop_assert_eq!(decode_frame(&log[off..]), Ok(None));
@@ -308,7 +345,7 @@ mod tests {
             let mut off = 0;
             let mut i = 0;
             while let Ok(Some((f, n))) = decode_frame(&bad[off..]) {
-                prop_assert_eq!(WriteRecord::decode(f.payload), Some(recs[i].clone()));
+                prop_assert_eq!(WriteRecord::decode(f.kind, f.payload), Some(recs[i].clone()));
                 off += n;
                 i += 1;
             }

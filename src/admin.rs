@@ -1,0 +1,66 @@
+//! HTTP routes for the broker's bridges (the broker and the HTTP API are siblings, so the
+//! binary joins them): `GET /v1/bridges`, `POST /v1/bridges` (a `[[bridge]]` entry as JSON),
+//! `DELETE /v1/bridges/{name}`, `POST /v1/bridges/{name}/restart`.
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{delete, get, post};
+use sluice_broker::{BridgeError, Bridges};
+use sluice_web::ApiError;
+use std::sync::Arc;
+
+/// The bridge routes.
+pub(crate) fn bridge_routes(bridges: Arc<Bridges>) -> Router {
+    Router::new()
+        .route("/v1/bridges", get(list).post(add))
+        .route("/v1/bridges/{name}", delete(remove))
+        .route("/v1/bridges/{name}/restart", post(restart))
+        .with_state(bridges)
+}
+
+fn api_error(e: BridgeError) -> ApiError {
+    let (status, code) = match &e {
+        BridgeError::NotFound(_) => (StatusCode::NOT_FOUND, "unknown_bridge"),
+        BridgeError::Exists(_) => (StatusCode::CONFLICT, "already_exists"),
+        BridgeError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_bridge"),
+        BridgeError::Save { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    };
+    ApiError::new(status, code, e.to_string())
+}
+
+async fn list(State(b): State<Arc<Bridges>>) -> impl IntoResponse {
+    axum::Json(b.status().await)
+}
+
+async fn add(
+    State(b): State<Arc<Bridges>>,
+    body: axum::body::Bytes,
+) -> Result<StatusCode, ApiError> {
+    let config = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_bridge",
+            format!("expected a bridge as JSON ({{\"name\", \"address\", \"topics\": [{{\"filter\", \"qos\"}}], ...}}): {e}"),
+        )
+    })?;
+    b.add(config).await.map_err(api_error)?;
+    Ok(StatusCode::CREATED)
+}
+
+async fn remove(
+    State(b): State<Arc<Bridges>>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    b.remove(&name).await.map_err(api_error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn restart(
+    State(b): State<Arc<Bridges>>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    b.restart(&name).await.map_err(api_error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
