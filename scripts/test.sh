@@ -10,14 +10,20 @@ export CARGO_TERM_COLOR=never
 if ! command -v moto_server >/dev/null 2>&1; then
   python3 -m pip install --quiet 'moto[server]'
 fi
-# Real MQTT clients for tests/mqtt.rs (mosquitto_pub, mosquitto_sub) and a real broker to
-# bridge from for tests/bridge.rs (mosquitto), from Debian.
-if ! command -v mosquitto_pub >/dev/null 2>&1 || ! command -v mosquitto_sub >/dev/null 2>&1 \
-   || { ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; }; then
+# From Debian: real MQTT clients for tests/mqtt.rs (mosquitto_pub, mosquitto_sub), a real
+# broker to bridge from for tests/bridge.rs (mosquitto), and a real browser for
+# tests/console.rs (chromium, driven through chromedriver).
+missing=()
+command -v mosquitto_pub >/dev/null 2>&1 && command -v mosquitto_sub >/dev/null 2>&1 \
+  || missing+=(mosquitto-clients)
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+if [ ${#missing[@]} -gt 0 ]; then
   sudo_=""
   [ "$(id -u)" -eq 0 ] || sudo_="sudo"
   $sudo_ apt-get update -qq || true
-  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq mosquitto mosquitto-clients >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -1,13 +1,14 @@
-//! HTTP routes for the broker's bridges (the broker and the HTTP API are siblings, so the
-//! binary joins them): `GET /v1/bridges`, `POST /v1/bridges` (a `[[bridge]]` entry as JSON),
-//! `DELETE /v1/bridges/{name}`, `POST /v1/bridges/{name}/restart`.
+//! Where the broker meets the HTTP API (siblings, so the binary joins them): the bridge
+//! routes (`GET /v1/bridges`, `POST /v1/bridges` with a `[[bridge]]` entry as JSON,
+//! `DELETE /v1/bridges/{name}`, `POST /v1/bridges/{name}/restart`) and the broker's users
+//! as the HTTP API's logins.
 
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{delete, get, post};
-use sluice_broker::{BridgeError, Bridges};
+use sluice_broker::{BridgeError, Bridges, Broker};
 use sluice_web::ApiError;
 use std::sync::Arc;
 
@@ -63,4 +64,18 @@ async fn restart(
 ) -> Result<StatusCode, ApiError> {
     b.restart(&name).await.map_err(api_error)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// HTTP logins checked against the broker's users (`[[user]]` and `CREATE USER`).
+#[derive(Debug)]
+pub(crate) struct BrokerAuth(pub(crate) Broker);
+
+impl sluice_web::Authenticator for BrokerAuth {
+    fn required(&self) -> bool {
+        self.0.auth_required()
+    }
+
+    fn password_hash(&self, user: &str) -> Option<String> {
+        self.0.password_hash(user)
+    }
 }

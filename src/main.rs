@@ -152,7 +152,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         let broker = broker.clone();
         Arc::new(move |stream, peer| broker.serve_connection(stream, peer))
     };
-    let extra = {
+    let routes = {
         let broker = broker.clone();
         sluice_web::stream_route("/mqtt", "mqtt", ws)
             .merge(admin::bridge_routes(broker.bridges().clone()))
@@ -172,13 +172,23 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
                 }),
             )
     };
-    sluice_web::serve(listener, db, &cfg.http, extra, cancel.clone()).await?;
+    let extras = sluice_web::Extras {
+        routes,
+        auth: Arc::new(admin::BrokerAuth(broker.clone())),
+        live: {
+            let broker = broker.clone();
+            Arc::new(move || broker.live())
+        },
+    };
+    let alerts = engine.start_alerts(broker.alert_sink(), cancel.clone());
+    sluice_web::serve(listener, db, &cfg.http, extras, cancel.clone()).await?;
     cancel.cancel();
     // Connections end, their stored messages finish, before the engine persists and stops.
     let _ = mqtt_task.await;
     if let Some(t) = tls_task {
         let _ = t.await;
     }
+    let _ = alerts.await;
     let _ = background.await;
     engine
         .shutdown()

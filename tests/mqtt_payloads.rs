@@ -260,6 +260,7 @@ allow = false
     }
     assert_eq!(suback.unwrap(), vec![SubscribeReasonCode::NotAuthorized]);
     assert_eq!(puback.unwrap(), PubAckReason::NotAuthorized);
+    s.login(Some(("gw", "s3cret")));
     assert_eq!(
         s.rows("SELECT topic, reason_code FROM system.dead_letters")
             .await,
@@ -294,6 +295,11 @@ async fn users_made_with_sql_log_in() {
     };
     assert!(sub(&[]), "no users yet: anonymous is fine");
     s.sql_ok("CREATE USER sensor WITH PASSWORD 'pa55'").await;
+    // With a user, HTTP wants credentials too: the same user.
+    assert_eq!(s.sql("SHOW USERS").await.status, 401);
+    s.login(Some(("sensor", "nope")));
+    assert_eq!(s.sql("SHOW USERS").await.status, 401);
+    s.login(Some(("sensor", "pa55")));
     assert_eq!(
         s.rows("SHOW USERS").await,
         vec![serde_json::json!({"user_name": "sensor"})]
@@ -307,6 +313,11 @@ async fn users_made_with_sql_log_in() {
     s.sql_ok("ALTER USER sensor PASSWORD 'n3w'").await;
     assert!(!sub(&["-u", "sensor", "-P", "pa55"]));
     assert!(sub(&["-u", "sensor", "-P", "n3w"]));
+    // The old password, verified a moment ago, no longer opens HTTP either.
+    assert_eq!(s.sql("SHOW USERS").await.status, 401);
+    s.login(Some(("sensor", "n3w")));
     s.sql_ok("DROP USER sensor").await;
     assert!(sub(&[]));
+    s.login(None);
+    s.sql_ok("SHOW USERS").await;
 }

@@ -7,6 +7,8 @@
 //!   (pgbench) in the same run, and the ratio.
 //! - `src/bin/mqtt_load.rs`: end to end, C MQTT connections publishing one reading per
 //!   message at QoS 0 or 1 into the real binary, and into Mosquitto in the same run.
+//! - `src/bin/alert_load.rs`: end to end, the CPU cost of N alerts evaluated every second on
+//!   a table receiving R messages/s over MQTT.
 //! - `src/bin/query_bench.rs`: end to end, JoinBase's nyct_lite queries against the real
 //!   binary over HTTP and against DuckDB (`duckdb_queries.py`) on the same data in the same
 //!   run, answers compared. Its data comes from [`nyct`], its answers are compared by
@@ -30,7 +32,7 @@ impl Drop for Killer {
 /// dropped.
 #[derive(Debug)]
 pub struct Sluice {
-    _process: Killer,
+    process: Killer,
     /// HTTP `host:port`.
     pub http: String,
     /// MQTT `host:port`.
@@ -79,11 +81,16 @@ impl Sluice {
             }
         }
         Ok(Self {
-            _process: process,
+            process,
             http: http.context("sluice did not start")?,
             mqtt: mqtt.context("sluice printed no MQTT address")?,
             client: reqwest::Client::new(),
         })
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.process.0.id()
     }
 
     /// Runs one statement that must succeed; returns the JSON body.

@@ -58,26 +58,34 @@ impl Auth {
         let Some(login) = login else {
             return Err(ConnectReturnCode::NotAuthorized);
         };
-        let hash = self
-            .users
-            .get(&login.username)
-            .cloned()
-            .or_else(|| db.and_then(|db| db.password_hash(&login.username)));
-        let Some(hash) = hash else {
-            return Err(ConnectReturnCode::BadUserNamePassword);
+        match self.verify(&login.username, login.password, db).await {
+            true => Ok(Some(Arc::from(login.username.as_str()))),
+            false => Err(ConnectReturnCode::BadUserNamePassword),
+        }
+    }
+
+    /// Whether any user exists (in the config or made with `CREATE USER`).
+    pub(crate) fn required(&self, db: &dyn Database) -> bool {
+        !self.users.is_empty() || db.has_users()
+    }
+
+    /// `user`'s password hash, from the config or `CREATE USER`.
+    pub(crate) fn password_hash(&self, user: &str, db: Option<&dyn Database>) -> Option<String> {
+        (self.users.get(user).cloned()).or_else(|| db.and_then(|db| db.password_hash(user)))
+    }
+
+    /// Whether `password` is `user`'s (checked off the async threads).
+    async fn verify(&self, user: &str, password: String, db: Option<&dyn Database>) -> bool {
+        let Some(hash) = self.password_hash(user, db) else {
+            return false;
         };
-        let password = login.password;
-        let ok = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             argon2::Argon2::default()
                 .verify_password(password.as_bytes(), hash.as_str())
                 .is_ok()
         })
         .await
-        .unwrap_or(false);
-        match ok {
-            true => Ok(Some(Arc::from(login.username.as_str()))),
-            false => Err(ConnectReturnCode::BadUserNamePassword),
-        }
+        .unwrap_or(false)
     }
 
     /// Whether any ACL rule exists (without rules everything is allowed).

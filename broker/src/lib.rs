@@ -68,6 +68,29 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// Publishes alert notifications (see [`Broker::alert_sink`]).
+#[derive(Debug)]
+struct AlertPublisher(tokio::sync::mpsc::Sender<Arc<session::Message>>);
+
+impl sluice_engine::AlertSink for AlertPublisher {
+    fn publish(&self, topic: String, payload: Vec<u8>) {
+        let m = Arc::new(session::Message {
+            topic: Arc::from(topic),
+            payload: payload.into(),
+            qos: rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+            retain: false,
+            properties: None,
+            expires: None,
+            origin: Arc::from("$alerts"),
+        });
+        if self.0.try_send(m).is_err() {
+            tracing::warn!(
+                "alert notifications are arriving faster than they can be routed; one was dropped"
+            );
+        }
+    }
+}
+
 /// The broker; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Broker {
@@ -186,6 +209,52 @@ impl Broker {
             r.retain(&m);
             r.route(&m).await;
         }
+    }
+
+    /// Whether logins are needed (any user exists), for the HTTP API too.
+    pub fn auth_required(&self) -> bool {
+        self.shared.auth.required(self.shared.db.as_ref())
+    }
+
+    /// `user`'s argon2 password hash: the same users as MQTT logins.
+    pub fn password_hash(&self, user: &str) -> Option<String> {
+        self.shared
+            .auth
+            .password_hash(user, Some(self.shared.db.as_ref()))
+    }
+
+    /// The broker's live figures (`{"mqtt": {...}, "bridges": [...]}`) for the console.
+    pub fn live(&self) -> serde_json::Value {
+        let m = &self.shared.metrics;
+        let r = &self.shared.router;
+        let mut mqtt = serde_json::Map::new();
+        for (name, _, value) in m.values(r.session_count(), r.retained_count()) {
+            let short = name.trim_start_matches("sluice_mqtt_");
+            let key = match short {
+                "connections_total" => "connections_accepted".to_string(),
+                _ => (short.trim_end_matches("_total"))
+                    .replace("_received", "_in")
+                    .replace("_sent", "_out"),
+            };
+            mqtt.insert(key, value.into());
+        }
+        let (p50, p99) = m.recent_ack_quantiles().unzip();
+        mqtt.insert("ack_p50_ms".into(), p50.into());
+        mqtt.insert("ack_p99_ms".into(), p99.into());
+        serde_json::json!({"mqtt": mqtt, "bridges": self.bridges.status_now()})
+    }
+
+    /// Where alerts publish their changes: `$alerts/<name>` to local subscribers (and through
+    /// bridges forwarding it), in the order they happen.
+    pub fn alert_sink(&self) -> Arc<dyn sluice_engine::AlertSink> {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Arc<session::Message>>(1024);
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            while let Some(m) = rx.recv().await {
+                ingest::route(&shared, &m).await;
+            }
+        });
+        Arc::new(AlertPublisher(tx))
     }
 
     /// Saves sessions and retained messages (see `persist`).

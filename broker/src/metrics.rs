@@ -24,6 +24,8 @@ pub(crate) struct Metrics {
     ack_buckets: [AtomicU64; BUCKETS.len() + 1],
     ack_sum_nanos: AtomicU64,
     ack_count: AtomicU64,
+    /// Bucket counts when [`Metrics::recent_ack_quantiles`] last looked, and when.
+    ack_seen: parking_lot::Mutex<([u64; BUCKETS.len() + 1], Option<std::time::Instant>)>,
 }
 
 impl Metrics {
@@ -38,6 +40,44 @@ impl Metrics {
         self.ack_sum_nanos
             .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
         self.ack_count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Ack latency p50 and p99 in milliseconds over the acks since the previous call at
+    /// least a second ago (the live page asks every second), interpolated within buckets;
+    /// `None` when there were none.
+    pub(crate) fn recent_ack_quantiles(&self) -> Option<(f64, f64)> {
+        let now: Vec<u64> = (self.ack_buckets.iter())
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let mut seen = self.ack_seen.lock();
+        let delta: Vec<u64> = now.iter().zip(seen.0).map(|(n, s)| n - s).collect();
+        if seen
+            .1
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(1))
+        {
+            seen.0.copy_from_slice(&now);
+            seen.1 = Some(std::time::Instant::now());
+        }
+        let total: u64 = delta.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let quantile = |q: f64| {
+            let rank = q * total as f64;
+            let mut below = 0u64;
+            for (i, n) in delta.iter().enumerate() {
+                if *n > 0 && (below + n) as f64 >= rank {
+                    let lo = if i == 0 { 0.0 } else { BUCKETS[i - 1] };
+                    // The overflow bucket has no upper bound: report its lower one.
+                    let hi = BUCKETS.get(i).copied().unwrap_or(lo);
+                    let within = (rank - below as f64) / *n as f64;
+                    return (lo + (hi - lo) * within) * 1000.0;
+                }
+                below += n;
+            }
+            BUCKETS[BUCKETS.len() - 1] * 1000.0
+        };
+        Some((quantile(0.5), quantile(0.99)))
     }
 
     /// (name, help, value) of every plain counter and gauge.
@@ -139,5 +179,27 @@ impl Metrics {
             self.ack_count.load(Ordering::Relaxed)
         );
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_quantiles_cover_the_acks_since_the_last_look() {
+        let m = Metrics::default();
+        assert_eq!(m.recent_ack_quantiles(), None);
+        for _ in 0..98 {
+            m.observe_ack(Duration::from_micros(700)); // bucket 0.5..1 ms
+        }
+        for _ in 0..2 {
+            m.observe_ack(Duration::from_millis(40)); // bucket 25..50 ms
+        }
+        let (p50, p99) = m.recent_ack_quantiles().unwrap();
+        assert!((0.5..=1.0).contains(&p50), "{p50}");
+        assert!((25.0..=50.0).contains(&p99), "{p99}");
+        // Looked at just now: the next look within a second still counts from before.
+        assert!(m.recent_ack_quantiles().is_some());
     }
 }

@@ -67,6 +67,18 @@ pub struct Health {
     pub wal_segments: usize,
     /// Rows in memory, not yet in Parquet.
     pub buffered_rows: u64,
+    /// Bytes of those rows.
+    pub buffered_bytes: u64,
+    /// Partitions being written to Parquet right now.
+    pub flushing: u64,
+    /// Buffers written to Parquet since the server started.
+    pub flushes: u64,
+    /// Partitions of every table.
+    pub partitions: u64,
+    /// Parquet files of every table.
+    pub files: u64,
+    /// Messages kept in `system.dead_letters` (in memory, the newest 100,000).
+    pub dead_letters: u64,
 }
 
 /// A message to store in a table, as the broker hands it over.
@@ -155,6 +167,15 @@ pub trait Database: Send + Sync + 'static {
 
     /// Serves `system.<name>` from `rows` (replacing an earlier one of that name).
     fn add_system_table(&self, name: &str, rows: SystemRows);
+
+    /// Every alert with its state.
+    fn alerts(&self) -> Vec<crate::alerts::AlertStatus>;
+
+    /// Makes an alert (its query must plan); `AlreadyExists` unless `if_not_exists`.
+    async fn create_alert(&self, def: crate::alerts::AlertDef, if_not_exists: bool) -> Result<()>;
+
+    /// Removes an alert; `UnknownAlert` unless `if_exists`.
+    async fn drop_alert(&self, name: &str, if_exists: bool) -> Result<()>;
 
     /// The argon2 password hash of a user made with `CREATE USER`, if there is one.
     fn password_hash(&self, user: &str) -> Option<String>;

@@ -134,6 +134,9 @@ pub struct CatalogData {
     /// User name -> argon2 password hash (PHC string), from `CREATE USER`.
     #[serde(default)]
     pub users: BTreeMap<String, String>,
+    /// Alert name -> definition, from `CREATE ALERT` and the HTTP API.
+    #[serde(default)]
+    pub alerts: BTreeMap<String, crate::alerts::AlertDef>,
 }
 
 impl Default for CatalogData {
@@ -144,6 +147,7 @@ impl Default for CatalogData {
             next_table_id: 1,
             databases: BTreeMap::from([(DEFAULT_DATABASE.to_string(), BTreeMap::new())]),
             users: BTreeMap::new(),
+            alerts: BTreeMap::new(),
         }
     }
 }

@@ -103,6 +103,16 @@ impl DeadLetters {
         Ok(())
     }
 
+    /// How many letters are in memory.
+    pub fn len(&self) -> usize {
+        self.recent.lock().len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.recent.lock().is_empty()
+    }
+
     /// The letters in memory, oldest first.
     pub fn snapshot(&self) -> Vec<DeadLetter> {
         self.recent.lock().iter().cloned().collect()

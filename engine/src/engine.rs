@@ -2,6 +2,7 @@
 //! serves writes (decode -> log -> apply -> ack) and SQL, while a background task persists
 //! buffers, compacts files and applies retention.
 
+use crate::alerts::{AlertDef, AlertSink, AlertStatus, Alerts};
 use crate::api::{
     Database, DeadLetter, Health, Publication, QueryOptions, QueryOutput, WriteReceipt,
 };
@@ -10,7 +11,7 @@ use crate::decode::{Format, decode};
 use crate::error::{Error, Result};
 use crate::origin::{Origin, Origins};
 use crate::provider::Shared;
-use crate::state::{Partition, TableState, Tables};
+use crate::state::{TableState, Tables};
 use crate::storage::{Manifest, Storage};
 use crate::wal::record::WriteRecord;
 use crate::wal::{self, Wal};
@@ -36,6 +37,10 @@ pub struct Engine {
     manifest: tokio::sync::Mutex<Manifest>,
     /// Files replaced by compaction, deleted once queries that may read them are done.
     graveyard: parking_lot::Mutex<Vec<(Instant, Vec<String>)>>,
+    /// The alerts' states; the catalog holds their definitions.
+    alerts: Arc<Alerts>,
+    /// Buffers written to Parquet since start.
+    flushes: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -147,6 +152,15 @@ impl Engine {
             origins: applier.origins.clone(),
             extra_system: Default::default(),
         });
+        let alerts = Arc::new(Alerts::default());
+        alerts.sync(cat.alerts.values());
+        let rows = Arc::downgrade(&alerts);
+        shared.extra_system.write().insert(
+            "alerts".into(),
+            crate::api::SystemRows(Arc::new(move || {
+                rows.upgrade().unwrap_or_default().system_table()
+            })),
+        );
         Ok(Arc::new(Self {
             config,
             shared,
@@ -154,7 +168,75 @@ impl Engine {
             planner: query::Planner::default(),
             manifest: tokio::sync::Mutex::new(manifest),
             graveyard: parking_lot::Mutex::new(Vec::new()),
+            alerts,
+            flushes: Default::default(),
         }))
+    }
+
+    /// Evaluates the alerts until `cancel` fires, telling `sink` (the broker) of changes.
+    pub fn start_alerts(
+        self: &Arc<Self>,
+        sink: Arc<dyn AlertSink>,
+        cancel: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let db: Arc<dyn Database> = self.clone();
+        tokio::spawn(self.alerts.clone().run(db, sink, cancel))
+    }
+
+    /// Makes an alert after checking that its query plans.
+    pub async fn create_alert(&self, def: AlertDef, if_not_exists: bool) -> Result<()> {
+        def.validate()?;
+        if self
+            .shared
+            .catalog
+            .snapshot()
+            .alerts
+            .contains_key(&def.name)
+        {
+            return if if_not_exists {
+                Ok(())
+            } else {
+                Err(Error::AlreadyExists {
+                    what: "alert",
+                    name: def.name,
+                })
+            };
+        }
+        self.check_query(&def.database, &def.query).await?;
+        let name = def.name.clone();
+        self.shared.catalog.change(|d| {
+            if d.alerts.contains_key(&name) {
+                return Err(Error::AlreadyExists {
+                    what: "alert",
+                    name: name.clone(),
+                });
+            }
+            d.alerts.insert(name.clone(), def);
+            Ok(())
+        })?;
+        tracing::info!(alert = %name, "alert created");
+        // From the newest catalog, so concurrent changes cannot leave an older set running.
+        self.alerts
+            .sync(self.shared.catalog.snapshot().alerts.values());
+        Ok(())
+    }
+
+    /// Removes an alert.
+    pub fn drop_alert(&self, name: &str, if_exists: bool) -> Result<()> {
+        let dropped = self
+            .shared
+            .catalog
+            .change(|d| match d.alerts.remove(name) {
+                Some(_) => Ok(true),
+                None if if_exists => Ok(false),
+                None => Err(Error::UnknownAlert { name: name.into() }),
+            })?;
+        if dropped {
+            tracing::info!(alert = %name, "alert dropped");
+            self.alerts
+                .sync(self.shared.catalog.snapshot().alerts.values());
+        }
+        Ok(())
     }
 
     /// Runs flushing, compaction and retention until `cancel` fires.
@@ -326,6 +408,18 @@ impl Database for Engine {
             .insert(name.to_string(), rows);
     }
 
+    fn alerts(&self) -> Vec<AlertStatus> {
+        self.alerts.status()
+    }
+
+    async fn create_alert(&self, def: AlertDef, if_not_exists: bool) -> Result<()> {
+        Engine::create_alert(self, def, if_not_exists).await
+    }
+
+    async fn drop_alert(&self, name: &str, if_exists: bool) -> Result<()> {
+        Engine::drop_alert(self, name, if_exists)
+    }
+
     fn password_hash(&self, user: &str) -> Option<String> {
         self.shared.catalog.snapshot().users.get(user).cloned()
     }
@@ -335,23 +429,26 @@ impl Database for Engine {
     }
 
     fn health(&self) -> Health {
-        let buffered_rows = self
-            .shared
-            .tables
-            .all()
-            .iter()
-            .map(|t| {
-                t.parts
-                    .read()
-                    .values()
-                    .map(Partition::buffered_rows)
-                    .sum::<u64>()
-            })
-            .sum();
-        Health {
+        let mut h = Health {
             applied_lsn: self.wal.applied_lsn(),
             wal_segments: self.wal.segments().0,
-            buffered_rows,
+            buffered_rows: 0,
+            buffered_bytes: 0,
+            flushing: 0,
+            flushes: self.flushes.load(std::sync::atomic::Ordering::Relaxed),
+            partitions: 0,
+            files: 0,
+            dead_letters: self.shared.dead_letters.len() as u64,
+        };
+        for t in self.shared.tables.all() {
+            for p in t.parts.read().values() {
+                h.buffered_rows += p.buffered_rows();
+                h.buffered_bytes += p.buffered_bytes() as u64;
+                h.flushing += u64::from(p.frozen.is_some());
+                h.partitions += 1;
+                h.files += p.files.len() as u64;
+            }
         }
+        h
     }
 }

@@ -26,6 +26,12 @@ pub enum Error {
         /// Table name.
         table: String,
     },
+    /// The alert does not exist.
+    #[error("alert '{name}' does not exist")]
+    UnknownAlert {
+        /// Alert name.
+        name: String,
+    },
     /// Creating something that already exists.
     #[error("{what} '{name}' already exists")]
     AlreadyExists {

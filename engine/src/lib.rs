@@ -16,6 +16,7 @@
 //! widened from JSON) and [`Engine::write_message`] ([`decode::decode_message`] with the
 //! columns its topic fixes, then one durable append).
 
+pub mod alerts;
 pub mod api;
 pub mod buffer;
 pub mod catalog;
@@ -40,6 +41,7 @@ pub mod system;
 pub mod types;
 pub mod wal;
 
+pub use alerts::{AlertDef, AlertSink, AlertStatus, Condition};
 pub use api::{
     Database, DeadLetter, Health, Publication, QueryOptions, QueryOutput, SystemRows, WriteReceipt,
 };

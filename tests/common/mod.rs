@@ -18,6 +18,8 @@ pub struct Server {
     pub log: PathBuf,
     env: Vec<(String, String)>,
     http: reqwest::Client,
+    /// HTTP Basic credentials sent with `sql` and `write` once users exist.
+    credentials: std::sync::Mutex<Option<(String, String)>>,
 }
 
 pub struct Reply {
@@ -123,6 +125,7 @@ impl Server {
             log,
             env,
             http: reqwest::Client::new(),
+            credentials: Default::default(),
         }
     }
 
@@ -150,14 +153,29 @@ impl Server {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// Sends these credentials from now on (`None`: none).
+    pub fn login(&self, credentials: Option<(&str, &str)>) {
+        *self.credentials.lock().unwrap() = credentials.map(|(u, p)| (u.into(), p.into()));
+    }
+
+    /// `request` with the credentials set by [`Server::login`].
+    pub fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match self.credentials.lock().unwrap().clone() {
+            Some((u, p)) => request.basic_auth(u, Some(p)),
+            None => request,
+        }
+    }
+
     pub async fn sql(&self, q: &str) -> Reply {
         self.sql_fmt(q, "json").await
     }
 
     pub async fn sql_fmt(&self, q: &str, format: &str) -> Reply {
-        let r = self
+        let request = self
             .http
-            .post(self.url(&format!("/v1/sql?format={format}")))
+            .post(self.url(&format!("/v1/sql?format={format}")));
+        let r = self
+            .authorized(request)
             .body(q.to_string())
             .send()
             .await
@@ -196,9 +214,9 @@ impl Server {
         content_type: &str,
         body: impl Into<String>,
     ) -> Reply {
+        let request = self.http.post(self.url(&format!("/v1/write/{db}/{table}")));
         let r = self
-            .http
-            .post(self.url(&format!("/v1/write/{db}/{table}")))
+            .authorized(request)
             .header("content-type", content_type)
             .body(body.into())
             .send()

@@ -39,6 +39,7 @@ impl From<Error> for ApiError {
             Error::InvalidDefinition { .. } => (StatusCode::BAD_REQUEST, "invalid_definition"),
             Error::UnknownDatabase { .. } => (StatusCode::NOT_FOUND, "unknown_database"),
             Error::UnknownTable { .. } => (StatusCode::NOT_FOUND, "unknown_table"),
+            Error::UnknownAlert { .. } => (StatusCode::NOT_FOUND, "unknown_alert"),
             Error::AlreadyExists { .. } => (StatusCode::CONFLICT, "already_exists"),
             Error::BadRow { .. } => (StatusCode::BAD_REQUEST, "bad_row"),
             Error::BadPayload { .. } => (StatusCode::BAD_REQUEST, "bad_payload"),

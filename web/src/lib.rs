@@ -2,15 +2,24 @@
 //!
 //! Routes ([`router`]): `POST /v1/sql` runs one statement and returns its rows as JSON, JSON
 //! lines, CSV, Arrow IPC or Parquet; `POST /v1/write/{db}/{table}` stores a CSV or JSON body
-//! and answers 204 only once it is durable; `GET /health`. Every failure is
-//! `{"error": {"code", "message"}}` with the status chosen in one place ([`error`]).
-//! Handlers talk only to [`sluice_engine::Database`], never to storage directly.
+//! and answers 204 only once it is durable; `GET /health`; `/v1/alerts` ([`alerts`]);
+//! `/v1/live`, a second-by-second event stream ([`live`]); `/v1/session`, the console's login
+//! ([`auth`], which also guards every route when users exist); and the console itself at `/`
+//! ([`console`]). Every failure is `{"error": {"code", "message"}}` with the status chosen in
+//! one place ([`error`]). Handlers talk only to [`sluice_engine::Database`], never to storage
+//! directly; the broker's parts come in as plain routes and a [`LiveSource`].
 
+mod alerts;
+mod auth;
+mod console;
 mod error;
 mod format;
+mod live;
 mod ws;
 
+pub use auth::{Authenticator, Open};
 pub use error::ApiError;
+pub use live::LiveSource;
 pub use ws::{StreamHandler, stream_route};
 
 use axum::Router;
@@ -32,8 +41,42 @@ struct AppState {
     max_body: usize,
 }
 
-/// The API routes over a database.
-pub fn router(db: Arc<dyn Database>, config: &HttpConfig) -> Router {
+/// What other layers add to the HTTP server.
+#[derive(Clone)]
+pub struct Extras {
+    /// Their routes (the broker's `/metrics`, `/mqtt`, `/v1/bridges`).
+    pub routes: Router,
+    /// Checks users' passwords.
+    pub auth: Arc<dyn Authenticator>,
+    /// Their figures for `/v1/live`.
+    pub live: LiveSource,
+}
+
+impl std::fmt::Debug for Extras {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extras").finish_non_exhaustive()
+    }
+}
+
+/// Every route over a database, guarded by [`auth`]; `cancel` ends live streams.
+pub fn router(
+    db: Arc<dyn Database>,
+    config: &HttpConfig,
+    extras: Extras,
+    cancel: CancellationToken,
+) -> Router {
+    let live = live::Live {
+        db: db.clone(),
+        source: extras.live,
+        cancel,
+    };
+    let gate = Arc::new(auth::Gate::new(extras.auth));
+    let session = Router::new()
+        .route(
+            "/v1/session",
+            get(auth::whoami).post(auth::login).delete(auth::logout),
+        )
+        .with_state(gate.clone());
     Router::new()
         .route("/v1/sql", post(sql))
         .route("/v1/write/{db}/{table}", post(write))
@@ -42,21 +85,27 @@ pub fn router(db: Arc<dyn Database>, config: &HttpConfig) -> Router {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
         })
         .with_state(AppState {
-            db,
+            db: db.clone(),
             max_body: config.max_body_bytes,
         })
+        .route("/v1/live", get(live::live).with_state(live))
+        .merge(alerts::routes(db))
+        .merge(session)
+        .merge(console::routes())
+        .merge(extras.routes)
+        .layer(axum::middleware::from_fn_with_state(gate, auth::check))
 }
 
-/// Serves the API routes plus `extra` (routes of other layers: the broker's `/metrics` and
-/// `/mqtt`) until `cancel` fires, then stops accepting and lets requests in flight finish.
+/// Serves [`router`] until `cancel` fires, then stops accepting and lets requests in flight
+/// finish.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     db: Arc<dyn Database>,
     config: &HttpConfig,
-    extra: Router,
+    extras: Extras,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = extra.merge(router(db, config));
+    let app = router(db, config, extras, cancel.clone());
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
@@ -166,6 +215,7 @@ async fn sql(
     }
     let started = std::time::Instant::now();
     let output = s.db.query(text, &options).await?;
+    let columns = columns_header(&output.schema);
     let mut stream = output.stream;
     let mut encoder = out_format.encoder(output.schema)?;
     // The first batch decides the status: an error before any row is still a clean 4xx/5xx.
@@ -183,10 +233,33 @@ async fn sql(
                 header::HeaderName::from_static("x-sluice-first-batch-us"),
                 elapsed,
             ),
+            (header::HeaderName::from_static("x-sluice-columns"), columns),
         ],
         Body::from_stream(body),
     )
         .into_response())
+}
+
+/// `[{"name": ..., "type": ...}, ...]`: the result's columns in order with their Arrow
+/// types, for clients that show types or read JSON rows whose key order is lost.
+fn columns_header(schema: &datafusion::arrow::datatypes::Schema) -> String {
+    let cols: Vec<_> = (schema.fields().iter())
+        .map(|f| serde_json::json!({"name": f.name(), "type": f.data_type().to_string()}))
+        .collect();
+    // Header values are visible ASCII: escape everything else as JSON \u escapes.
+    let text = serde_json::Value::Array(cols).to_string();
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii() && !c.is_ascii_control() {
+            out.push(c);
+        } else {
+            let mut buf = [0u16; 2];
+            for unit in c.encode_utf16(&mut buf) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    out
 }
 
 /// The rest of the result as body chunks: each batch encoded as it arrives, then the closing

@@ -187,6 +187,8 @@ impl Engine {
             p.frozen = None;
         }
         self.shared.tables.release(frozen.bytes);
+        self.flushes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(table = %def.name, partition = key, rows, "flushed");
         Ok(true)
     }

@@ -292,6 +292,17 @@ impl Engine {
         Ok(QueryOutput::from_batches(schema, batches))
     }
 
+    /// Checks that `sql` is one query that plans in `database` (for alerts, made now and run
+    /// later).
+    pub(super) async fn check_query(&self, database: &str, sql: &str) -> Result<()> {
+        match ddl::parse_in(sql, database)? {
+            Statement::Query => {}
+            _ => return Err(Error::sql("an alert's query must be a query (SELECT ...)")),
+        }
+        let session = self.session(database)?;
+        self.plan(&session, database, sql).await.map(|_| ())
+    }
+
     /// Plans a query; also says whether the plan may be cached (not when it reads `system`
     /// tables, whose rows are taken when the plan is made).
     async fn plan(&self, session: &Session, database: &str, sql: &str) -> Result<(Planned, bool)> {

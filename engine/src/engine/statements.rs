@@ -187,6 +187,14 @@ impl Engine {
                 })?;
                 Ok(no_rows())
             }
+            Statement::CreateAlert { def, if_not_exists } => {
+                self.create_alert(def, if_not_exists).await?;
+                Ok(no_rows())
+            }
+            Statement::DropAlert { name, if_exists } => {
+                self.drop_alert(&name, if_exists)?;
+                Ok(no_rows())
+            }
             Statement::ShowUsers => {
                 let names: Vec<String> = catalog.snapshot().users.keys().cloned().collect();
                 table_output(vec![("user_name", strings(names))])

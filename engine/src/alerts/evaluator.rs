@@ -1,0 +1,726 @@
+//! Running alerts: one scheduler task starts each alert's query when it is due (a few at a
+//! time), reads the condition's value from the first rows, moves the alert's state and, on a
+//! change, notifies. Everything an evaluation can fail with (a query error, a missing or
+//! non-numeric column, a timeout) becomes the `error` state with its reason.
+
+use super::{AlertDef, Condition};
+use crate::api::{Database, QueryOptions};
+use datafusion::arrow::array::{
+    ArrayRef, AsArray, BooleanArray, Float64Array, StringArray, TimestampMicrosecondArray,
+    UInt64Array,
+};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema, TimeUnit};
+use datafusion::arrow::record_batch::RecordBatch;
+use futures::StreamExt;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Evaluations running at once; more wait, so a burst of due alerts cannot swamp the cores.
+const CONCURRENCY: usize = 4;
+/// An "any rows" alert counts at most this many rows.
+const MAX_COUNTED_ROWS: usize = 10_000;
+/// The shortest time an evaluation may take before it is an error.
+const MIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attempts to deliver one webhook notification.
+const WEBHOOK_ATTEMPTS: u32 = 3;
+
+/// Where notifications go besides webhooks: the broker publishes them to local MQTT
+/// subscribers.
+pub trait AlertSink: Send + Sync + 'static {
+    /// Publishes `payload` (JSON) on `topic` (`$alerts/<name>`).
+    fn publish(&self, topic: String, payload: Vec<u8>);
+}
+
+/// An alert's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlertState {
+    /// Not evaluated yet.
+    Pending,
+    /// The condition does not hold.
+    Ok,
+    /// The condition holds.
+    Firing,
+    /// The last evaluation failed.
+    Error,
+}
+
+impl AlertState {
+    /// The lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Ok => "ok",
+            Self::Firing => "firing",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// An alert with its state, as the HTTP API and `system.alerts` show it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AlertStatus {
+    /// Name.
+    pub name: String,
+    /// The query.
+    pub query: String,
+    /// The database of the query's unqualified names.
+    pub database: String,
+    /// The condition in words (`t > 90`, `any rows`).
+    pub condition: String,
+    /// How often it runs.
+    pub interval_ms: u64,
+    /// Whether changes are published on `$alerts/<name>`.
+    pub publish: bool,
+    /// Where changes are POSTed.
+    pub webhook: Option<String>,
+    /// Current state.
+    pub state: AlertState,
+    /// The value the condition compared (rows counted, for "any rows"), when there was one.
+    pub last_value: Option<f64>,
+    /// When it last ran (milliseconds since the epoch).
+    pub last_evaluation_ms: Option<i64>,
+    /// When its state last changed.
+    pub last_change_ms: Option<i64>,
+    /// Why the last evaluation failed.
+    pub error: Option<String>,
+    /// Evaluations since the server started (or the alert was made).
+    pub evaluations: u64,
+    /// Notifications sent (changes of state).
+    pub notifications: u64,
+    /// The last webhook failure, if the last delivery failed.
+    pub webhook_error: Option<String>,
+}
+
+impl AlertStatus {
+    fn new(def: &AlertDef) -> Self {
+        Self {
+            name: def.name.clone(),
+            query: def.query.clone(),
+            database: def.database.clone(),
+            condition: def.condition.to_string(),
+            interval_ms: def.interval_ms,
+            publish: def.publish,
+            webhook: def.webhook.clone(),
+            state: AlertState::Pending,
+            last_value: None,
+            last_evaluation_ms: None,
+            last_change_ms: None,
+            error: None,
+            evaluations: 0,
+            notifications: 0,
+            webhook_error: None,
+        }
+    }
+}
+
+/// What one evaluation found.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Reading {
+    /// Whether the condition holds.
+    pub(crate) fires: bool,
+    /// The value compared, or the rows counted.
+    pub(crate) value: Option<f64>,
+}
+
+/// Reads `condition` off a query result (the batches until the first non-empty one for a
+/// threshold; up to [`MAX_COUNTED_ROWS`] rows for "any rows").
+pub(crate) async fn read(
+    condition: &Condition,
+    mut stream: datafusion::execution::SendableRecordBatchStream,
+) -> Result<Reading, String> {
+    let mut rows = 0;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(|e| crate::Error::from(e).to_string())?;
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        match condition {
+            Condition::AnyRows => {
+                rows += batch.num_rows();
+                if rows >= MAX_COUNTED_ROWS {
+                    break;
+                }
+            }
+            Condition::Threshold { column, op, value } => {
+                let v = first_value(&batch, column)?;
+                return Ok(Reading {
+                    fires: v.is_some_and(|v| op.holds(v, *value)),
+                    value: v,
+                });
+            }
+        }
+    }
+    Ok(match condition {
+        Condition::AnyRows => Reading {
+            fires: rows > 0,
+            value: Some(rows as f64),
+        },
+        Condition::Threshold { .. } => Reading {
+            fires: false,
+            value: None,
+        },
+    })
+}
+
+/// `column` of the first row as a number (`None` for NULL).
+fn first_value(batch: &RecordBatch, column: &str) -> Result<Option<f64>, String> {
+    let schema = batch.schema();
+    let Ok(i) = schema.index_of(column) else {
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        return Err(format!(
+            "the query has no column '{column}' (it returns {})",
+            names.join(", ")
+        ));
+    };
+    let col = batch.column(i).slice(0, 1);
+    let numeric = col.data_type().is_numeric() || matches!(col.data_type(), DataType::Boolean);
+    if !numeric {
+        return Err(format!(
+            "column '{column}' is {}, not a number",
+            col.data_type()
+        ));
+    }
+    let f = cast(&col, &DataType::Float64).map_err(|e| e.to_string())?;
+    Ok(f.as_primitive::<Float64Type>().iter().next().flatten())
+}
+
+/// One alert under evaluation.
+#[derive(Debug)]
+struct Entry {
+    def: AlertDef,
+    status: AlertStatus,
+    due: Instant,
+    running: bool,
+}
+
+/// The alerts' states and their scheduler.
+#[derive(Debug)]
+pub struct Alerts {
+    entries: parking_lot::Mutex<BTreeMap<String, Entry>>,
+    /// Wakes the scheduler when alerts are added or changed.
+    changed: tokio::sync::Notify,
+    http: Option<reqwest::Client>,
+}
+
+impl Default for Alerts {
+    fn default() -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| tracing::error!(error = %e, "no HTTP client: alert webhooks will fail"))
+            .ok();
+        Self {
+            entries: Default::default(),
+            changed: Default::default(),
+            http,
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Alerts {
+    /// Makes the evaluated alerts those of `defs`: new ones start pending and run at once,
+    /// changed ones start over, missing ones stop.
+    pub fn sync<'a>(&self, defs: impl IntoIterator<Item = &'a AlertDef>) {
+        let mut entries = self.entries.lock();
+        let mut keep = BTreeMap::new();
+        for def in defs {
+            let entry = match entries.remove(&def.name) {
+                Some(e) if e.def == *def => e,
+                _ => Entry {
+                    def: def.clone(),
+                    status: AlertStatus::new(def),
+                    due: Instant::now(),
+                    running: false,
+                },
+            };
+            keep.insert(def.name.clone(), entry);
+        }
+        *entries = keep;
+        drop(entries);
+        self.changed.notify_one();
+    }
+
+    /// Every alert's state, by name.
+    pub fn status(&self) -> Vec<AlertStatus> {
+        (self.entries.lock().values())
+            .map(|e| e.status.clone())
+            .collect()
+    }
+
+    /// Runs due alerts against `db` until `cancel`, notifying `sink` of changes.
+    pub async fn run(
+        self: Arc<Self>,
+        db: Arc<dyn Database>,
+        sink: Arc<dyn AlertSink>,
+        cancel: CancellationToken,
+    ) {
+        let permits = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
+        let tasks = tokio_util::task::TaskTracker::new();
+        loop {
+            let now = Instant::now();
+            let mut due = Vec::new();
+            let mut next = now + Duration::from_secs(1);
+            for e in self.entries.lock().values_mut() {
+                if e.running {
+                    continue;
+                }
+                if e.due <= now {
+                    e.running = true;
+                    due.push((e.def.clone(), e.due));
+                } else {
+                    next = next.min(e.due);
+                }
+            }
+            for (def, scheduled) in due {
+                let permit = tokio::select! {
+                    p = permits.clone().acquire_owned() => p,
+                    _ = cancel.cancelled() => break,
+                };
+                let Ok(permit) = permit else { break };
+                let (this, db, sink) = (self.clone(), db.clone(), sink.clone());
+                tasks.spawn(async move {
+                    let reading = evaluate(db.as_ref(), &def).await;
+                    this.finish(&def, scheduled, reading, sink.as_ref());
+                    drop(permit);
+                });
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep_until(next) => {}
+                _ = self.changed.notified() => {}
+            }
+        }
+        tasks.close();
+        tasks.wait().await;
+    }
+
+    /// Records an evaluation of `def` that was due at `scheduled`; on a change of state,
+    /// logs it and notifies.
+    fn finish(
+        self: &Arc<Self>,
+        def: &AlertDef,
+        scheduled: Instant,
+        reading: Result<Reading, String>,
+        sink: &dyn AlertSink,
+    ) {
+        let now = Instant::now();
+        let notification = {
+            let mut entries = self.entries.lock();
+            // Dropped or redefined meanwhile: this result belongs to nobody.
+            let Some(e) = entries.get_mut(&def.name).filter(|e| e.def == *def) else {
+                return;
+            };
+            e.running = false;
+            let interval = Duration::from_millis(def.interval_ms);
+            // Keep the cadence; after a stall, skip the missed runs instead of bursting.
+            e.due = (scheduled + interval).max(now);
+            let change = record(&mut e.status, reading, now_ms());
+            drop(entries);
+            self.changed.notify_one();
+            change
+        };
+        let Some(payload) = notification else { return };
+        if def.publish {
+            sink.publish(format!("$alerts/{}", def.name), payload.clone());
+        }
+        if let Some(url) = def.webhook.clone() {
+            let this = self.clone();
+            let name = def.name.clone();
+            tokio::spawn(async move { this.post(name, url, payload).await });
+        }
+    }
+
+    /// POSTs a notification, trying a few times; the outcome shows as `webhook_error`.
+    async fn post(&self, name: String, url: String, payload: Vec<u8>) {
+        let mut failure = Some("no HTTP client".to_string());
+        if let Some(http) = &self.http {
+            for attempt in 0..WEBHOOK_ATTEMPTS {
+                if attempt > 0 {
+                    tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
+                }
+                let sent = http
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(payload.clone())
+                    .send()
+                    .await;
+                failure = match sent {
+                    Ok(r) if r.status().is_success() => None,
+                    Ok(r) => Some(format!("{url} answered {}", r.status())),
+                    Err(e) => Some(format!("{url}: {e}")),
+                };
+                if failure.is_none() {
+                    break;
+                }
+            }
+        }
+        if let Some(f) = &failure {
+            tracing::warn!(alert = %name, error = %f, "alert webhook failed");
+        }
+        if let Some(e) = self.entries.lock().get_mut(&name) {
+            e.status.webhook_error = failure;
+        }
+    }
+
+    /// `system.alerts`.
+    pub fn system_table(&self) -> RecordBatch {
+        let all = self.status();
+        let s = |f: &dyn Fn(&AlertStatus) -> Option<String>| -> ArrayRef {
+            Arc::new(all.iter().map(f).collect::<StringArray>())
+        };
+        let ts = |f: &dyn Fn(&AlertStatus) -> Option<i64>| -> ArrayRef {
+            Arc::new(
+                all.iter()
+                    .map(|a| f(a).map(|ms| ms * 1000))
+                    .collect::<TimestampMicrosecondArray>(),
+            )
+        };
+        let u = |f: &dyn Fn(&AlertStatus) -> u64| -> ArrayRef {
+            Arc::new(all.iter().map(f).collect::<UInt64Array>())
+        };
+        let time = DataType::Timestamp(TimeUnit::Microsecond, None);
+        let columns: Vec<(&str, DataType, ArrayRef)> = vec![
+            ("name", DataType::Utf8, s(&|a| Some(a.name.clone()))),
+            (
+                "state",
+                DataType::Utf8,
+                s(&|a| Some(a.state.as_str().into())),
+            ),
+            (
+                "last_value",
+                DataType::Float64,
+                Arc::new(all.iter().map(|a| a.last_value).collect::<Float64Array>()),
+            ),
+            (
+                "last_evaluation",
+                time.clone(),
+                ts(&|a| a.last_evaluation_ms),
+            ),
+            ("last_change", time, ts(&|a| a.last_change_ms)),
+            ("error", DataType::Utf8, s(&|a| a.error.clone())),
+            ("evaluations", DataType::UInt64, u(&|a| a.evaluations)),
+            ("notifications", DataType::UInt64, u(&|a| a.notifications)),
+            (
+                "condition",
+                DataType::Utf8,
+                s(&|a| Some(a.condition.clone())),
+            ),
+            ("interval_ms", DataType::UInt64, u(&|a| a.interval_ms)),
+            (
+                "publish",
+                DataType::Boolean,
+                Arc::new(
+                    all.iter()
+                        .map(|a| Some(a.publish))
+                        .collect::<BooleanArray>(),
+                ),
+            ),
+            ("webhook", DataType::Utf8, s(&|a| a.webhook.clone())),
+            (
+                "webhook_error",
+                DataType::Utf8,
+                s(&|a| a.webhook_error.clone()),
+            ),
+            ("database", DataType::Utf8, s(&|a| Some(a.database.clone()))),
+            ("query", DataType::Utf8, s(&|a| Some(a.query.clone()))),
+        ];
+        let schema = Schema::new(
+            (columns.iter())
+                .map(|(n, t, _)| Field::new(*n, t.clone(), true))
+                .collect::<Vec<_>>(),
+        );
+        RecordBatch::try_new(
+            Arc::new(schema),
+            columns.into_iter().map(|(_, _, a)| a).collect(),
+        )
+        .expect("system.alerts columns match their schema")
+    }
+}
+
+/// Runs `def`'s query and reads its condition; every failure is a reason in words.
+async fn evaluate(db: &dyn Database, def: &AlertDef) -> Result<Reading, String> {
+    let options = QueryOptions {
+        database: Some(def.database.clone()),
+        ..Default::default()
+    };
+    let limit = MIN_TIMEOUT.max(Duration::from_millis(def.interval_ms));
+    let run = async {
+        let out = db
+            .query(&def.query, &options)
+            .await
+            .map_err(|e| e.to_string())?;
+        read(&def.condition, out.stream).await
+    };
+    match tokio::time::timeout(limit, run).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("the query took longer than {} s", limit.as_secs())),
+    }
+}
+
+/// Applies one evaluation to `status`; returns the notification (JSON) when the state
+/// changed in a way worth telling: anything but pending -> ok.
+pub(crate) fn record(
+    status: &mut AlertStatus,
+    reading: Result<Reading, String>,
+    now_ms: i64,
+) -> Option<Vec<u8>> {
+    let previous = status.state;
+    status.evaluations += 1;
+    status.last_evaluation_ms = Some(now_ms);
+    let state = match reading {
+        Ok(r) => {
+            status.last_value = r.value;
+            status.error = None;
+            if r.fires {
+                AlertState::Firing
+            } else {
+                AlertState::Ok
+            }
+        }
+        Err(reason) => {
+            status.error = Some(reason);
+            AlertState::Error
+        }
+    };
+    if state == previous {
+        return None;
+    }
+    status.state = state;
+    status.last_change_ms = Some(now_ms);
+    tracing::info!(alert = %status.name, from = previous.as_str(), to = state.as_str(), value = ?status.last_value, error = ?status.error, "alert state changed");
+    if previous == AlertState::Pending && state == AlertState::Ok {
+        return None;
+    }
+    status.notifications += 1;
+    let time = chrono::DateTime::from_timestamp_millis(now_ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    let body = serde_json::json!({
+        "alert": status.name,
+        "state": state,
+        "previous": previous,
+        "value": status.last_value,
+        "condition": status.condition,
+        "error": status.error,
+        "time": time,
+        "time_ms": now_ms,
+        "query": status.query,
+    });
+    Some(body.to_string().into_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alerts::CmpOp;
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+
+    fn def(condition: Condition) -> AlertDef {
+        AlertDef {
+            name: "hot".into(),
+            query: "SELECT 1".into(),
+            database: "default".into(),
+            condition,
+            interval_ms: 1000,
+            publish: true,
+            webhook: None,
+        }
+    }
+
+    fn stream(batches: Vec<RecordBatch>) -> datafusion::execution::SendableRecordBatchStream {
+        let schema = batches[0].schema();
+        Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::iter(batches.into_iter().map(Ok)),
+        ))
+    }
+
+    fn batch(name: &str, values: Vec<Option<i64>>) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new(name, DataType::Int64, true)]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(values))]).unwrap()
+    }
+
+    fn threshold(op: CmpOp, value: f64) -> Condition {
+        Condition::Threshold {
+            column: "t".into(),
+            op,
+            value,
+        }
+    }
+
+    #[tokio::test]
+    async fn readings_come_from_the_first_row() {
+        let c = threshold(CmpOp::Gt, 90.0);
+        // An empty first batch is skipped; the first row decides.
+        let r = read(
+            &c,
+            stream(vec![
+                batch("t", vec![]),
+                batch("t", vec![Some(91), Some(1)]),
+            ]),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            r,
+            Reading {
+                fires: true,
+                value: Some(91.0)
+            }
+        );
+        let r = read(&c, stream(vec![batch("t", vec![Some(90)])]))
+            .await
+            .unwrap();
+        assert!(!r.fires);
+        // NULL and no rows do not fire.
+        let r = read(&c, stream(vec![batch("t", vec![None])]))
+            .await
+            .unwrap();
+        assert_eq!(
+            r,
+            Reading {
+                fires: false,
+                value: None
+            }
+        );
+        let r = read(&c, stream(vec![batch("t", vec![])])).await.unwrap();
+        assert!(!r.fires);
+        // A missing column is an error naming what there is.
+        let e = read(&c, stream(vec![batch("x", vec![Some(1)])]))
+            .await
+            .unwrap_err();
+        assert!(e.contains("no column 't'") && e.contains("x"), "{e}");
+        let rows = read(
+            &Condition::AnyRows,
+            stream(vec![
+                batch("x", vec![Some(1), None]),
+                batch("x", vec![Some(3)]),
+            ]),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            rows,
+            Reading {
+                fires: true,
+                value: Some(3.0)
+            }
+        );
+        let none = read(&Condition::AnyRows, stream(vec![batch("x", vec![])]))
+            .await
+            .unwrap();
+        assert_eq!(
+            none,
+            Reading {
+                fires: false,
+                value: Some(0.0)
+            }
+        );
+    }
+
+    #[test]
+    fn strings_are_not_numbers() {
+        let schema = Arc::new(Schema::new(vec![Field::new("t", DataType::Utf8, true)]));
+        let b = RecordBatch::try_new(schema, vec![Arc::new(StringArray::from(vec!["9"]))]).unwrap();
+        assert!(first_value(&b, "t").unwrap_err().contains("not a number"));
+    }
+
+    #[test]
+    fn transitions_notify_except_the_first_ok() {
+        let d = def(threshold(CmpOp::Gt, 90.0));
+        let mut s = AlertStatus::new(&d);
+        let ok = || {
+            Ok(Reading {
+                fires: false,
+                value: Some(1.0),
+            })
+        };
+        let firing = || {
+            Ok(Reading {
+                fires: true,
+                value: Some(95.0),
+            })
+        };
+        assert!(record(&mut s, ok(), 1).is_none(), "pending -> ok is quiet");
+        assert_eq!(s.state, AlertState::Ok);
+        assert!(record(&mut s, ok(), 2).is_none());
+        let n = record(&mut s, firing(), 3).expect("ok -> firing notifies");
+        let n: serde_json::Value = serde_json::from_slice(&n).unwrap();
+        assert_eq!(n["state"], "firing");
+        assert_eq!(n["previous"], "ok");
+        assert_eq!(n["value"], 95.0);
+        assert_eq!(n["alert"], "hot");
+        assert!(record(&mut s, firing(), 4).is_none(), "still firing: quiet");
+        let n = record(&mut s, Err("table gone".into()), 5).expect("-> error notifies");
+        let n: serde_json::Value = serde_json::from_slice(&n).unwrap();
+        assert_eq!(n["state"], "error");
+        assert_eq!(n["error"], "table gone");
+        assert_eq!(s.error.as_deref(), Some("table gone"));
+        assert!(record(&mut s, Err("other".into()), 6).is_none());
+        assert_eq!(s.error.as_deref(), Some("other"), "the newest reason shows");
+        assert!(record(&mut s, ok(), 7).is_some(), "error -> ok notifies");
+        assert_eq!(s.error, None);
+        assert_eq!((s.evaluations, s.notifications), (7, 3));
+        assert_eq!((s.last_evaluation_ms, s.last_change_ms), (Some(7), Some(7)));
+        let mut fresh = AlertStatus::new(&d);
+        assert!(
+            record(&mut fresh, firing(), 1).is_some(),
+            "pending -> firing notifies"
+        );
+    }
+
+    struct Collect(parking_lot::Mutex<Vec<(String, Vec<u8>)>>);
+    impl AlertSink for Collect {
+        fn publish(&self, topic: String, payload: Vec<u8>) {
+            self.0.lock().push((topic, payload));
+        }
+    }
+
+    #[tokio::test]
+    async fn results_of_dropped_or_changed_alerts_are_ignored() {
+        let alerts = Arc::new(Alerts::default());
+        let d = def(Condition::AnyRows);
+        alerts.sync([&d]);
+        let sink = Collect(Default::default());
+        let fire = || {
+            Ok(Reading {
+                fires: true,
+                value: Some(1.0),
+            })
+        };
+        alerts.finish(&d, Instant::now(), fire(), &sink);
+        assert_eq!(sink.0.lock().len(), 1);
+        assert_eq!(sink.0.lock()[0].0, "$alerts/hot");
+        let mut changed = d.clone();
+        changed.interval_ms = 2000;
+        alerts.sync([&changed]);
+        assert_eq!(
+            alerts.status()[0].state,
+            AlertState::Pending,
+            "a changed alert starts over"
+        );
+        alerts.finish(&d, Instant::now(), fire(), &sink);
+        assert_eq!(
+            alerts.status()[0].evaluations,
+            0,
+            "the old definition's result is dropped"
+        );
+        alerts.sync([]);
+        assert!(alerts.status().is_empty());
+        let batch = alerts.system_table();
+        assert_eq!(batch.num_rows(), 0);
+        assert_eq!(batch.schema().field(1).name(), "state");
+    }
+}

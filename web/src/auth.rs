@@ -1,0 +1,291 @@
+//! Who may use the HTTP API: when users exist (the same users as MQTT), every request but
+//! the console's static files, `/health`, `/mqtt` (which checks MQTT logins itself) and the
+//! login endpoint needs credentials: HTTP Basic, or the session cookie the console gets from
+//! `POST /v1/session`. With no users the API is open; it then listens on loopback only
+//! (`Config::validate` refuses anything else).
+//!
+//! Passwords are argon2 hashes, slow to check by design, so a verified Basic credential is
+//! remembered (as a keyed hash, never the password) for a few minutes: a program sending
+//! thousands of queries a second pays the check once.
+
+use crate::ApiError;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a console login lasts without use.
+const SESSION_IDLE: Duration = Duration::from_secs(12 * 3600);
+/// How long a verified Basic credential is trusted without checking its hash again.
+const BASIC_TTL: Duration = Duration::from_secs(300);
+/// The console's session cookie.
+const COOKIE: &str = "sluice_session";
+/// Remembered sessions or credentials beyond which the oldest are forgotten.
+const MAX_REMEMBERED: usize = 10_000;
+
+/// The users (the broker's: `[[user]]` entries and `CREATE USER`).
+pub trait Authenticator: Send + Sync + 'static {
+    /// Whether any user exists, so that requests need credentials.
+    fn required(&self) -> bool;
+    /// `user`'s argon2 password hash (PHC string), if there is such a user.
+    fn password_hash(&self, user: &str) -> Option<String>;
+}
+
+/// No users, no checks (tests of other layers, embedded use).
+#[derive(Debug)]
+pub struct Open;
+
+impl Authenticator for Open {
+    fn required(&self) -> bool {
+        false
+    }
+    fn password_hash(&self, _: &str) -> Option<String> {
+        None
+    }
+}
+
+/// Whether `password` matches `hash` (off the async threads: argon2 is slow by design).
+async fn matches(hash: String, password: String) -> bool {
+    tokio::task::spawn_blocking(move || {
+        use argon2::PasswordVerifier;
+        argon2::PasswordHash::new(&hash).is_ok_and(|h| {
+            argon2::Argon2::default()
+                .verify_password(password.as_bytes(), &h)
+                .is_ok()
+        })
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// Logins and remembered credentials. Each remembers the password hash it was checked
+/// against, so a changed password or a dropped user ends it at once.
+pub(crate) struct Gate {
+    auth: Arc<dyn Authenticator>,
+    /// Session token -> (user, hash, last use).
+    sessions: parking_lot::Mutex<HashMap<String, (String, String, Instant)>>,
+    /// Keyed hash of (user, password, password hash) -> when it was verified.
+    basic: parking_lot::Mutex<HashMap<u64, Instant>>,
+    keys: RandomState,
+}
+
+impl Gate {
+    pub(crate) fn new(auth: Arc<dyn Authenticator>) -> Self {
+        Self {
+            auth,
+            sessions: Default::default(),
+            basic: Default::default(),
+            keys: RandomState::new(),
+        }
+    }
+
+    /// The user a request is made as: `Ok(None)` when no credentials are needed.
+    async fn user(&self, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+        if !self.auth.required() {
+            return Ok(None);
+        }
+        if let Some(token) = cookie(headers, COOKIE) {
+            let mut sessions = self.sessions.lock();
+            if let Some((user, hash, used)) = sessions.get_mut(token)
+                && used.elapsed() < SESSION_IDLE
+                && self.auth.password_hash(user).as_ref() == Some(hash)
+            {
+                *used = Instant::now();
+                return Ok(Some(user.clone()));
+            }
+        }
+        if let Some((user, password)) = basic(headers) {
+            let Some(hash) = self.auth.password_hash(&user) else {
+                return Err(unauthorized("wrong user or password"));
+            };
+            let key = self.keys.hash_one((&user, &password, &hash));
+            if let Some(at) = self.basic.lock().get(&key)
+                && at.elapsed() < BASIC_TTL
+            {
+                return Ok(Some(user));
+            }
+            if matches(hash, password).await {
+                let mut basic = self.basic.lock();
+                forget_oldest(&mut basic, |at| *at);
+                basic.insert(key, Instant::now());
+                return Ok(Some(user));
+            }
+            return Err(unauthorized("wrong user or password"));
+        }
+        Err(unauthorized(
+            "credentials needed: HTTP Basic, or log in at POST /v1/session",
+        ))
+    }
+}
+
+/// Makes room in a full map by forgetting its least recently used entry.
+fn forget_oldest<K: Clone + std::hash::Hash + Eq, V>(
+    map: &mut HashMap<K, V>,
+    used: impl Fn(&V) -> Instant,
+) {
+    if map.len() >= MAX_REMEMBERED
+        && let Some(k) = map
+            .iter()
+            .min_by_key(|(_, v)| used(v))
+            .map(|(k, _)| k.clone())
+    {
+        map.remove(&k);
+    }
+}
+
+fn unauthorized(message: &str) -> ApiError {
+    ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+}
+
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// `Authorization: Basic base64(user:password)`.
+fn basic(headers: &HeaderMap) -> Option<(String, String)> {
+    use base64::Engine;
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, b64) = v.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .ok()?;
+    let text = String::from_utf8(bytes).ok()?;
+    let (u, p) = text.split_once(':')?;
+    Some((u.to_string(), p.to_string()))
+}
+
+/// Paths anyone may reach.
+fn open_path(path: &str) -> bool {
+    path == "/"
+        || path.starts_with("/assets/")
+        || path == "/v1/session"
+        || path == "/health"
+        || path == "/mqtt"
+        || path == "/favicon.ico"
+}
+
+/// The middleware: refuses requests without valid credentials when users exist.
+pub(crate) async fn check(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+    if open_path(request.uri().path()) {
+        return next.run(request).await;
+    }
+    match gate.user(request.headers()).await {
+        Ok(_) => next.run(request).await,
+        Err(e) => {
+            let mut r = e.into_response();
+            // Programs get the standard challenge; the console shows its own form instead
+            // of the browser's dialog, so its requests (same-origin, or marked) get none.
+            let h = request.headers();
+            let console = h.contains_key("x-sluice-console")
+                || h.get("sec-fetch-site").is_some_and(|v| v == "same-origin");
+            if !console {
+                r.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Basic realm=\"sluice\""),
+                );
+            }
+            r
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+pub(crate) struct Login {
+    user: String,
+    password: String,
+}
+
+/// `GET /v1/session`: whether a login is needed and who is logged in.
+pub(crate) async fn whoami(State(gate): State<Arc<Gate>>, headers: HeaderMap) -> Response {
+    let required = gate.auth.required();
+    let user = gate.user(&headers).await.ok().flatten();
+    axum::Json(serde_json::json!({"auth_required": required, "user": user})).into_response()
+}
+
+/// `POST /v1/session` `{"user", "password"}`: 204 with the session cookie, or 401.
+pub(crate) async fn login(
+    State(gate): State<Arc<Gate>>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let login: Login = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("expected {{\"user\": \"...\", \"password\": \"...\"}}: {e}"),
+        )
+    })?;
+    let hash = gate.auth.password_hash(&login.user);
+    let ok = match hash.clone() {
+        Some(h) => matches(h, login.password).await,
+        None => false,
+    };
+    let (Some(hash), true) = (hash, ok) else {
+        tracing::info!(user = %login.user, "console login refused");
+        return Err(unauthorized("wrong user or password"));
+    };
+    let token = sluice_engine::hex::encode(&random_bytes()?);
+    {
+        let mut sessions = gate.sessions.lock();
+        sessions.retain(|_, (_, _, used)| used.elapsed() < SESSION_IDLE);
+        forget_oldest(&mut sessions, |(_, _, used)| *used);
+        sessions.insert(token.clone(), (login.user, hash, Instant::now()));
+    }
+    let cookie = format!("{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
+    Ok((StatusCode::NO_CONTENT, [(header::SET_COOKIE, cookie)]).into_response())
+}
+
+/// `DELETE /v1/session`: logs out.
+pub(crate) async fn logout(State(gate): State<Arc<Gate>>, headers: HeaderMap) -> Response {
+    if let Some(token) = cookie(&headers, COOKIE) {
+        gate.sessions.lock().remove(token);
+    }
+    let expired = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
+    (StatusCode::NO_CONTENT, [(header::SET_COOKIE, expired)]).into_response()
+}
+
+fn random_bytes() -> Result<[u8; 16], ApiError> {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| ApiError::internal(format!("no randomness for a session token: {e}")))?;
+    Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_read_from_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; sluice_session=abc"),
+        );
+        assert_eq!(cookie(&h, COOKIE), Some("abc"));
+        // "ana:s3:cret" in base64: the password may hold colons.
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic YW5hOnMzOmNyZXQ="),
+        );
+        assert_eq!(basic(&h), Some(("ana".into(), "s3:cret".into())));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
+        assert_eq!(basic(&h), None);
+        assert!(open_path("/assets/app.js") && !open_path("/v1/sql"));
+    }
+}
