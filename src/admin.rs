@@ -39,22 +39,34 @@ async fn add(
     State(b): State<Arc<Bridges>>,
     body: axum::body::Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let config = serde_json::from_slice(&body).map_err(|e| {
+    let config: sluice_conf::BridgeConfig = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_bridge",
             format!("expected a bridge as JSON ({{\"name\", \"address\", \"topics\": [{{\"filter\", \"qos\"}}], ...}}): {e}"),
         )
     })?;
-    b.add(config).await.map_err(api_error)?;
+    to_the_end(async move { b.add(config).await }).await?;
     Ok(StatusCode::CREATED)
+}
+
+/// Runs a change to the bridges to its end even if the client goes away meanwhile (axum
+/// drops a handler whose connection closed, which would leave a bridge half stopped).
+async fn to_the_end<F>(change: F) -> Result<(), ApiError>
+where
+    F: std::future::Future<Output = Result<(), BridgeError>> + Send + 'static,
+{
+    tokio::spawn(change)
+        .await
+        .map_err(|e| ApiError::internal(format!("changing a bridge: {e}")))?
+        .map_err(api_error)
 }
 
 async fn remove(
     State(b): State<Arc<Bridges>>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    b.remove(&name).await.map_err(api_error)?;
+    to_the_end(async move { b.remove(&name).await }).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -62,7 +74,7 @@ async fn restart(
     State(b): State<Arc<Bridges>>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    b.restart(&name).await.map_err(api_error)?;
+    to_the_end(async move { b.restart(&name).await }).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

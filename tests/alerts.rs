@@ -4,7 +4,7 @@
 mod common;
 
 use common::{Server, eventually_eq};
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use rumqttc::{AsyncClient, MqttOptions, QoS};
 use std::time::Duration;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
@@ -17,45 +17,6 @@ async fn plant(s: &Server) {
 
 fn now_iso() -> String {
     chrono::Utc::now().format("%Y-%m-%d %H:%M:%S").to_string()
-}
-
-/// An MQTT subscriber to `$alerts/#`, its messages as JSON.
-async fn alert_subscriber(
-    s: &Server,
-) -> (AsyncClient, UnboundedReceiver<(String, serde_json::Value)>) {
-    let mut o = MqttOptions::new("alert-watcher", "127.0.0.1", s.mqtt_port());
-    o.set_keep_alive(Duration::from_secs(30));
-    let (client, mut el) = AsyncClient::new(o, 100);
-    let (tx, rx) = unbounded_channel();
-    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
-    client
-        .subscribe("$alerts/#", QoS::AtLeastOnce)
-        .await
-        .unwrap();
-    tokio::spawn(async move {
-        let mut subscribed_tx = Some(subscribed_tx);
-        while let Ok(ev) = el.poll().await {
-            match ev {
-                Event::Incoming(Packet::SubAck(_)) => {
-                    if let Some(t) = subscribed_tx.take() {
-                        let _ = t.send(());
-                    }
-                }
-                Event::Incoming(Packet::Publish(p)) => {
-                    let body = serde_json::from_slice(&p.payload).unwrap_or_default();
-                    if tx.send((p.topic, body)).is_err() {
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-    });
-    tokio::time::timeout(Duration::from_secs(20), subscribed)
-        .await
-        .expect("SUBACK")
-        .unwrap();
-    (client, rx)
 }
 
 async fn next<T>(rx: &mut UnboundedReceiver<T>, what: &str) -> T {
@@ -99,7 +60,7 @@ async fn an_alert_fires_publishes_calls_its_webhook_and_reports_errors() {
     let s = Server::start(dir.path(), &[]);
     plant(&s).await;
     let (port, mut hooks) = webhook().await;
-    let (_sub, mut published) = alert_subscriber(&s).await;
+    let (_sub, mut published) = s.subscriber("$alerts/#").await;
     s.sql_ok(&format!(
         "CREATE ALERT hot EVERY 200 ms WHEN t > 90 WEBHOOK 'http://127.0.0.1:{port}/hook' \
          AS SELECT max(temp) AS t FROM plant.readings WHERE PARTS last"
@@ -360,6 +321,24 @@ async fn with_users_the_http_api_wants_credentials() {
         with_cookie("/v1/alerts").await.unwrap().status().as_u16(),
         401
     );
+    // Another site's page cannot use credentials the browser remembers to change anything.
+    let forged = http
+        .post(s.url("/v1/sql"))
+        .basic_auth("ops", Some("w4tch"))
+        .header("sec-fetch-site", "cross-site")
+        .body("DROP DATABASE plant")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status().as_u16(), 403);
+    let read = http
+        .get(s.url("/v1/alerts"))
+        .basic_auth("ops", Some("w4tch"))
+        .header("sec-fetch-site", "cross-site")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status().as_u16(), 200);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -69,7 +69,7 @@ impl Mosquitto {
                 "mosquitto did not start: {}",
                 std::fs::read_to_string(self.conf.with_extension("log")).unwrap_or_default()
             );
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::park_timeout(Duration::from_millis(20));
         }
     }
 
@@ -242,9 +242,12 @@ async fn kill_9_sluice_mid_stream_loses_and_duplicates_nothing() {
     m.publish_lines("plant/readings", &numbered(5_000..10_000));
     let s = Server::start_with_config(dir.path(), &config);
     eventually_eq("every message once", 120, &(10_000, 10_000), || counts(&s)).await;
-    // Settled: nothing more arrives.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(counts(&s).await, (10_000, 10_000));
+    // Settled: nothing more arrives (checked repeatedly for half a second).
+    let mut poll = tokio::time::interval(Duration::from_millis(50));
+    for _ in 0..10 {
+        poll.tick().await;
+        assert_eq!(counts(&s).await, (10_000, 10_000));
+    }
     let b = bridge_row(&s).await;
     assert_eq!(b["connected"], true, "{b}");
     // Every message this process received was stored or recognised as stored before.
@@ -346,6 +349,7 @@ async fn bad_messages_become_dead_letters_and_unmapped_topics_are_routed() {
     // Published until the remote subscriber has it (it may not have subscribed yet).
     let mut remote_sub = Some(remote_sub);
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut poll = tokio::time::interval(Duration::from_millis(200));
     loop {
         let out = s.mosquitto(
             "mosquitto_pub",
@@ -357,7 +361,7 @@ async fn bad_messages_become_dead_letters_and_unmapped_topics_are_routed() {
             break;
         }
         assert!(Instant::now() < deadline, "the remote never got out/alarm");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        poll.tick().await;
     }
     let out = remote_sub.take().unwrap().wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "out/alarm hot");
@@ -492,7 +496,7 @@ fn start_rumqttd() -> u16 {
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < deadline, "rumqttd did not start");
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::park_timeout(Duration::from_millis(20));
     }
     port
 }

@@ -9,7 +9,7 @@
 mod common;
 
 use common::Server;
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use rumqttc::{AsyncClient, MqttOptions, QoS};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -345,36 +345,7 @@ async fn console_query_catalog_live_and_an_alert_that_fires() {
     .await;
 
     // An alert made in the page, tripped by a device over MQTT.
-    let mut o = MqttOptions::new("console-watcher", "127.0.0.1", s.mqtt_port());
-    o.set_keep_alive(Duration::from_secs(30));
-    let (watcher, mut el) = AsyncClient::new(o, 100);
-    watcher
-        .subscribe("$alerts/#", QoS::AtLeastOnce)
-        .await
-        .unwrap();
-    let (tx, mut alerts) = tokio::sync::mpsc::unbounded_channel();
-    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let mut subscribed_tx = Some(subscribed_tx);
-        while let Ok(ev) = el.poll().await {
-            match ev {
-                Event::Incoming(Packet::SubAck(_)) => {
-                    if let Some(t) = subscribed_tx.take() {
-                        let _ = t.send(());
-                    }
-                }
-                Event::Incoming(Packet::Publish(p)) => {
-                    let v: Value = serde_json::from_slice(&p.payload).unwrap_or_default();
-                    let _ = tx.send((p.topic, v));
-                }
-                _ => {}
-            }
-        }
-    });
-    tokio::time::timeout(Duration::from_secs(20), subscribed)
-        .await
-        .expect("SUBACK")
-        .unwrap();
+    let (_watcher, mut alerts) = s.subscriber("$alerts/#").await;
     b.screenshot("4-live").await;
 
     b.click("a[href='#/alerts']").await;

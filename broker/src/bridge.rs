@@ -29,6 +29,7 @@ use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use link::{Client, Got, Received};
 use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::PubAckReason;
 use sluice_conf::BridgeConfig;
 use sluice_engine::Origin;
 use std::collections::{BTreeMap, VecDeque};
@@ -92,15 +93,8 @@ struct Status {
 impl Status {
     fn error(&self, name: &str, text: String) {
         tracing::warn!(bridge = name, error = %text, "bridge");
-        *self.last_error.lock() = Some((now_micros(), text));
+        *self.last_error.lock() = Some((sluice_engine::now_micros(), text));
     }
-}
-
-fn now_micros() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
 }
 
 struct Running {
@@ -468,7 +462,7 @@ fn backoff(attempt: u32) -> Duration {
     let base = MIN_BACKOFF
         .saturating_mul(1u32 << attempt.min(16))
         .min(MAX_BACKOFF);
-    let jitter = (u64::from(std::process::id()) ^ now_micros() as u64)
+    let jitter = (u64::from(std::process::id()) ^ sluice_engine::now_micros() as u64)
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         % 1000;
     base.mul_f64(0.5 + jitter as f64 / 2000.0)
@@ -523,9 +517,22 @@ async fn handle(ctx: Arc<Context>, r: Received) -> Option<Handled> {
         origin: ctx.client_id.clone(),
     });
     let mut wait = Duration::from_millis(50);
+    let max = ctx.shared.config.max_packet_size as usize;
     loop {
         let user = Some(&*ctx.client_id);
-        match ingest::try_store(&ctx.shared, &message, user, origin.as_ref()).await {
+        let stored = if r.payload.len() > max {
+            Err(ingest::Refusal {
+                reason: PubAckReason::ImplementationSpecificError,
+                text: format!(
+                    "payload of {} bytes is larger than mqtt.max_packet_size ({max})",
+                    r.payload.len()
+                ),
+                transient: false,
+            })
+        } else {
+            ingest::try_store(&ctx.shared, &message, user, origin.as_ref()).await
+        };
+        match stored {
             Ok(stored) => {
                 if stored {
                     st.stored.fetch_add(1, Ordering::Relaxed);
@@ -550,8 +557,25 @@ async fn handle(ctx: Arc<Context>, r: Received) -> Option<Handled> {
                 wait = (wait * 2).min(MAX_RETRY);
             }
             Err(refusal) => {
+                let kept =
+                    ingest::dead_letter(&ctx.shared, &message, refusal.reason, &refusal.text).await;
+                if let Err(e) = kept {
+                    // Neither stored nor kept: not acknowledged, so the remote keeps it.
+                    st.error(
+                        &ctx.config.name,
+                        format!(
+                            "keeping a refused message from {} as a dead letter: {e} (retrying; not acknowledged)",
+                            r.topic
+                        ),
+                    );
+                    tokio::select! {
+                        _ = ctx.stop.cancelled() => return None,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                    wait = (wait * 2).min(MAX_RETRY);
+                    continue;
+                }
                 st.dead_letters.fetch_add(1, Ordering::Relaxed);
-                ingest::refuse(&ctx.shared, &message, refusal.reason, refusal.text).await;
                 return Some(Handled {
                     received: r,
                     route: None,
@@ -673,7 +697,15 @@ async fn run(
                 }
                 Ok(Got::Message(r)) => {
                     status.received.fetch_add(1, Ordering::Relaxed);
-                    pending.push_back(handle(ctx.clone(), *r));
+                    // Each store runs on its own task: stores proceed on both cores, and a
+                    // window of a thousand stores is not re-polled as one task's futures.
+                    let store = tokio::spawn(handle(ctx.clone(), *r));
+                    pending.push_back(async move {
+                        store.await.unwrap_or_else(|e| {
+                            tracing::error!(error = %e, "a bridged message's store failed; not acknowledged");
+                            None
+                        })
+                    });
                 }
                 Ok(Got::Other) => {}
                 Err(e) => {

@@ -124,33 +124,37 @@ pub(crate) async fn try_store(
     }
 }
 
-/// Logs a refused message once and keeps it in the dead letters.
+/// Logs a refused message once and keeps it in the dead letters (a failure to keep it is
+/// logged: the publisher is told of the refusal either way).
 pub(crate) async fn refuse(
     shared: &Shared,
     message: &Message,
     reason: PubAckReason,
     text: String,
 ) -> (PubAckReason, Option<String>) {
-    let code = error::reason_code(reason);
-    shared.metrics.dead_letters.fetch_add(1, Ordering::Relaxed);
-    tracing::warn!(client_id = %message.origin, topic = %message.topic, reason = code, error = %text, "message refused; kept in system.dead_letters");
-    let letter = DeadLetter {
-        time_micros: now_micros(),
-        client_id: message.origin.to_string(),
-        topic: message.topic.to_string(),
-        payload: message.payload.to_vec(),
-        reason: text.clone(),
-        reason_code: code,
-    };
-    if let Err(e) = shared.db.dead_letter(letter).await {
+    if let Err(e) = dead_letter(shared, message, reason, &text).await {
         tracing::error!(topic = %message.topic, error = %e, "could not keep a dead letter");
     }
     (reason, Some(text))
 }
 
-fn now_micros() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
+/// Logs a refused message once and keeps it, durably, in the dead letters.
+pub(crate) async fn dead_letter(
+    shared: &Shared,
+    message: &Message,
+    reason: PubAckReason,
+    text: &str,
+) -> sluice_engine::Result<()> {
+    let code = error::reason_code(reason);
+    shared.metrics.dead_letters.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(client_id = %message.origin, topic = %message.topic, reason = code, error = %text, "message refused; kept in system.dead_letters");
+    let letter = DeadLetter {
+        time_micros: sluice_engine::now_micros(),
+        client_id: message.origin.to_string(),
+        topic: message.topic.to_string(),
+        payload: message.payload.to_vec(),
+        reason: text.to_string(),
+        reason_code: code,
+    };
+    shared.db.dead_letter(letter).await
 }

@@ -46,11 +46,14 @@ impl Metrics {
     /// least a second ago (the live page asks every second), interpolated within buckets;
     /// `None` when there were none.
     pub(crate) fn recent_ack_quantiles(&self) -> Option<(f64, f64)> {
+        // Read under the lock, so two readers cannot store counts older than another's.
+        let mut seen = self.ack_seen.lock();
         let now: Vec<u64> = (self.ack_buckets.iter())
             .map(|b| b.load(Ordering::Relaxed))
             .collect();
-        let mut seen = self.ack_seen.lock();
-        let delta: Vec<u64> = now.iter().zip(seen.0).map(|(n, s)| n - s).collect();
+        let delta: Vec<u64> = (now.iter().zip(seen.0))
+            .map(|(n, s)| n.saturating_sub(s))
+            .collect();
         if seen
             .1
             .is_none_or(|at| at.elapsed() >= Duration::from_secs(1))

@@ -51,7 +51,8 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-fn now_micros() -> i64 {
+/// Now, in microseconds since the Unix epoch (0 if the clock is before it).
+pub fn now_micros() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as i64)
@@ -152,7 +153,7 @@ impl Engine {
             origins: applier.origins.clone(),
             extra_system: Default::default(),
         });
-        let alerts = Arc::new(Alerts::default());
+        let alerts = Arc::new(Alerts::open(&dir));
         alerts.sync(cat.alerts.values());
         let rows = Arc::downgrade(&alerts);
         shared.extra_system.write().insert(

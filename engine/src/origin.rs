@@ -100,6 +100,9 @@ struct File {
 pub struct Origins {
     path: PathBuf,
     inner: parking_lot::Mutex<Inner>,
+    /// Held while the file is written: writers share one temporary file, and an older
+    /// snapshot must not be renamed over a newer one.
+    writing: parking_lot::Mutex<()>,
 }
 
 /// The last stored message with a packet id: (LSN, topic, digest).
@@ -147,6 +150,7 @@ impl Origins {
             Err(e) => return Err(Error::io(&path, e)),
         }
         Ok(Self {
+            writing: parking_lot::Mutex::new(()),
             path,
             inner: parking_lot::Mutex::new(inner),
         })
@@ -196,6 +200,7 @@ impl Origins {
     }
 
     fn write(&self) -> Result<()> {
+        let _writing = self.writing.lock();
         let (file, newest) = {
             let inner = self.inner.lock();
             let sources = (inner.map.iter())

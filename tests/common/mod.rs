@@ -20,6 +20,8 @@ pub struct Server {
     http: reqwest::Client,
     /// HTTP Basic credentials sent with `sql` and `write` once users exist.
     credentials: std::sync::Mutex<Option<(String, String)>>,
+    /// Numbers the MQTT clients this helper makes.
+    next_client: std::sync::atomic::AtomicU64,
 }
 
 pub struct Reply {
@@ -126,6 +128,7 @@ impl Server {
             env,
             http: reqwest::Client::new(),
             credentials: Default::default(),
+            next_client: Default::default(),
         }
     }
 
@@ -249,6 +252,56 @@ impl Server {
 
     pub fn client(&self) -> reqwest::Client {
         self.http.clone()
+    }
+
+    /// An MQTT 3.1.1 client subscribed (SUBACK received) to `filter`; each message it gets
+    /// arrives as (topic, payload as JSON, or null).
+    pub async fn subscriber(
+        &self,
+        filter: &str,
+    ) -> (
+        rumqttc::AsyncClient,
+        tokio::sync::mpsc::UnboundedReceiver<(String, serde_json::Value)>,
+    ) {
+        use rumqttc::{Event, Packet};
+        let id = format!(
+            "watch-{}",
+            self.next_client
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let mut o = rumqttc::MqttOptions::new(id, "127.0.0.1", self.mqtt_port());
+        o.set_keep_alive(Duration::from_secs(30));
+        let (client, mut el) = rumqttc::AsyncClient::new(o, 100);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
+        client
+            .subscribe(filter, rumqttc::QoS::AtLeastOnce)
+            .await
+            .unwrap();
+        tokio::spawn(async move {
+            let mut subscribed_tx = Some(subscribed_tx);
+            while let Ok(ev) = el.poll().await {
+                match ev {
+                    Event::Incoming(Packet::SubAck(_)) => {
+                        if let Some(t) = subscribed_tx.take() {
+                            let _ = t.send(());
+                        }
+                    }
+                    Event::Incoming(Packet::Publish(p)) => {
+                        let body = serde_json::from_slice(&p.payload).unwrap_or_default();
+                        if tx.send((p.topic, body)).is_err() {
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(20), subscribed)
+            .await
+            .expect("SUBACK within 20 s")
+            .unwrap();
+        (client, rx)
     }
 
     /// `kill -9`.

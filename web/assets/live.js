@@ -43,7 +43,16 @@ const TILES = [
   { id: 'ack-p50', label: 'Ack latency p50', unit: 'ms', gauge: 'mqtt.ack_p50_ms', fmt: fmtMs, color: PALETTE[4] },
   { id: 'ack-p99', label: 'Ack latency p99', unit: 'ms', gauge: 'mqtt.ack_p99_ms', fmt: fmtMs, color: PALETTE[5] },
   { id: 'buffered-rows', label: 'Buffered rows', unit: '', gauge: 'engine.buffered_rows', fmt: formatInt, color: PALETTE[0], sub: (e) => sub('engine.buffered_bytes', e, formatBytes) },
-  { id: 'wal-segments', label: 'WAL segments', unit: '', gauge: 'engine.wal_segments', fmt: formatInt, color: PALETTE[6] },
+  {
+    id: 'wal-segments', label: 'WAL segments', unit: '', gauge: 'engine.wal_segments', fmt: formatInt, color: PALETTE[6],
+    // Flush state: partitions being written to Parquet now, and flushes since start.
+    sub: (e) => {
+      const flushing = pick(e, 'engine.flushing');
+      const flushes = pick(e, 'engine.flushes');
+      if (flushes === null) return '';
+      return `${formatInt(flushes)} flushes${flushing ? `, ${formatInt(flushing)} flushing` : ''}`;
+    },
+  },
   { id: 'applied-lsn', label: 'Applied LSN', unit: '', gauge: 'engine.applied_lsn', fmt: formatInt, color: PALETTE[7] },
   {
     id: 'dead-letters',

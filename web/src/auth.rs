@@ -48,8 +48,15 @@ impl Authenticator for Open {
     }
 }
 
+/// Password checks running at once: each takes argon2's memory (about 19 MiB) and a core
+/// for tens of milliseconds, so a flood of wrong passwords must queue, not pile up.
+static CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
 /// Whether `password` matches `hash` (off the async threads: argon2 is slow by design).
 async fn matches(hash: String, password: String) -> bool {
+    let Ok(_permit) = CHECKS.acquire().await else {
+        return false;
+    };
     tokio::task::spawn_blocking(move || {
         use argon2::PasswordVerifier;
         argon2::PasswordHash::new(&hash).is_ok_and(|h| {
@@ -178,8 +185,30 @@ fn open_path(path: &str) -> bool {
         || path == "/favicon.ico"
 }
 
-/// The middleware: refuses requests without valid credentials when users exist.
+/// Whether a browser sent this from another site's page (`Sec-Fetch-Site`, which browsers
+/// set and pages cannot forge). Programs send no such header.
+fn cross_site(headers: &HeaderMap) -> bool {
+    headers
+        .get("sec-fetch-site")
+        .is_some_and(|v| v != "same-origin" && v != "none")
+}
+
+/// The middleware: refuses requests without valid credentials when users exist, and
+/// requests that change something when another site's page makes them (so a page cannot
+/// use the open loopback API, or credentials the browser remembers).
 pub(crate) async fn check(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+    let method = request.method();
+    if method != axum::http::Method::GET
+        && method != axum::http::Method::HEAD
+        && cross_site(request.headers())
+    {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "cross_site",
+            "requests from another site's page may only read",
+        )
+        .into_response();
+    }
     if open_path(request.uri().path()) {
         return next.run(request).await;
     }
@@ -287,5 +316,10 @@ mod tests {
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
         assert_eq!(basic(&h), None);
         assert!(open_path("/assets/app.js") && !open_path("/v1/sql"));
+        assert!(!cross_site(&h));
+        h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
+        assert!(cross_site(&h));
+        h.insert("sec-fetch-site", HeaderValue::from_static("same-origin"));
+        assert!(!cross_site(&h));
     }
 }

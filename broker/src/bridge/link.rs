@@ -70,6 +70,11 @@ fn request_capacity(cfg: &BridgeConfig) -> usize {
     usize::from(cfg.window) * 2 + 256
 }
 
+/// The largest packet MQTT can carry. Bridged messages of any size are taken: one larger
+/// than Sluice's own limit becomes a dead letter (and is acknowledged) instead of breaking
+/// the connection on every redelivery.
+const MAX_REMOTE_PACKET: u32 = 268_435_455;
+
 /// A client for `cfg` (nothing is sent until its events are polled). Clean session is off
 /// (3.1.1) or the session outlives the connection (5.0); acks are sent by us, once stored.
 pub(super) fn connect(cfg: &BridgeConfig, max_packet: u32) -> Result<(Client, Events), String> {
@@ -97,7 +102,7 @@ pub(super) fn connect(cfg: &BridgeConfig, max_packet: u32) -> Result<(Client, Ev
                 .set_manual_acks(true)
                 .set_keep_alive(keep_alive)
                 .set_receive_maximum(Some(cfg.window))
-                .set_max_packet_size(Some(max_packet))
+                .set_max_packet_size(Some(MAX_REMOTE_PACKET))
                 .set_request_channel_capacity(cap)
                 .set_transport(transport);
             if !cfg.username.is_empty() {
@@ -110,7 +115,7 @@ pub(super) fn connect(cfg: &BridgeConfig, max_packet: u32) -> Result<(Client, Ev
             o.set_clean_session(false)
                 .set_manual_acks(true)
                 .set_keep_alive(keep_alive)
-                .set_max_packet_size(max_packet as usize, max_packet as usize)
+                .set_max_packet_size(MAX_REMOTE_PACKET as usize, max_packet as usize)
                 .set_request_channel_capacity(cap)
                 .set_transport(transport);
             if !cfg.username.is_empty() {
@@ -193,30 +198,24 @@ impl Client {
         }
     }
 
-    /// Queues a SUBSCRIBE for `filters`. MQTT 5 asks for retained messages only for new
+    /// Queues a SUBSCRIBE for `filters`, at QoS 1 whatever the filter asks: rumqttc 0.25
+    /// forgets QoS 2 packet ids when a connection drops, so a remote resending PUBREL on the
+    /// resumed session would be refused on every reconnect (rumqtt issue 664) and the bridge
+    /// would never recover. At QoS 1 a redelivery of a stored message is still recognised by
+    /// its origin and not stored twice. MQTT 5 asks for retained messages only for new
     /// subscriptions, so a resubscription does not bring them again.
     pub(super) fn subscribe(&self, filters: &[(String, u8)]) -> Result<(), String> {
         match self {
             Client::V4(c) => {
-                let f = filters.iter().map(|(f, q)| {
-                    let qos = if *q >= 2 {
-                        rumqttc::QoS::ExactlyOnce
-                    } else {
-                        rumqttc::QoS::AtLeastOnce
-                    };
-                    rumqttc::SubscribeFilter::new(f.clone(), qos)
+                let f = filters.iter().map(|(f, _)| {
+                    rumqttc::SubscribeFilter::new(f.clone(), rumqttc::QoS::AtLeastOnce)
                 });
                 c.try_subscribe_many(f).map_err(|e| e.to_string())
             }
             Client::V5(c) => {
                 use rumqttc::v5::mqttbytes::v5::{Filter, RetainForwardRule};
-                let f = filters.iter().map(|(f, q)| {
-                    let qos = if *q >= 2 {
-                        QoS::ExactlyOnce
-                    } else {
-                        QoS::AtLeastOnce
-                    };
-                    let mut filter = Filter::new(f.clone(), qos);
+                let f = filters.iter().map(|(f, _)| {
+                    let mut filter = Filter::new(f.clone(), QoS::AtLeastOnce);
                     filter.retain_forward_rule = RetainForwardRule::OnNewSubscribe;
                     filter
                 });

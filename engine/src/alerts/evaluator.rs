@@ -193,15 +193,37 @@ fn first_value(batch: &RecordBatch, column: &str) -> Result<Option<f64>, String>
 #[derive(Debug)]
 struct Entry {
     def: AlertDef,
+    /// Tells this definition's runs from those of an earlier one of the same name.
+    generation: u64,
     status: AlertStatus,
     due: Instant,
     running: bool,
+    /// This alert's webhook deliveries, in order (one task each alert, made at first use).
+    webhook: Option<tokio::sync::mpsc::UnboundedSender<Vec<u8>>>,
+}
+
+/// What `<data_dir>/alerts.json` keeps of an alert, so a restart neither tells a firing
+/// alert's news again nor misses its recovery: the state it was last in, for the definition
+/// it was in it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Kept {
+    /// The definition (`CREATE ALERT ...`), so a changed alert starts over.
+    definition: String,
+    state: String,
+    last_value: Option<f64>,
+    last_change_ms: Option<i64>,
+    error: Option<String>,
 }
 
 /// The alerts' states and their scheduler.
 #[derive(Debug)]
 pub struct Alerts {
     entries: parking_lot::Mutex<BTreeMap<String, Entry>>,
+    /// `<data_dir>/alerts.json` (none: states are not kept).
+    path: Option<std::path::PathBuf>,
+    /// States as last read or written; held while writing, so writes land in order.
+    kept: Arc<parking_lot::Mutex<BTreeMap<String, Kept>>>,
+    generations: std::sync::atomic::AtomicU64,
     /// Wakes the scheduler when alerts are added or changed.
     changed: tokio::sync::Notify,
     http: Option<reqwest::Client>,
@@ -216,6 +238,9 @@ impl Default for Alerts {
             .ok();
         Self {
             entries: Default::default(),
+            path: None,
+            kept: Default::default(),
+            generations: Default::default(),
             changed: Default::default(),
             http,
         }
@@ -223,13 +248,77 @@ impl Default for Alerts {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    crate::now_micros() / 1000
 }
 
 impl Alerts {
+    /// Alerts whose states are kept in `<dir>/alerts.json` across restarts (a damaged file is
+    /// set aside: the states start over, nothing else is lost).
+    pub fn open(dir: &std::path::Path) -> Self {
+        let path = dir.join("alerts.json");
+        let kept = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                tracing::warn!(path = %path.display(), error = %e, "alert states unreadable; they start over");
+                BTreeMap::new()
+            }),
+            Err(_) => BTreeMap::new(),
+        };
+        Self {
+            path: Some(path),
+            kept: Arc::new(parking_lot::Mutex::new(kept)),
+            ..Self::default()
+        }
+    }
+
+    /// The state `def` was in before a restart, if it was kept for this very definition.
+    fn restore(&self, def: &AlertDef, status: &mut AlertStatus) {
+        let kept = self.kept.lock();
+        let Some(k) = kept
+            .get(&def.name)
+            .filter(|k| k.definition == def.create_sql())
+        else {
+            return;
+        };
+        status.state = match k.state.as_str() {
+            "ok" => AlertState::Ok,
+            "firing" => AlertState::Firing,
+            "error" => AlertState::Error,
+            _ => return,
+        };
+        status.last_value = k.last_value;
+        status.last_change_ms = k.last_change_ms;
+        status.error = k.error.clone();
+    }
+
+    /// Writes every alert's state (after a change), off the async threads.
+    fn keep(&self, entries: &BTreeMap<String, Entry>) {
+        let Some(path) = self.path.clone() else {
+            return;
+        };
+        let now: BTreeMap<String, Kept> = (entries.iter())
+            .filter(|(_, e)| e.status.state != AlertState::Pending)
+            .map(|(name, e)| {
+                let k = Kept {
+                    definition: e.def.create_sql(),
+                    state: e.status.state.as_str().into(),
+                    last_value: e.status.last_value,
+                    last_change_ms: e.status.last_change_ms,
+                    error: e.status.error.clone(),
+                };
+                (name.clone(), k)
+            })
+            .collect();
+        let kept = self.kept.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut kept = kept.lock();
+            let bytes = serde_json::to_vec_pretty(&now).unwrap_or_default();
+            match crate::catalog::write_atomic(&path, &bytes) {
+                Ok(()) => *kept = now,
+                Err(e) => tracing::warn!(error = %e, "keeping alert states failed"),
+            }
+        });
+    }
+
     /// Makes the evaluated alerts those of `defs`: new ones start pending and run at once,
     /// changed ones start over, missing ones stop.
     pub fn sync<'a>(&self, defs: impl IntoIterator<Item = &'a AlertDef>) {
@@ -238,12 +327,19 @@ impl Alerts {
         for def in defs {
             let entry = match entries.remove(&def.name) {
                 Some(e) if e.def == *def => e,
-                _ => Entry {
-                    def: def.clone(),
-                    status: AlertStatus::new(def),
-                    due: Instant::now(),
-                    running: false,
-                },
+                _ => {
+                    let mut status = AlertStatus::new(def);
+                    self.restore(def, &mut status);
+                    Entry {
+                        def: def.clone(),
+                        generation: (self.generations)
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                        status,
+                        due: Instant::now(),
+                        running: false,
+                        webhook: None,
+                    }
+                }
             };
             keep.insert(def.name.clone(), entry);
         }
@@ -278,21 +374,31 @@ impl Alerts {
                 }
                 if e.due <= now {
                     e.running = true;
-                    due.push((e.def.clone(), e.due));
+                    due.push((e.def.clone(), e.generation, e.due));
                 } else {
                     next = next.min(e.due);
                 }
             }
-            for (def, scheduled) in due {
+            for (def, generation, scheduled) in due {
                 let permit = tokio::select! {
                     p = permits.clone().acquire_owned() => p,
                     _ = cancel.cancelled() => break,
                 };
                 let Ok(permit) = permit else { break };
                 let (this, db, sink) = (self.clone(), db.clone(), sink.clone());
+                let cancel = cancel.clone();
                 tasks.spawn(async move {
-                    let reading = evaluate(db.as_ref(), &def).await;
-                    this.finish(&def, scheduled, reading, sink.as_ref());
+                    // A panic while evaluating is an error state, not an alert that never
+                    // runs again.
+                    let run = std::panic::AssertUnwindSafe(evaluate(db.as_ref(), &def));
+                    let reading = tokio::select! {
+                        r = futures::FutureExt::catch_unwind(run) => r.unwrap_or_else(|_| {
+                            Err("internal error while evaluating (see the server log)".into())
+                        }),
+                        // Shutdown does not wait for a slow query.
+                        _ = cancel.cancelled() => return,
+                    };
+                    this.finish(&def, generation, scheduled, reading, sink.as_ref());
                     drop(permit);
                 });
             }
@@ -311,39 +417,72 @@ impl Alerts {
     fn finish(
         self: &Arc<Self>,
         def: &AlertDef,
+        generation: u64,
         scheduled: Instant,
         reading: Result<Reading, String>,
         sink: &dyn AlertSink,
     ) {
         let now = Instant::now();
-        let notification = {
+        let (notification, webhook) = {
             let mut entries = self.entries.lock();
             // Dropped or redefined meanwhile: this result belongs to nobody.
-            let Some(e) = entries.get_mut(&def.name).filter(|e| e.def == *def) else {
+            let Some(e) = (entries.get_mut(&def.name)).filter(|e| e.generation == generation)
+            else {
                 return;
             };
             e.running = false;
             let interval = Duration::from_millis(def.interval_ms);
             // Keep the cadence; after a stall, skip the missed runs instead of bursting.
             e.due = (scheduled + interval).max(now);
+            let before = e.status.state;
             let change = record(&mut e.status, reading, now_ms());
+            let changed_state = e.status.state != before;
+            let webhook = match (&change, &def.webhook) {
+                (Some(_), Some(url)) => Some(self.webhook_queue(e, url)),
+                _ => None,
+            };
+            if changed_state {
+                self.keep(&entries);
+            }
             drop(entries);
             self.changed.notify_one();
-            change
+            (change, webhook)
         };
         let Some(payload) = notification else { return };
         if def.publish {
             sink.publish(format!("$alerts/{}", def.name), payload.clone());
         }
-        if let Some(url) = def.webhook.clone() {
-            let this = self.clone();
-            let name = def.name.clone();
-            tokio::spawn(async move { this.post(name, url, payload).await });
+        if let Some(queue) = webhook {
+            let _ = queue.send(payload);
         }
     }
 
+    /// The queue of `e`'s webhook deliveries: one task POSTs them in order, so a receiver
+    /// never sees an older change after a newer one. It ends when the alert is dropped or
+    /// redefined (its sender goes with the entry).
+    fn webhook_queue(
+        self: &Arc<Self>,
+        e: &mut Entry,
+        url: &str,
+    ) -> tokio::sync::mpsc::UnboundedSender<Vec<u8>> {
+        e.webhook
+            .get_or_insert_with(|| {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+                let this = Arc::downgrade(self);
+                let (name, url, generation) = (e.def.name.clone(), url.to_string(), e.generation);
+                tokio::spawn(async move {
+                    while let Some(payload) = rx.recv().await {
+                        let Some(alerts) = this.upgrade() else { break };
+                        alerts.post(&name, generation, &url, payload).await;
+                    }
+                });
+                tx
+            })
+            .clone()
+    }
+
     /// POSTs a notification, trying a few times; the outcome shows as `webhook_error`.
-    async fn post(&self, name: String, url: String, payload: Vec<u8>) {
+    async fn post(&self, name: &str, generation: u64, url: &str, payload: Vec<u8>) {
         let mut failure = Some("no HTTP client".to_string());
         if let Some(http) = &self.http {
             for attempt in 0..WEBHOOK_ATTEMPTS {
@@ -351,7 +490,7 @@ impl Alerts {
                     tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
                 }
                 let sent = http
-                    .post(&url)
+                    .post(url)
                     .header("content-type", "application/json")
                     .body(payload.clone())
                     .send()
@@ -369,7 +508,8 @@ impl Alerts {
         if let Some(f) = &failure {
             tracing::warn!(alert = %name, error = %f, "alert webhook failed");
         }
-        if let Some(e) = self.entries.lock().get_mut(&name) {
+        if let Some(e) = (self.entries.lock().get_mut(name)).filter(|e| e.generation == generation)
+        {
             e.status.webhook_error = failure;
         }
     }
@@ -700,7 +840,9 @@ mod tests {
                 value: Some(1.0),
             })
         };
-        alerts.finish(&d, Instant::now(), fire(), &sink);
+        let generation = |a: &Alerts| a.entries.lock()["hot"].generation;
+        let first = generation(&alerts);
+        alerts.finish(&d, first, Instant::now(), fire(), &sink);
         assert_eq!(sink.0.lock().len(), 1);
         assert_eq!(sink.0.lock()[0].0, "$alerts/hot");
         let mut changed = d.clone();
@@ -711,16 +853,75 @@ mod tests {
             AlertState::Pending,
             "a changed alert starts over"
         );
-        alerts.finish(&d, Instant::now(), fire(), &sink);
+        alerts.finish(&d, first, Instant::now(), fire(), &sink);
         assert_eq!(
             alerts.status()[0].evaluations,
             0,
             "the old definition's result is dropped"
         );
+        // Dropped and made again, identical: a new generation, so a run of the old one
+        // cannot finish for it.
+        let second = generation(&alerts);
         alerts.sync([]);
         assert!(alerts.status().is_empty());
+        alerts.sync([&changed]);
+        assert_ne!(generation(&alerts), second);
+        alerts.sync([]);
         let batch = alerts.system_table();
         assert_eq!(batch.num_rows(), 0);
         assert_eq!(batch.schema().field(1).name(), "state");
+    }
+
+    #[tokio::test]
+    async fn states_outlive_a_restart_for_the_same_definition() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = def(threshold(CmpOp::Gt, 90.0));
+        let sink = Collect(Default::default());
+        {
+            let alerts = Arc::new(Alerts::open(dir.path()));
+            alerts.sync([&d]);
+            let g = alerts.entries.lock()["hot"].generation;
+            let reading = Ok(Reading {
+                fires: true,
+                value: Some(95.0),
+            });
+            alerts.finish(&d, g, Instant::now(), reading, &sink);
+            let path = dir.path().join("alerts.json");
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !std::fs::read_to_string(&path).is_ok_and(|t| t.contains("firing")) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "alerts.json not written"
+                );
+                tokio::task::yield_now().await;
+            }
+        }
+        let alerts = Arc::new(Alerts::open(dir.path()));
+        alerts.sync([&d]);
+        assert_eq!(alerts.status()[0].state, AlertState::Firing);
+        assert_eq!(alerts.status()[0].last_value, Some(95.0));
+        let g = alerts.entries.lock()["hot"].generation;
+        let still = Ok(Reading {
+            fires: true,
+            value: Some(96.0),
+        });
+        alerts.finish(&d, g, Instant::now(), still, &sink);
+        assert_eq!(
+            sink.0.lock().len(),
+            1,
+            "still firing after the restart: no news"
+        );
+        let ok = Ok(Reading {
+            fires: false,
+            value: Some(20.0),
+        });
+        alerts.finish(&d, g, Instant::now(), ok, &sink);
+        assert_eq!(sink.0.lock().len(), 2, "recovered while down: told");
+        // A changed definition starts over.
+        let mut other = d.clone();
+        other.interval_ms = 5000;
+        let again = Alerts::open(dir.path());
+        again.sync([&other]);
+        assert_eq!(again.status()[0].state, AlertState::Pending);
     }
 }
