@@ -41,7 +41,35 @@ enum Command {
     HashPassword,
 }
 
+/// Keeps freed memory for a while before giving it back to the kernel. A steady stream of
+/// small messages frees and takes memory all the time; with mimalloc's default 10 ms every
+/// page went back and was faulted in again, zeroed by the kernel (a quarter of the CPU in
+/// bridged ingest).
+fn tune_allocator() {
+    /// `mi_option_purge_delay` in mimalloc 3's `mi_option_e`.
+    const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+    // SAFETY: setting an option of the allocator is allowed at any time.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 5_000) };
+}
+
+/// Turns transparent huge pages off for this process (as Redis does). With THP `always`,
+/// every page the allocator takes from the kernel is faulted in as a 2 MiB huge page that
+/// the kernel zeroes first: under a steady stream of small messages that zeroing took 38%
+/// of the CPU and bridged ingest ran at a third of its speed.
+fn disable_transparent_huge_pages() {
+    // SAFETY: prctl with PR_SET_THP_DISABLE only sets a flag on this process.
+    let r = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if r != 0 {
+        eprintln!(
+            "sluice: could not turn transparent huge pages off: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 fn main() -> anyhow::Result<()> {
+    disable_transparent_huge_pages();
+    tune_allocator();
     let (config, data_dir, http_listen, mqtt_listen) = match Cli::parse().command {
         Command::Serve {
             config,
