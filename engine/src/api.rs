@@ -47,6 +47,9 @@ pub struct QueryOptions {
     /// Compute the answer even if a kept result of the same query is still valid (and keep
     /// none): for measuring.
     pub no_result_cache: bool,
+    /// The query reads little and runs often (an alert): plan it as one partition, which
+    /// costs less to plan and start than splitting it over the cores.
+    pub small: bool,
 }
 
 /// An acknowledged write.

@@ -189,6 +189,7 @@ async fn sql(
         database: q.db,
         params: Vec::new(),
         no_result_cache: q.cache.as_deref() == Some("off"),
+        small: false,
     };
     let sql_owned;
     let text = if json {

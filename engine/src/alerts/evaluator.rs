@@ -593,6 +593,7 @@ impl Alerts {
 async fn evaluate(db: &dyn Database, def: &AlertDef) -> Result<Reading, String> {
     let options = QueryOptions {
         database: Some(def.database.clone()),
+        small: true,
         ..Default::default()
     };
     let limit = MIN_TIMEOUT.max(Duration::from_millis(def.interval_ms));

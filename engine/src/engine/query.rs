@@ -82,7 +82,8 @@ const RESULT_MAX_BYTES: usize = 1 << 20;
 /// Sessions and cached plans.
 #[derive(Default)]
 pub(super) struct Planner {
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// (database, one partition) -> its session.
+    sessions: Mutex<HashMap<(String, bool), Arc<Session>>>,
     /// (database, SQL) -> (catalog version, plan before optimization).
     plans: Mutex<HashMap<(String, String), (u64, Planned)>>,
     /// (database, SQL, parameters) -> the optimized plan, for plans whose optimization
@@ -131,12 +132,17 @@ fn reusable(plan: &LogicalPlan, optimized: &LogicalPlan) -> bool {
     !moment && !values && !matches!(optimized, LogicalPlan::Explain(_) | LogicalPlan::Analyze(_))
 }
 
-fn new_session(shared: &Arc<Shared>, database: &str) -> Session {
+/// A session whose names default to `database`; with `one_partition`, plans run as one
+/// partition (cheaper to plan and start, for small queries run often, such as alerts).
+fn new_session(shared: &Arc<Shared>, database: &str, one_partition: bool) -> Session {
     let mut cfg = SessionConfig::new()
         .with_default_catalog_and_schema("sluice", database)
         .with_create_default_catalog_and_schema(false)
         .with_information_schema(false);
     cfg.options_mut().sql_parser.enable_ident_normalization = false;
+    if one_partition {
+        cfg = cfg.with_target_partitions(1);
+    }
     let ctx = SessionContext::new_with_config(cfg);
     ctx.register_catalog(
         "sluice",
@@ -155,7 +161,7 @@ fn new_session(shared: &Arc<Shared>, database: &str) -> Session {
 }
 
 impl Engine {
-    fn session(&self, database: &str) -> Result<Arc<Session>> {
+    fn session(&self, database: &str, one_partition: bool) -> Result<Arc<Session>> {
         if database != DEFAULT_DATABASE
             && database != SYSTEM_DATABASE
             && !self
@@ -171,15 +177,15 @@ impl Engine {
         }
         let mut sessions = self.planner.sessions.lock();
         Ok(sessions
-            .entry(database.to_string())
-            .or_insert_with(|| Arc::new(new_session(&self.shared, database)))
+            .entry((database.to_string(), one_partition))
+            .or_insert_with(|| Arc::new(new_session(&self.shared, database, one_partition)))
             .clone())
     }
 
     /// Executes one statement: Sluice's own (DDL, SHOW, ...) or a query through DataFusion.
     pub(super) async fn query(&self, sql: &str, options: &QueryOptions) -> Result<QueryOutput> {
         let database = options.database.as_deref().unwrap_or(DEFAULT_DATABASE);
-        let session = self.session(database)?;
+        let session = self.session(database, options.small)?;
         let version = self.shared.catalog.snapshot().version;
         let key = (database.to_string(), sql.to_string());
         let okey = (
@@ -299,7 +305,7 @@ impl Engine {
             Statement::Query => {}
             _ => return Err(Error::sql("an alert's query must be a query (SELECT ...)")),
         }
-        let session = self.session(database)?;
+        let session = self.session(database, true)?;
         self.plan(&session, database, sql).await.map(|_| ())
     }
 
