@@ -394,6 +394,27 @@ function legend(ctx, items, x, y, maxWidth) {
 // Line chart
 
 /**
+ * Horizontal grid lines at the y ticks with their labels left of the plot; `zeroAxis` draws
+ * the line at 0 darker (bar charts grow from it).
+ */
+function drawYGrid(ctx, ticks, labels, Y, left, pw, zeroAxis) {
+  ctx.lineWidth = 1;
+  ctx.textAlign = 'right';
+  ctx.textBaseline = 'middle';
+  ticks.forEach((v, i) => {
+    const y = Math.round(Y(v)) + 0.5;
+    ctx.strokeStyle = zeroAxis && v === 0 ? AXIS_LINE : GRID;
+    ctx.beginPath();
+    ctx.moveTo(left, y);
+    ctx.lineTo(left + pw, y);
+    ctx.stroke();
+    ctx.fillStyle = AXIS_TEXT;
+    ctx.font = MONO;
+    ctx.fillText(labels[i], left - 6, y);
+  });
+}
+
+/**
  * A time-series line chart.
  * data: {x: [epoch ms], series: [{name, values: [number|null]}]} (at most 6 series are drawn).
  * opts: {utc: true (label times in UTC, else local), legend: true, dates: true (date line under
@@ -471,20 +492,7 @@ function drawLine({ ctx, w, h }, st) {
   st.layout = { left, top, pw, ph };
 
   // Grid and y labels.
-  ctx.lineWidth = 1;
-  ctx.textAlign = 'right';
-  ctx.textBaseline = 'middle';
-  yt.ticks.forEach((v, i) => {
-    const y = Math.round(Y(v)) + 0.5;
-    ctx.strokeStyle = GRID;
-    ctx.beginPath();
-    ctx.moveTo(left, y);
-    ctx.lineTo(left + pw, y);
-    ctx.stroke();
-    ctx.fillStyle = AXIS_TEXT;
-    ctx.font = MONO;
-    ctx.fillText(ylabels[i], left - 6, y);
-  });
+  drawYGrid(ctx, yt.ticks, ylabels, Y, left, pw, false);
 
   // X ticks: one label per ~110 px; the date goes on a second line where the day changes.
   const tt = timeTicks(xmin, xmax, Math.max(2, Math.floor(pw / 110)), utc);
@@ -712,20 +720,7 @@ function drawBar({ ctx, w, h }, st) {
   const Y = (v) => top + ph - ((v - yt.min) / (yt.max - yt.min)) * ph;
   st.layout = { left, top, pw, ph };
 
-  ctx.lineWidth = 1;
-  ctx.textAlign = 'right';
-  ctx.textBaseline = 'middle';
-  yt.ticks.forEach((v, i) => {
-    const y = Math.round(Y(v)) + 0.5;
-    ctx.strokeStyle = v === 0 ? AXIS_LINE : GRID;
-    ctx.beginPath();
-    ctx.moveTo(left, y);
-    ctx.lineTo(left + pw, y);
-    ctx.stroke();
-    ctx.fillStyle = AXIS_TEXT;
-    ctx.font = MONO;
-    ctx.fillText(ylabels[i], left - 6, y);
-  });
+  drawYGrid(ctx, yt.ticks, ylabels, Y, left, pw, true);
 
   const hv = st.hover;
   let hoverIndex = -1;

@@ -192,7 +192,8 @@ fn first_value(batch: &RecordBatch, column: &str) -> Result<Option<f64>, String>
 /// One alert under evaluation.
 #[derive(Debug)]
 struct Entry {
-    def: AlertDef,
+    /// Shared with the runs in flight (no copy of the query per run).
+    def: Arc<AlertDef>,
     /// Tells this definition's runs from those of an earlier one of the same name.
     generation: u64,
     status: AlertStatus,
@@ -326,12 +327,12 @@ impl Alerts {
         let mut keep = BTreeMap::new();
         for def in defs {
             let entry = match entries.remove(&def.name) {
-                Some(e) if e.def == *def => e,
+                Some(e) if *e.def == *def => e,
                 _ => {
                     let mut status = AlertStatus::new(def);
                     self.restore(def, &mut status);
                     Entry {
-                        def: def.clone(),
+                        def: Arc::new(def.clone()),
                         generation: (self.generations)
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                         status,
@@ -368,11 +369,18 @@ impl Alerts {
             let now = Instant::now();
             let mut due = Vec::new();
             let mut next = now + Duration::from_secs(1);
+            // Runs due within a couple of milliseconds start together: fewer wake-ups.
+            let soon = now + Duration::from_millis(2);
             for e in self.entries.lock().values_mut() {
                 if e.running {
-                    continue;
-                }
-                if e.due <= now {
+                    // Its run sets the next time to this when it finishes. A run outlasting
+                    // its interval is due at once when it ends; the next look (within a
+                    // second) starts it.
+                    let predicted = e.due + Duration::from_millis(e.def.interval_ms);
+                    if predicted > now {
+                        next = next.min(predicted);
+                    }
+                } else if e.due <= soon {
                     e.running = true;
                     due.push((e.def.clone(), e.generation, e.due));
                 } else {
@@ -444,8 +452,6 @@ impl Alerts {
             if changed_state {
                 self.keep(&entries);
             }
-            drop(entries);
-            self.changed.notify_one();
             (change, webhook)
         };
         let Some(payload) = notification else { return };
