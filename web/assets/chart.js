@@ -44,7 +44,8 @@ export function niceTicks(min, max, target = 5) {
   if (min > max) [min, max] = [max, min];
   if (min === max) {
     const d = Math.abs(min) * 0.1 || 1;
-    min -= d;
+    // A flat series of non-negative values (rates at zero) keeps its axis at or above 0.
+    min = min >= 0 ? Math.max(0, min - d) : min - d;
     max += d;
   }
   const step = niceStep((max - min) / Math.max(1, target));
