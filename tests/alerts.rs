@@ -136,6 +136,20 @@ async fn an_alert_fires_publishes_calls_its_webhook_and_reports_errors() {
     s.sql_ok("DROP ALERT IF EXISTS hot").await;
 }
 
+/// `GET /v1/alerts`.
+async fn list(s: &Server) -> serde_json::Value {
+    let r = s.client().get(s.url("/v1/alerts")).send().await.unwrap();
+    serde_json::from_str(&r.text().await.unwrap()).unwrap()
+}
+
+/// Waits until the first alert is in state `want`.
+async fn first_state_becomes(s: &Server, want: &str, what: &str) {
+    eventually_eq(what, 20, &serde_json::json!(want), || async {
+        list(s).await[0]["state"].clone()
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_alerts_api_checks_definitions_and_alerts_outlive_restarts() {
     let dir = tempfile::tempdir().unwrap();
@@ -178,20 +192,10 @@ async fn the_alerts_api_checks_definitions_and_alerts_outlive_restarts() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("Column"), "{}", r.body);
 
-    let list = |s: &Server| {
-        let r = s.client().get(s.url("/v1/alerts")).send();
-        async move {
-            serde_json::from_str::<serde_json::Value>(&r.await.unwrap().text().await.unwrap())
-                .unwrap()
-        }
-    };
     let alerts = list(&s).await;
     assert_eq!(alerts[0]["name"], "cold");
     assert_eq!(alerts[0]["condition"], "any rows");
-    eventually_eq("evaluated", 20, &serde_json::json!("ok"), || async {
-        list(&s).await[0]["state"].clone()
-    })
-    .await;
+    first_state_becomes(&s, "ok", "evaluated").await;
     s.write_ok(
         "plant",
         "readings",
@@ -199,25 +203,14 @@ async fn the_alerts_api_checks_definitions_and_alerts_outlive_restarts() {
         format!("{},d1,-4\n", now_iso()),
     )
     .await;
-    eventually_eq(
-        "any rows fires",
-        20,
-        &serde_json::json!("firing"),
-        || async { list(&s).await[0]["state"].clone() },
-    )
-    .await;
+    first_state_becomes(&s, "firing", "any rows fires").await;
     assert_eq!(list(&s).await[0]["last_value"], 1.0);
 
-    // The definition is in the catalog; the state starts over after a restart.
+    // The definition is in the catalog and the state in alerts.json: still firing after a
+    // restart.
     assert_eq!(s.terminate(), 0);
     let s = Server::start(dir.path(), &[]);
-    eventually_eq(
-        "firing again after restart",
-        20,
-        &serde_json::json!("firing"),
-        || async { list(&s).await[0]["state"].clone() },
-    )
-    .await;
+    first_state_becomes(&s, "firing", "firing again after restart").await;
     let r = s
         .client()
         .delete(s.url("/v1/alerts/cold"))

@@ -146,8 +146,6 @@ pub(crate) async fn dead_letter(
     text: &str,
 ) -> sluice_engine::Result<()> {
     let code = error::reason_code(reason);
-    shared.metrics.dead_letters.fetch_add(1, Ordering::Relaxed);
-    tracing::warn!(client_id = %message.origin, topic = %message.topic, reason = code, error = %text, "message refused; kept in system.dead_letters");
     let letter = DeadLetter {
         time_micros: sluice_engine::now_micros(),
         client_id: message.origin.to_string(),
@@ -156,5 +154,9 @@ pub(crate) async fn dead_letter(
         reason: text.to_string(),
         reason_code: code,
     };
-    shared.db.dead_letter(letter).await
+    shared.db.dead_letter(letter).await?;
+    // Counted and logged once kept (a bridge retries a letter that could not be written).
+    shared.metrics.dead_letters.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(client_id = %message.origin, topic = %message.topic, reason = code, error = %text, "message refused; kept in system.dead_letters");
+    Ok(())
 }

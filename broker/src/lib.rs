@@ -70,7 +70,7 @@ impl std::fmt::Debug for Shared {
 
 /// Publishes alert notifications (see [`Broker::alert_sink`]).
 #[derive(Debug)]
-struct AlertPublisher(tokio::sync::mpsc::Sender<Arc<session::Message>>);
+struct AlertPublisher(tokio::sync::mpsc::UnboundedSender<Arc<session::Message>>);
 
 impl sluice_engine::AlertSink for AlertPublisher {
     fn publish(&self, topic: String, payload: Vec<u8>) {
@@ -83,10 +83,10 @@ impl sluice_engine::AlertSink for AlertPublisher {
             expires: None,
             origin: Arc::from("$alerts"),
         });
-        if self.0.try_send(m).is_err() {
-            tracing::warn!(
-                "alert notifications are arriving faster than they can be routed; one was dropped"
-            );
+        // Unbounded: changes of state are few, and none may be dropped; only a stopped
+        // broker refuses them.
+        if self.0.send(m).is_err() {
+            tracing::warn!("the broker has stopped; an alert notification was not published");
         }
     }
 }
@@ -247,7 +247,7 @@ impl Broker {
     /// Where alerts publish their changes: `$alerts/<name>` to local subscribers (and through
     /// bridges forwarding it), in the order they happen.
     pub fn alert_sink(&self) -> Arc<dyn sluice_engine::AlertSink> {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Arc<session::Message>>(1024);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Arc<session::Message>>();
         let shared = self.shared.clone();
         tokio::spawn(async move {
             while let Some(m) = rx.recv().await {

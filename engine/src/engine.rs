@@ -205,16 +205,24 @@ impl Engine {
         }
         self.check_query(&def.database, &def.query).await?;
         let name = def.name.clone();
-        self.shared.catalog.change(|d| {
+        // Checked again under the catalog's lock: another CREATE may have won meanwhile.
+        let created = self.shared.catalog.change(|d| {
             if d.alerts.contains_key(&name) {
-                return Err(Error::AlreadyExists {
-                    what: "alert",
-                    name: name.clone(),
-                });
+                return if if_not_exists {
+                    Ok(false)
+                } else {
+                    Err(Error::AlreadyExists {
+                        what: "alert",
+                        name: name.clone(),
+                    })
+                };
             }
             d.alerts.insert(name.clone(), def);
-            Ok(())
+            Ok(true)
         })?;
+        if !created {
+            return Ok(());
+        }
         tracing::info!(alert = %name, "alert created");
         // From the newest catalog, so concurrent changes cannot leave an older set running.
         self.alerts

@@ -394,6 +394,16 @@ function legend(ctx, items, x, y, maxWidth) {
 // ---------------------------------------------------------------------------------------------
 // Line chart
 
+/** Says there is nothing to plot, in the middle of the canvas. */
+function noData(ctx, w, h, st) {
+  ctx.font = FONT;
+  ctx.fillStyle = AXIS_TEXT;
+  ctx.textAlign = 'center';
+  ctx.textBaseline = 'middle';
+  ctx.fillText('No data to plot', w / 2, h / 2);
+  st.layout = null;
+}
+
 /**
  * Horizontal grid lines at the y ticks with their labels left of the plot; `zeroAxis` draws
  * the line at 0 darker (bar charts grow from it).
@@ -463,12 +473,7 @@ function drawLine({ ctx, w, h }, st) {
     }
   }
   if (!xs.length || ymin === Infinity) {
-    ctx.font = FONT;
-    ctx.fillStyle = AXIS_TEXT;
-    ctx.textAlign = 'center';
-    ctx.textBaseline = 'middle';
-    ctx.fillText('No data to plot', w / 2, h / 2);
-    st.layout = null;
+    noData(ctx, w, h, st);
     return;
   }
   const top = st.opts.legend && series.length ? 8 + legend(ctx, series, 8, 6, w - 16) : 12;
@@ -688,12 +693,7 @@ function drawBar({ ctx, w, h }, st) {
   const { labels, values, name } = st.data;
   const finite = values.filter(Number.isFinite);
   if (!labels.length || !finite.length) {
-    ctx.font = FONT;
-    ctx.fillStyle = AXIS_TEXT;
-    ctx.textAlign = 'center';
-    ctx.textBaseline = 'middle';
-    ctx.fillText('No data to plot', w / 2, h / 2);
-    st.layout = null;
+    noData(ctx, w, h, st);
     return;
   }
   const color = st.opts.color;

@@ -51,7 +51,7 @@ pub(crate) fn snapshot(db: &dyn Database, source: &LiveSource) -> serde_json::Va
 pub(crate) async fn live(
     State(l): State<Live>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let ticks = tokio_stream_interval(Duration::from_secs(1));
+    let ticks = ticks(Duration::from_secs(1));
     let stop = l.cancel.clone().cancelled_owned();
     let events = ticks
         .map(move |_| {
@@ -63,7 +63,7 @@ pub(crate) async fn live(
 }
 
 /// A tick now and then every `period`.
-fn tokio_stream_interval(period: Duration) -> impl Stream<Item = ()> {
+fn ticks(period: Duration) -> impl Stream<Item = ()> {
     futures::stream::unfold(
         None,
         move |timer: Option<tokio::time::Interval>| async move {

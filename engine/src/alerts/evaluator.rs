@@ -222,8 +222,11 @@ pub struct Alerts {
     entries: parking_lot::Mutex<BTreeMap<String, Entry>>,
     /// `<data_dir>/alerts.json` (none: states are not kept).
     path: Option<std::path::PathBuf>,
-    /// States as last read or written; held while writing, so writes land in order.
-    kept: Arc<parking_lot::Mutex<BTreeMap<String, Kept>>>,
+    /// States as last read or written, with the number of the snapshot written (held while
+    /// writing; a snapshot older than the one on disk is not written over it).
+    kept: Arc<parking_lot::Mutex<(u64, BTreeMap<String, Kept>)>>,
+    /// Numbers the snapshots `keep` takes.
+    snapshots: std::sync::atomic::AtomicU64,
     generations: std::sync::atomic::AtomicU64,
     /// Wakes the scheduler when alerts are added or changed.
     changed: tokio::sync::Notify,
@@ -241,6 +244,7 @@ impl Default for Alerts {
             entries: Default::default(),
             path: None,
             kept: Default::default(),
+            snapshots: Default::default(),
             generations: Default::default(),
             changed: Default::default(),
             http,
@@ -266,7 +270,7 @@ impl Alerts {
         };
         Self {
             path: Some(path),
-            kept: Arc::new(parking_lot::Mutex::new(kept)),
+            kept: Arc::new(parking_lot::Mutex::new((0, kept))),
             ..Self::default()
         }
     }
@@ -274,7 +278,7 @@ impl Alerts {
     /// The state `def` was in before a restart, if it was kept for this very definition.
     fn restore(&self, def: &AlertDef, status: &mut AlertStatus) {
         let kept = self.kept.lock();
-        let Some(k) = kept
+        let Some(k) = (kept.1)
             .get(&def.name)
             .filter(|k| k.definition == def.create_sql())
         else {
@@ -291,11 +295,13 @@ impl Alerts {
         status.error = k.error.clone();
     }
 
-    /// Writes every alert's state (after a change), off the async threads.
+    /// Writes every alert's state (after a change), off the async threads. Writes may run in
+    /// any order; each carries its snapshot's number and an older one is dropped.
     fn keep(&self, entries: &BTreeMap<String, Entry>) {
         let Some(path) = self.path.clone() else {
             return;
         };
+        let number = 1 + (self.snapshots).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let now: BTreeMap<String, Kept> = (entries.iter())
             .filter(|(_, e)| e.status.state != AlertState::Pending)
             .map(|(name, e)| {
@@ -312,9 +318,12 @@ impl Alerts {
         let kept = self.kept.clone();
         tokio::task::spawn_blocking(move || {
             let mut kept = kept.lock();
+            if kept.0 > number {
+                return;
+            }
             let bytes = serde_json::to_vec_pretty(&now).unwrap_or_default();
             match crate::catalog::write_atomic(&path, &bytes) {
-                Ok(()) => *kept = now,
+                Ok(()) => *kept = (number, now),
                 Err(e) => tracing::warn!(error = %e, "keeping alert states failed"),
             }
         });
