@@ -1,0 +1,111 @@
+//! What the replicated logs carry: one openraft type configuration for every group (the
+//! metadata group and the data shards), so that one connection pool serves them all.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+openraft::declare_raft_types!(
+    /// Sluice's raft types: node ids are `u64`, a node is known by its node-to-node address.
+    pub Tc:
+        D = Command,
+        R = Response,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+);
+
+/// A log entry's payload, as committed by a group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Rows for one table: the body of the engine's log record (the bytes the single-node
+    /// log holds for the same write).
+    Write(#[serde(with = "as_bytes")] Bytes),
+    /// A catalog statement (the metadata group).
+    Catalog(String),
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Command::Write(b) => write!(f, "write({} bytes)", b.len()),
+            Command::Catalog(s) => write!(f, "catalog({s})"),
+        }
+    }
+}
+
+/// What applying a [`Command`] answered.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// Rows applied.
+    pub rows: u64,
+    /// Why the command was refused, when it was (it is committed and refused on every node
+    /// alike, so every replica stays the same).
+    pub error: Option<String>,
+}
+
+/// A raft group: the metadata group or one data shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum GroupId {
+    /// Catalog, shard placement and the manifests of Parquet files.
+    Meta,
+    /// One data shard.
+    Shard(u32),
+}
+
+impl fmt::Display for GroupId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GroupId::Meta => f.write_str("meta"),
+            GroupId::Shard(n) => write!(f, "shard-{n}"),
+        }
+    }
+}
+
+/// `Bytes` as a CBOR byte string (serde's default would be a sequence of numbers).
+pub(crate) mod as_bytes {
+    use bytes::Bytes;
+    use serde::de::{Error, SeqAccess, Visitor};
+    use serde::{Deserializer, Serializer};
+    use std::fmt;
+
+    pub(crate) fn serialize<S: Serializer>(b: &Bytes, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(b)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Bytes;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Bytes, E> {
+                Ok(Bytes::copy_from_slice(v))
+            }
+            fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Bytes, E> {
+                Ok(Bytes::from(v))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Bytes, A::Error> {
+                let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 20));
+                while let Some(b) = seq.next_element::<u8>()? {
+                    v.push(b);
+                }
+                Ok(Bytes::from(v))
+            }
+        }
+        d.deserialize_byte_buf(V)
+    }
+}
+
+/// Encodes `value` as CBOR.
+pub(crate) fn to_cbor<T: Serialize>(value: &T) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    ciborium::into_writer(value, &mut out).map_err(std::io::Error::other)?;
+    Ok(out)
+}
+
+/// Decodes CBOR made by [`to_cbor`].
+pub(crate) fn from_cbor<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> std::io::Result<T> {
+    ciborium::from_reader(bytes)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
+}
