@@ -108,6 +108,23 @@ impl Sluice {
     }
 }
 
+impl Sluice {
+    /// The value of metric `name` on `/metrics` (0 when absent).
+    pub async fn metric(&self, name: &str) -> anyhow::Result<f64> {
+        let text = (self.client)
+            .get(format!("http://{}/metrics", self.http))
+            .send()
+            .await?
+            .text()
+            .await?;
+        Ok(text
+            .lines()
+            .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .find_map(|v| v.trim().parse().ok())
+            .unwrap_or(0.0))
+    }
+}
+
 /// The runners' async runtime: two workers, like the machine.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()

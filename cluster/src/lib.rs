@@ -7,9 +7,9 @@
 //!
 //! Built so far: the durable raft log ([`LogStore`], passing openraft's storage test suite),
 //! the state machine ([`StateMachine`] over an [`Apply`]), the node-to-node network (one
-//! multiplexed TCP connection per peer for every group: [`Pool`], [`serve`]) and a node's
-//! groups ([`Node`]). Not yet: the `[cluster]` configuration, shard placement, and the engine
-//! and broker writing through the groups.
+//! multiplexed TCP connection per peer for every group: [`Pool`], [`serve`]), a node's
+//! groups ([`Node`]) and shard placement ([`place`], [`shard_of`]). Not yet: the
+//! `[cluster]` configuration, and the engine and broker writing through the groups.
 //!
 //! # Why openraft 0.10 (a pinned pre-release) and not 0.9
 //!
@@ -27,11 +27,13 @@
 mod log;
 mod net;
 mod node;
+mod placement;
 mod sm;
 mod types;
 
 pub use log::{LogStore, LogWriter};
 pub use net::{CallError, GroupNetwork, GroupPeer, Handler, Pool, serve};
 pub use node::{DynApply, GroupMachine, GroupRaft, Node, raft_config};
+pub use placement::{ShardPlacement, place, shard_of};
 pub use sm::{Apply, StateMachine};
 pub use types::{Command, GroupId, Response, Tc};
