@@ -43,6 +43,8 @@ use tokio_util::sync::CancellationToken;
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// First wait after a failed connection.
 const MIN_BACKOFF: Duration = Duration::from_millis(200);
+/// Most messages stored with one log submission.
+const MAX_BATCH: usize = 256;
 /// Longest wait between attempts to store a message refused for a passing reason.
 const MAX_RETRY: Duration = Duration::from_secs(5);
 
@@ -493,6 +495,67 @@ struct Handled {
     route: Option<Arc<Message>>,
 }
 
+/// Stores received messages with one log submission (see the module docs); a message that
+/// cannot go with the others (a redelivery, one too large, one refused or needing its table
+/// created) is stored alone by [`handle`]. Returns those handled, in order (one the bridge
+/// stopped before storing is left out: it is not acknowledged).
+async fn store_batch(ctx: Arc<Context>, mut rs: Vec<Received>) -> Vec<Handled> {
+    if rs.len() == 1 {
+        let r = rs.pop().expect("one message");
+        return handle(ctx, r).await.into_iter().collect();
+    }
+    let max = ctx.shared.config.max_packet_size as usize;
+    let (mut together, mut at) = (Vec::new(), Vec::new());
+    for (i, r) in rs.iter().enumerate() {
+        if r.dup || r.payload.len() > max {
+            continue;
+        }
+        let origin = (r.qos != QoS::AtMostOnce)
+            .then(|| Origin::new(&ctx.config.name, r.pkid, &r.topic, &r.payload));
+        together.push((Arc::new(local_message(&ctx, r)), origin));
+        at.push(i);
+    }
+    let user = Some(&*ctx.client_id);
+    let outcome = match ingest::try_store_batch(&ctx.shared, &together, user).await {
+        Ok(o) => o,
+        // The log failed: each is retried alone.
+        Err(_) => vec![ingest::Batched::Alone; together.len()],
+    };
+    let mut done: Vec<Option<Arc<Message>>> = vec![None; rs.len()];
+    for ((i, (message, _)), o) in at.into_iter().zip(together).zip(outcome) {
+        if o == ingest::Batched::Stored {
+            ctx.status.stored.fetch_add(1, Ordering::Relaxed);
+        }
+        if o != ingest::Batched::Alone {
+            done[i] = Some(message);
+        }
+    }
+    let mut out = Vec::with_capacity(rs.len());
+    for (r, message) in rs.into_iter().zip(done) {
+        match message {
+            Some(m) => out.push(Handled {
+                received: r,
+                route: Some(m),
+            }),
+            None => out.extend(Box::pin(handle(ctx.clone(), r)).await),
+        }
+    }
+    out
+}
+
+/// The local form of a message received from the remote.
+fn local_message(ctx: &Context, r: &Received) -> Message {
+    Message {
+        topic: Arc::from(local_topic(&ctx.config, &r.topic)),
+        payload: r.payload.clone(),
+        qos: r.qos,
+        retain: r.retain,
+        properties: r.properties.clone(),
+        expires: None,
+        origin: ctx.client_id.clone(),
+    }
+}
+
 /// Stores one received message (see the module docs); `None` when the bridge stopped
 /// before it could be stored (it is then not acknowledged, and the remote keeps it).
 async fn handle(ctx: Arc<Context>, r: Received) -> Option<Handled> {
@@ -507,15 +570,7 @@ async fn handle(ctx: Arc<Context>, r: Received) -> Option<Handled> {
             route: None,
         });
     }
-    let message = Arc::new(Message {
-        topic: Arc::from(local_topic(&ctx.config, &r.topic)),
-        payload: r.payload.clone(),
-        qos: r.qos,
-        retain: r.retain,
-        properties: r.properties.clone(),
-        expires: None,
-        origin: ctx.client_id.clone(),
-    });
+    let message = Arc::new(local_message(&ctx, &r));
     let mut wait = Duration::from_millis(50);
     let max = ctx.shared.config.max_packet_size as usize;
     loop {
@@ -610,7 +665,7 @@ async fn settle<F>(
     pending: &mut FuturesOrdered<F>,
     unacked: &mut VecDeque<Handled>,
 ) where
-    F: std::future::Future<Output = Option<Handled>>,
+    F: std::future::Future<Output = Vec<Handled>>,
 {
     while let Some(done) = pending.next().await {
         unacked.extend(done);
@@ -696,14 +751,27 @@ async fn run(
                     }
                 }
                 Ok(Got::Message(r)) => {
-                    status.received.fetch_add(1, Ordering::Relaxed);
-                    // Each store runs on its own task: stores proceed on both cores, and a
-                    // window of a thousand stores is not re-polled as one task's futures.
-                    let store = tokio::spawn(handle(ctx.clone(), *r));
+                    // Every message already received goes with it: one log submission for
+                    // them all.
+                    let mut batch = vec![*r];
+                    while batch.len() < MAX_BATCH {
+                        match events.try_next() {
+                            Some(Ok(Got::Message(r))) => batch.push(*r),
+                            Some(other) => {
+                                events.defer(other);
+                                break;
+                            }
+                            None => break,
+                        }
+                    }
+                    status.received.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    // Each batch is stored on its own task: batches proceed on both cores,
+                    // and a window of stores is not re-polled as one task's futures.
+                    let store = tokio::spawn(store_batch(ctx.clone(), batch));
                     pending.push_back(async move {
                         store.await.unwrap_or_else(|e| {
-                            tracing::error!(error = %e, "a bridged message's store failed; not acknowledged");
-                            None
+                            tracing::error!(error = %e, "a bridged batch's store failed; not acknowledged");
+                            Vec::new()
                         })
                     });
                 }
@@ -761,6 +829,8 @@ async fn run(
 /// bridge waits for stores.
 struct Driver {
     rx: tokio::sync::mpsc::Receiver<Result<Got, String>>,
+    /// An event taken early (while gathering a batch), returned first.
+    deferred: Option<Result<Got, String>>,
     resume: tokio::sync::mpsc::Sender<()>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -782,15 +852,36 @@ impl Driver {
                 }
             }
         });
-        Self { rx, resume, task }
+        Self {
+            rx,
+            deferred: None,
+            resume,
+            task,
+        }
     }
 
     /// The next event (an error: the connection is down).
     async fn next(&mut self) -> Result<Got, String> {
+        if let Some(e) = self.deferred.take() {
+            return e;
+        }
         self.rx
             .recv()
             .await
             .unwrap_or_else(|| Err("connection task ended".into()))
+    }
+
+    /// The next event if one is already waiting.
+    fn try_next(&mut self) -> Option<Result<Got, String>> {
+        match self.deferred.take() {
+            Some(e) => Some(e),
+            None => self.rx.try_recv().ok(),
+        }
+    }
+
+    /// Keeps `event` to be returned by the next call.
+    fn defer(&mut self, event: Result<Got, String>) {
+        self.deferred = Some(event);
     }
 
     /// Lets the connection task reconnect after an error.

@@ -124,6 +124,80 @@ pub(crate) async fn try_store(
     }
 }
 
+/// What [`try_store_batch`] did with one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Batched {
+    /// Its rows are durable.
+    Stored,
+    /// Its topic maps to no table: nothing to store.
+    Unmapped,
+    /// Not stored here: store it alone ([`try_store`] refuses, creates or retries).
+    Alone,
+}
+
+/// Stores `messages` (each with its bridged origin) with one log submission; says, for each
+/// in order, what became of it. `Err`: the log failed and none of them is stored.
+pub(crate) async fn try_store_batch(
+    shared: &Arc<Shared>,
+    messages: &[(Arc<Message>, Option<Origin>)],
+    user: Option<&str>,
+) -> Result<Vec<Batched>, Refusal> {
+    let mut outcome = vec![Batched::Alone; messages.len()];
+    let (mut publications, mut slots) = (Vec::new(), Vec::new());
+    let mut mapped = Vec::with_capacity(messages.len());
+    for (i, (m, _)) in messages.iter().enumerate() {
+        if !shared.auth.allowed(user, Action::Publish, &m.topic) {
+            continue;
+        }
+        match shared
+            .mapper
+            .map(&m.topic, m.properties.as_ref(), &m.payload)
+        {
+            None => outcome[i] = Batched::Unmapped,
+            Some(t) => mapped.push((i, t)),
+        }
+    }
+    for (i, t) in &mapped {
+        if shared.auth.has_rules() {
+            let table = format!("{}.{}", t.database, t.table);
+            if !shared.auth.allowed(user, Action::Write, &table) {
+                continue;
+            }
+        }
+        let auto_create = (shared.config.auto_create_databases.iter()).any(|d| d == t.database);
+        let (m, origin) = &messages[*i];
+        slots.push(*i);
+        publications.push(Publication {
+            database: t.database,
+            table: t.table,
+            format: t.format,
+            payload: &m.payload,
+            fixed: &t.fixed,
+            auto_create,
+            origin: origin.as_ref(),
+        });
+    }
+    if publications.is_empty() {
+        return Ok(outcome);
+    }
+    let receipts = shared
+        .db
+        .publish_batch(publications)
+        .await
+        .map_err(|e| Refusal {
+            reason: error::store_reason(&e),
+            text: e.to_string(),
+            transient: e.is_transient(),
+        })?;
+    for (i, r) in slots.into_iter().zip(receipts) {
+        if let Some(r) = r {
+            outcome[i] = Batched::Stored;
+            (shared.metrics.rows_stored).fetch_add(r.rows as u64, Ordering::Relaxed);
+        }
+    }
+    Ok(outcome)
+}
+
 /// Logs a refused message once and keeps it in the dead letters (a failure to keep it is
 /// logged: the publisher is told of the refusal either way).
 pub(crate) async fn refuse(

@@ -158,6 +158,17 @@ pub trait Database: Send + Sync + 'static {
     /// such table (and not created), so the message is not stored.
     async fn publish(&self, publication: Publication<'_>) -> Result<Option<WriteReceipt>>;
 
+    /// Stores many messages with one log submission (one group commit, one completion), for
+    /// a caller holding many at once (a bridge). Returns, for each publication in order, its
+    /// receipt, or `None` when it was not stored here (no such table, a table to create or
+    /// widen, a payload that does not decode, buffers full): the caller stores those one by
+    /// one with [`Database::publish`], which creates, widens or says why. `Err`: the log
+    /// failed, and none of the batch is acknowledged.
+    async fn publish_batch(
+        &self,
+        publications: Vec<Publication<'_>>,
+    ) -> Result<Vec<Option<WriteReceipt>>>;
+
     /// Keeps a refused message durably in `system.dead_letters`.
     async fn dead_letter(&self, letter: DeadLetter) -> Result<()>;
 

@@ -7,7 +7,7 @@ use crate::api::{
     Database, DeadLetter, Health, Publication, QueryOptions, QueryOutput, WriteReceipt,
 };
 use crate::catalog::{Catalog, TableDef};
-use crate::decode::{Format, decode};
+use crate::decode::{Format, decode, decode_message};
 use crate::error::{Error, Result};
 use crate::origin::{Origin, Origins};
 use crate::provider::Shared;
@@ -396,6 +396,42 @@ impl Database for Engine {
             }
             other => other.map(Some),
         }
+    }
+
+    async fn publish_batch(&self, pubs: Vec<Publication<'_>>) -> Result<Vec<Option<WriteReceipt>>> {
+        let mut out = vec![None; pubs.len()];
+        let bytes = self.shared.tables.buffered_bytes();
+        if bytes > 2 * self.config.buffer.total_max_bytes as u64 {
+            return Ok(out);
+        }
+        let now = now_micros();
+        let (mut records, mut slots) = (Vec::new(), Vec::new());
+        for (i, p) in pubs.iter().enumerate() {
+            let Ok(def) = self.table(p.database, p.table) else {
+                continue;
+            };
+            let fixed = fixed_columns(&def, p.fixed);
+            let Ok(rows) = fixed.and_then(|f| decode_message(&def, p.format, p.payload, now, &f))
+            else {
+                continue;
+            };
+            slots.push((i, rows.len()));
+            records.push(Arc::new(WriteRecord {
+                table_id: def.id,
+                ncols: def.columns.len(),
+                rows,
+                origin: p.origin.cloned(),
+            }));
+        }
+        if records.is_empty() {
+            return Ok(out);
+        }
+        let last = self.wal.append_many(records).await?;
+        let first = last + 1 - slots.len() as u64;
+        for ((i, rows), lsn) in slots.into_iter().zip(first..) {
+            out[i] = Some(WriteReceipt { rows, lsn });
+        }
+        Ok(out)
     }
 
     async fn dead_letter(&self, letter: DeadLetter) -> Result<()> {

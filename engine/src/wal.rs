@@ -34,10 +34,25 @@ pub trait Applier: Send + Sync + 'static {
     fn apply(&self, lsn: u64, record: &WriteRecord);
 }
 
+/// Records appended together (consecutive LSNs, one completion with the last LSN).
 struct Pending {
-    payload: Vec<u8>,
-    record: Arc<WriteRecord>,
+    first: (Vec<u8>, Arc<WriteRecord>),
+    more: Vec<(Vec<u8>, Arc<WriteRecord>)>,
     done: oneshot::Sender<Result<u64>>,
+}
+
+impl Pending {
+    fn records(&self) -> impl Iterator<Item = &(Vec<u8>, Arc<WriteRecord>)> {
+        std::iter::once(&self.first).chain(&self.more)
+    }
+
+    fn len(&self) -> u64 {
+        1 + self.more.len() as u64
+    }
+
+    fn bytes(&self) -> usize {
+        self.records().map(|(p, _)| p.len()).sum()
+    }
 }
 
 /// What replay found.
@@ -225,10 +240,13 @@ impl Wal {
             .name("sluice-apply".into())
             .spawn(move || {
                 while let Ok(group) = group_rx.recv() {
-                    for (lsn, p) in group {
-                        applier.apply(lsn, &p.record);
-                        applied2.store(lsn, Ordering::Release);
-                        let _ = p.done.send(Ok(lsn));
+                    for (first, p) in group {
+                        for (lsn, (_, record)) in (first..).zip(p.records()) {
+                            applier.apply(lsn, record);
+                        }
+                        let last = first + p.len() - 1;
+                        applied2.store(last, Ordering::Release);
+                        let _ = p.done.send(Ok(last));
                     }
                 }
             })
@@ -256,6 +274,27 @@ impl Wal {
     }
 
     async fn append_with(&self, record: Arc<WriteRecord>, wait: bool) -> Result<u64> {
+        let payload = Self::encode(&record)?;
+        self.send(payload, record, Vec::new(), wait).await
+    }
+
+    /// Logs `records` together (consecutive LSNs, in this order) in one group commit, waiting
+    /// for room like [`Wal::append_waiting`]; returns the LSN of the last once all are durable
+    /// and applied. Nothing is logged if one of them cannot be.
+    pub async fn append_many(&self, records: Vec<Arc<WriteRecord>>) -> Result<u64> {
+        let mut encoded = Vec::with_capacity(records.len());
+        for r in records {
+            encoded.push((Self::encode(&r)?, r));
+        }
+        let mut encoded = encoded.into_iter();
+        let Some((payload, record)) = encoded.next() else {
+            return Ok(self.applied_lsn());
+        };
+        self.send(payload, record, encoded.collect(), true).await
+    }
+
+    /// A record's payload, or why it cannot be logged.
+    fn encode(record: &WriteRecord) -> Result<Vec<u8>> {
         if record.ncols > usize::from(u16::MAX) {
             return Err(Error::TooLarge {
                 what: format!("{} columns (at most {})", record.ncols, u16::MAX),
@@ -271,11 +310,21 @@ impl Wal {
                 ),
             });
         }
+        Ok(payload)
+    }
+
+    async fn send(
+        &self,
+        payload: Vec<u8>,
+        record: Arc<WriteRecord>,
+        more: Vec<(Vec<u8>, Arc<WriteRecord>)>,
+        wait: bool,
+    ) -> Result<u64> {
         let (done, wait_done) = oneshot::channel();
         let tx = self.tx.lock().clone().ok_or(Error::ShuttingDown)?;
         let pending = Pending {
-            payload,
-            record,
+            first: (payload, record),
+            more,
             done,
         };
         if wait {
@@ -386,12 +435,12 @@ impl Writer {
                     }
                 },
             };
+            let mut bytes = first.bytes();
             let mut group = vec![first];
-            let mut bytes = group[0].payload.len();
             while bytes < self.config.max_group_bytes {
                 match rx.try_recv() {
                     Ok(p) => {
-                        bytes += p.payload.len();
+                        bytes += p.bytes();
                         group.push(p);
                     }
                     Err(_) => break,
@@ -409,11 +458,14 @@ impl Writer {
                 continue;
             }
             match self.commit(&mut buf, &group) {
-                Ok(first_lsn) => {
+                Ok(mut lsn) => {
                     let numbered = group
                         .into_iter()
-                        .enumerate()
-                        .map(|(i, p)| (first_lsn + i as u64, p))
+                        .map(|p| {
+                            let first = lsn;
+                            lsn += p.len();
+                            (first, p)
+                        })
                         .collect();
                     if out.send(numbered).is_err() {
                         return;
@@ -455,8 +507,9 @@ impl Writer {
         }
         buf.clear();
         let first = self.next_lsn;
-        for (i, p) in group.iter().enumerate() {
-            encode_frame(first + i as u64, p.record.kind(), &p.payload, buf);
+        let records = group.iter().flat_map(Pending::records);
+        for (lsn, (payload, record)) in (first..).zip(records) {
+            encode_frame(lsn, record.kind(), payload, buf);
         }
         let before = self.size;
         let written = self
@@ -483,7 +536,7 @@ impl Writer {
             });
         }
         self.size += buf.len() as u64;
-        self.next_lsn += group.len() as u64;
+        self.next_lsn += group.iter().map(Pending::len).sum::<u64>();
         Ok(first)
     }
 
@@ -575,6 +628,47 @@ mod tests {
         assert_eq!(replayed, live);
         assert_eq!(report.next_lsn, 221);
         assert!(report.cut.is_none());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_appended_together_get_consecutive_lsns() {
+        let dir = tempfile::tempdir().unwrap();
+        let applied = Arc::new(Collect::default());
+        let wal =
+            Arc::new(Wal::start(dir.path(), &config(1 << 20), 1, 64, applied.clone()).unwrap());
+        let mut tasks = Vec::new();
+        for b in 0..20i64 {
+            let w = wal.clone();
+            tasks.push(tokio::spawn(async move {
+                let batch = (0..10).map(|i| rec(b * 10 + i)).collect();
+                w.append_many(batch).await.unwrap()
+            }));
+            let w = wal.clone();
+            tasks.push(tokio::spawn(async move {
+                w.append(rec(1000 + b)).await.unwrap()
+            }));
+        }
+        let mut lasts = Vec::new();
+        for t in tasks {
+            lasts.push(t.await.unwrap());
+        }
+        assert_eq!(wal.applied_lsn(), 220);
+        wal.close();
+        let live = applied.0.lock().clone();
+        let lsns: Vec<u64> = live.iter().map(|(l, _)| *l).collect();
+        assert_eq!(lsns, (1..=220).collect::<Vec<_>>());
+        // Each batch's ten records sit together, in order, ending at the LSN it returned.
+        for (b, last) in lasts.iter().step_by(2).enumerate() {
+            let rows: Vec<_> = (live.iter())
+                .filter(|(l, _)| (last - 9..=*last).contains(l))
+                .map(|(_, r)| r.rows[0][0].clone())
+                .collect();
+            let want: Vec<_> = (0..10).map(|i| Value::Int(b as i64 * 10 + i)).collect();
+            assert_eq!(rows, want);
+        }
+        let mut replayed = Vec::new();
+        replay(dir.path(), |lsn, r| replayed.push((lsn, r.clone()))).unwrap();
+        assert_eq!(replayed, live);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
