@@ -3,8 +3,10 @@
 //!
 //! Each bridge runs one task ([`run`]) that polls its connection (`link`, rumqttc's 3.1.1 or
 //! 5.0 client with a persistent session and manual acks). A received PUBLISH goes through the
-//! same path as a direct one (`ingest`: topic -> table, one durable append), carrying its
-//! [`Origin`] (bridge, packet id, topic, payload digest) into the log record. Only once the
+//! same path as a direct one (`ingest`: topic -> table, a durable append), carrying its
+//! [`Origin`] (bridge, packet id, topic, payload digest) into the log record; the messages
+//! already received when one arrives (up to [`MAX_BATCH`]) are stored together, with one log
+//! submission and one completion, on a task per batch ([`store_batch`]). Only once the
 //! rows are durable is the message acknowledged to the remote broker, in the order received;
 //! then it is routed to local subscribers. So a crash, a kill or a lost connection leaves
 //! every unacknowledged message queued at the remote, which delivers it again (DUP set): one
