@@ -165,16 +165,22 @@ fn write_loop(rx: mpsc::Receiver<Job>) {
 /// Writes `bytes` as the new content of `path` (through a synced temporary file renamed over
 /// it) and returns it open for appending.
 fn rewrite(path: &Path, bytes: &[u8]) -> io::Result<File> {
-    let tmp = path.with_extension("rewrite");
+    replace_synced(path, bytes)?;
+    let mut f = OpenOptions::new().append(true).open(path)?;
+    f.seek(SeekFrom::End(0))?;
+    Ok(f)
+}
+
+/// Replaces `path` with `bytes` durably: a synced temporary file renamed over it, then the
+/// directory synced.
+pub(crate) fn replace_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
     let mut f = File::create(&tmp)?;
     f.write_all(bytes)?;
     f.sync_all()?;
     drop(f);
     std::fs::rename(&tmp, path)?;
-    sync_dir(path.parent().unwrap_or(Path::new(".")))?;
-    let mut f = OpenOptions::new().append(true).open(path)?;
-    f.seek(SeekFrom::End(0))?;
-    Ok(f)
+    sync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {

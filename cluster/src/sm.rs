@@ -16,8 +16,7 @@ use openraft::type_config::alias::{LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMe
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StoredMembership};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -107,23 +106,12 @@ impl<A: Apply> StateMachine<A> {
     async fn keep(&self, stored: Stored) -> io::Result<()> {
         let bytes = to_cbor(&stored)?;
         let path = self.inner.path.clone();
-        tokio::task::spawn_blocking(move || write_synced(&path, &bytes))
+        tokio::task::spawn_blocking(move || crate::log::replace_synced(&path, &bytes))
             .await
             .map_err(io::Error::other)??;
         self.inner.state.lock().snapshot = Some(stored);
         Ok(())
     }
-}
-
-/// Replaces `path` with `bytes` through a synced temporary file.
-fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut f = File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
 }
 
 impl<A: Apply> RaftSnapshotBuilder<Tc> for StateMachine<A> {

@@ -100,9 +100,17 @@ async fn leader(nodes: &BTreeMap<u64, Running>) -> u64 {
     }
 }
 
-async fn write(raft: &GroupRaft, text: String) {
-    let r = raft.client_write(Command::Catalog(text)).await.unwrap();
-    assert_eq!(r.data.rows, 1);
+/// Writes `w<i>` for each `i` of `range` through `raft`, adding them to `want`.
+async fn write(raft: &GroupRaft, range: std::ops::Range<u32>, want: &mut Vec<String>) {
+    for i in range {
+        let text = format!("w{i}");
+        let r = raft
+            .client_write(Command::Catalog(text.clone()))
+            .await
+            .unwrap();
+        assert_eq!(r.data.rows, 1);
+        want.push(text);
+    }
 }
 
 /// Waits until `r` has applied exactly `want`, in order.
@@ -143,11 +151,7 @@ async fn three_nodes_replicate_fail_over_and_catch_up() {
     let first = leader(&nodes).await;
 
     let mut want = Vec::new();
-    for i in 0..200 {
-        let text = format!("w{i}");
-        write(&nodes[&first].raft, text.clone()).await;
-        want.push(text);
-    }
+    write(&nodes[&first].raft, 0..200, &mut want).await;
     for r in nodes.values() {
         applied(r, &want).await;
     }
@@ -157,11 +161,7 @@ async fn three_nodes_replicate_fail_over_and_catch_up() {
     stop(old).await;
     let second = leader(&nodes).await;
     assert_ne!(second, first);
-    for i in 200..300 {
-        let text = format!("w{i}");
-        write(&nodes[&second].raft, text.clone()).await;
-        want.push(text);
-    }
+    write(&nodes[&second].raft, 200..300, &mut want).await;
     for r in nodes.values() {
         applied(r, &want).await;
     }
@@ -171,11 +171,7 @@ async fn three_nodes_replicate_fail_over_and_catch_up() {
     let l = TcpListener::bind(&addr).await.unwrap();
     nodes.insert(first, start(first, dir.path(), l).await);
     let now = leader(&nodes).await;
-    for i in 300..350 {
-        let text = format!("w{i}");
-        write(&nodes[&now].raft, text.clone()).await;
-        want.push(text);
-    }
+    write(&nodes[&now].raft, 300..350, &mut want).await;
     for r in nodes.values() {
         applied(r, &want).await;
     }
