@@ -244,6 +244,10 @@ impl State {
 
     /// Drops the entries at `index` and after.
     fn cut_from(&mut self, index: u64) {
+        // Appending after the last entry (the usual case) cuts nothing.
+        if (self.entries.last_key_value()).is_none_or(|(last, _)| *last < index) {
+            return;
+        }
         for (_, (_, size)) in self.entries.split_off(&index) {
             self.live_bytes -= size;
         }
