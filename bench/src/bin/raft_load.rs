@@ -44,6 +44,10 @@ struct Args {
     /// Concurrent writers.
     #[arg(long, default_value_t = 64)]
     writers: usize,
+    /// Records per write: one raft entry (their encodings concatenated) against one
+    /// `Wal::append_many` (as a bridge stores what it has received).
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
     /// Rounds of each (alternating); medians are reported.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -125,8 +129,9 @@ async fn run(args: Args) -> Result<()> {
     };
     let (s, r) = (median(&mut single), median(&mut replicated));
     println!(
-        "\n{} writes of one reading each, {} concurrent writers, median of {} rounds\n",
+        "\n{} writes of {} reading(s) each, {} concurrent writers, median of {} rounds\n",
         args.writes,
+        args.batch.max(1),
         args.writers,
         args.rounds.max(1)
     );
@@ -192,16 +197,23 @@ async fn single_node(dir: &std::path::Path, args: &Args) -> Result<(f64, f64)> {
         count.clone(),
     )?);
     let w = wal.clone();
+    let args_batch = args.batch.max(1);
     let r = drive(args, move |i| {
         let w = w.clone();
         async move {
-            w.append_waiting(record(i)).await?;
+            match args_batch {
+                1 => w.append_waiting(record(i)).await?,
+                k => {
+                    w.append_many((0..k).map(|j| record(i * k + j)).collect())
+                        .await?
+                }
+            };
             Ok(())
         }
     })
     .await?;
     wal.close();
-    anyhow::ensure!(count.0.load(Ordering::Relaxed) == args.writes as u64);
+    anyhow::ensure!(count.0.load(Ordering::Relaxed) == (args.writes * args_batch) as u64);
     Ok(r)
 }
 
@@ -236,10 +248,12 @@ async fn three_nodes(
     nodes[&1].raft.initialize(members).await?;
     let first = leader(&nodes, None).await?;
     let raft = nodes[&first].raft.clone();
+    let k = args.batch.max(1);
     let r = drive(args, move |i| {
         let raft = raft.clone();
         async move {
-            let bytes = Bytes::from(record(i).encode());
+            let bytes: Vec<u8> = (0..k).flat_map(|j| record(i * k + j).encode()).collect();
+            let bytes = Bytes::from(bytes);
             raft.client_write(Command::Write(bytes))
                 .await
                 .context("replicated write")?;
