@@ -128,13 +128,8 @@ struct SavedFile {
 
 impl SavedFile {
     fn open(path: PathBuf) -> Self {
-        let saved = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                tracing::error!(path = %path.display(), error = %e, "bridges saved by the admin API are unreadable; starting the configured ones only");
-                Saved::default()
-            }),
-            Err(_) => Saved::default(),
-        };
+        let saved = sluice_engine::files::read_state(&path, "bridges saved by the admin API")
+            .unwrap_or_default();
         Self {
             path,
             saved: parking_lot::Mutex::new(saved),
@@ -149,18 +144,7 @@ impl SavedFile {
             path: self.path.clone(),
             source: e.into(),
         })?;
-        let tmp = self.path.with_extension("json.tmp");
-        (|| {
-            use std::io::Write;
-            if let Some(dir) = self.path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &self.path)
-        })()
-        .map_err(|source| BridgeError::Save {
+        sluice_engine::files::replace_file(&self.path, &bytes).map_err(|source| BridgeError::Save {
             path: self.path.clone(),
             source,
         })

@@ -195,22 +195,15 @@ impl Store {
     /// Loads the saved state into `router`; a missing file is an empty state, a damaged one
     /// is reported and set aside (renamed) rather than stopping the server.
     pub(crate) fn load(&self, router: &Router) {
-        let Ok(text) = std::fs::read_to_string(&self.path) else {
-            return;
-        };
-        match serde_json::from_str::<State>(&text) {
-            Ok(state) if state.format == FORMAT => {
+        match sluice_engine::files::read_state::<State>(&self.path, "broker state") {
+            None => {}
+            Some(state) if state.format == FORMAT => {
                 let (s, r) = (state.sessions.len(), state.retained.len());
                 router.restore(state.sessions, state.retained);
                 tracing::info!(sessions = s, retained = r, "broker state restored");
             }
-            Ok(state) => {
+            Some(state) => {
                 tracing::error!(format = state.format, path = %self.path.display(), "unknown broker state format; starting without it")
-            }
-            Err(e) => {
-                let aside = self.path.with_extension("json.damaged");
-                let _ = std::fs::rename(&self.path, &aside);
-                tracing::error!(error = %e, path = %aside.display(), "broker state unreadable; set aside, starting without it");
             }
         }
     }
@@ -224,16 +217,6 @@ impl Store {
             retained,
         };
         let text = serde_json::to_vec(&state).map_err(std::io::Error::other)?;
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir)?;
-        let tmp = self.path.with_extension("json.tmp");
-        {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&text)?;
-            f.sync_data()?;
-        }
-        std::fs::rename(&tmp, &self.path)?;
-        std::fs::File::open(dir)?.sync_all()
+        sluice_engine::files::replace_file(&self.path, &text)
     }
 }

@@ -247,13 +247,7 @@ impl Catalog {
 
 /// Writes `bytes` to `path` so that a crash leaves the old or the new content, never a mix.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
-    f.sync_all().map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-    sync_dir(path.parent().unwrap_or(Path::new(".")))
+    crate::files::replace_file(path, bytes).map_err(|e| Error::io(path, e))
 }
 
 /// fsyncs a directory so a rename or a new file in it survives a power cut.

@@ -26,6 +26,7 @@ pub mod decode;
 pub mod dialect;
 pub mod engine;
 pub mod error;
+pub mod files;
 pub mod functions;
 pub mod hex;
 pub mod hot;

@@ -10,7 +10,6 @@
 //! is that same message. The entries outlive the log segments holding their records: before
 //! segments are deleted, the entries are saved to `<data_dir>/origins.json`.
 
-use crate::catalog::sync_dir;
 use crate::error::{Error, Result};
 use blake2::Digest;
 use std::collections::{BTreeMap, HashMap};
@@ -225,18 +224,7 @@ impl Origins {
             (file, inner.newest)
         };
         let bytes = serde_json::to_vec(&file).map_err(|e| Error::io(&self.path, e.into()))?;
-        let tmp = self.path.with_extension("json.tmp");
-        (|| {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &self.path)
-        })()
-        .map_err(|e| Error::io(&self.path, e))?;
-        if let Some(dir) = self.path.parent() {
-            sync_dir(dir)?;
-        }
+        crate::catalog::write_atomic(&self.path, &bytes)?;
         let mut inner = self.inner.lock();
         inner.saved = inner.saved.max(newest);
         Ok(())

@@ -261,13 +261,7 @@ impl Alerts {
     /// set aside: the states start over, nothing else is lost).
     pub fn open(dir: &std::path::Path) -> Self {
         let path = dir.join("alerts.json");
-        let kept = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                tracing::warn!(path = %path.display(), error = %e, "alert states unreadable; they start over");
-                BTreeMap::new()
-            }),
-            Err(_) => BTreeMap::new(),
-        };
+        let kept = crate::files::read_state(&path, "alert states").unwrap_or_default();
         Self {
             path: Some(path),
             kept: Arc::new(parking_lot::Mutex::new((0, kept))),
