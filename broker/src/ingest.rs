@@ -116,11 +116,16 @@ pub(crate) async fn try_store(
             Ok(true)
         }
         Ok(None) => Ok(false),
-        Err(e) => Err(Refusal {
-            reason: error::store_reason(&e),
-            text: e.to_string(),
-            transient: e.is_transient(),
-        }),
+        Err(e) => Err(refusal_of(e)),
+    }
+}
+
+/// The refusal an engine error means.
+fn refusal_of(e: sluice_engine::Error) -> Refusal {
+    Refusal {
+        reason: error::store_reason(&e),
+        text: e.to_string(),
+        transient: e.is_transient(),
     }
 }
 
@@ -143,40 +148,35 @@ pub(crate) async fn try_store_batch(
     user: Option<&str>,
 ) -> Result<Vec<Batched>, Refusal> {
     let mut outcome = vec![Batched::Alone; messages.len()];
-    let (mut publications, mut slots) = (Vec::new(), Vec::new());
-    let mut mapped = Vec::with_capacity(messages.len());
+    // The targets own the values captured from topics, which the publications borrow.
+    let mut targets = Vec::with_capacity(messages.len());
     for (i, (m, _)) in messages.iter().enumerate() {
+        // A refused message is left to be stored alone, which refuses it with the reason.
         if !shared.auth.allowed(user, Action::Publish, &m.topic) {
             continue;
         }
-        match shared
-            .mapper
-            .map(&m.topic, m.properties.as_ref(), &m.payload)
+        let Some(t) = (shared.mapper).map(&m.topic, m.properties.as_ref(), &m.payload) else {
+            outcome[i] = Batched::Unmapped;
+            continue;
+        };
+        if !shared.auth.has_rules()
+            || (shared.auth).allowed(user, Action::Write, &format!("{}.{}", t.database, t.table))
         {
-            None => outcome[i] = Batched::Unmapped,
-            Some(t) => mapped.push((i, t)),
+            targets.push((i, t));
         }
     }
-    for (i, t) in &mapped {
-        if shared.auth.has_rules() {
-            let table = format!("{}.{}", t.database, t.table);
-            if !shared.auth.allowed(user, Action::Write, &table) {
-                continue;
-            }
-        }
-        let auto_create = (shared.config.auto_create_databases.iter()).any(|d| d == t.database);
-        let (m, origin) = &messages[*i];
-        slots.push(*i);
-        publications.push(Publication {
+    let slots: Vec<usize> = targets.iter().map(|(i, _)| *i).collect();
+    let publications: Vec<Publication> = (targets.iter())
+        .map(|(i, t)| Publication {
             database: t.database,
             table: t.table,
             format: t.format,
-            payload: &m.payload,
+            payload: &messages[*i].0.payload,
             fixed: &t.fixed,
-            auto_create,
-            origin: origin.as_ref(),
-        });
-    }
+            auto_create: (shared.config.auto_create_databases.iter()).any(|d| d == t.database),
+            origin: messages[*i].1.as_ref(),
+        })
+        .collect();
     if publications.is_empty() {
         return Ok(outcome);
     }
@@ -184,11 +184,7 @@ pub(crate) async fn try_store_batch(
         .db
         .publish_batch(publications)
         .await
-        .map_err(|e| Refusal {
-            reason: error::store_reason(&e),
-            text: e.to_string(),
-            transient: e.is_transient(),
-        })?;
+        .map_err(refusal_of)?;
     for (i, r) in slots.into_iter().zip(receipts) {
         if let Some(r) = r {
             outcome[i] = Batched::Stored;

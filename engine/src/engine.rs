@@ -302,24 +302,39 @@ impl Engine {
         wait: bool,
         origin: Option<Origin>,
     ) -> Result<WriteReceipt> {
-        let bytes = self.shared.tables.buffered_bytes();
-        let limit = 2 * self.config.buffer.total_max_bytes as u64;
-        if bytes > limit {
-            return Err(Error::BuffersFull { bytes, limit });
-        }
+        self.room_in_buffers()?;
         let n = rows.len();
-        let record = Arc::new(WriteRecord {
-            table_id: def.id,
-            ncols: def.columns.len(),
-            rows,
-            origin,
-        });
+        let record = write_record(def, rows, origin);
         let lsn = match wait {
             true => self.wal.append_waiting(record).await?,
             false => self.wal.append(record).await?,
         };
         Ok(WriteReceipt { rows: n, lsn })
     }
+
+    /// Refuses writes while the buffers hold twice their budget (flushing has fallen behind).
+    fn room_in_buffers(&self) -> Result<()> {
+        let bytes = self.shared.tables.buffered_bytes();
+        let limit = 2 * self.config.buffer.total_max_bytes as u64;
+        match bytes > limit {
+            true => Err(Error::BuffersFull { bytes, limit }),
+            false => Ok(()),
+        }
+    }
+}
+
+/// The log record of `rows` for table `def`.
+fn write_record(
+    def: &TableDef,
+    rows: Vec<Vec<crate::types::Value>>,
+    origin: Option<Origin>,
+) -> Arc<WriteRecord> {
+    Arc::new(WriteRecord {
+        table_id: def.id,
+        ncols: def.columns.len(),
+        rows,
+        origin,
+    })
 }
 
 /// The apply step, live and on replay: a bridged message's origin is remembered, its rows go
@@ -400,8 +415,7 @@ impl Database for Engine {
 
     async fn publish_batch(&self, pubs: Vec<Publication<'_>>) -> Result<Vec<Option<WriteReceipt>>> {
         let mut out = vec![None; pubs.len()];
-        let bytes = self.shared.tables.buffered_bytes();
-        if bytes > 2 * self.config.buffer.total_max_bytes as u64 {
+        if self.room_in_buffers().is_err() {
             return Ok(out);
         }
         let now = now_micros();
@@ -416,12 +430,7 @@ impl Database for Engine {
                 continue;
             };
             slots.push((i, rows.len()));
-            records.push(Arc::new(WriteRecord {
-                table_id: def.id,
-                ncols: def.columns.len(),
-                rows,
-                origin: p.origin.cloned(),
-            }));
+            records.push(write_record(&def, rows, p.origin.cloned()));
         }
         if records.is_empty() {
             return Ok(out);
