@@ -352,12 +352,10 @@ impl LogStore {
 
     /// Queues one record, the state already changed under the same lock (so the file's
     /// order is the state's order).
-    fn write(&self, st: &mut State, kind: u8, cbor: &[u8], done: Done) -> u64 {
+    fn write(&self, st: &mut State, kind: u8, cbor: &[u8], done: Done) {
         let mut bytes = Vec::with_capacity(cbor.len() + 9);
-        let size = record(&mut bytes, kind, cbor);
-        st.file_bytes += size;
+        st.file_bytes += record(&mut bytes, kind, cbor);
         self.submit(Op::Append(bytes), done);
-        size
     }
 
     fn submit(&self, op: Op, done: Done) {
@@ -377,12 +375,6 @@ impl LogStore {
         st.file_bytes = bytes.len() as u64;
         self.submit(Op::Rewrite(bytes), Done::Nothing);
         Ok(())
-    }
-
-    /// Index of the last entry (or of the last purged one), for status.
-    pub fn last_index(&self) -> Option<u64> {
-        let st = self.shared.state.lock();
-        (st.entries.keys().next_back().copied()).or(st.last_purged.map(|l| l.index()))
     }
 }
 

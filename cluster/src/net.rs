@@ -74,6 +74,7 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>, stop: Can
 }
 
 async fn serve_connection<H: Handler>(stream: TcpStream, handler: Arc<H>, stop: CancellationToken) {
+    let peer = stream.peer_addr().ok();
     let (rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let writer = tokio::spawn(write_frames(wr, rx));
@@ -83,7 +84,14 @@ async fn serve_connection<H: Handler>(stream: TcpStream, handler: Arc<H>, stop: 
             _ = stop.cancelled() => break,
             f = read_frame(&mut rd) => f,
         };
-        let Ok((id, kind, body)) = frame else { break };
+        let (id, kind, body) = match frame {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
+            Err(e) => {
+                tracing::warn!(peer = ?peer, error = %e, "dropping a node connection that sent a bad frame");
+                break;
+            }
+        };
         let (handler, tx) = (handler.clone(), tx.clone());
         tokio::spawn(async move {
             let answer = match handler.handle(kind, body).await {

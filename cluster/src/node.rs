@@ -67,7 +67,7 @@ pub struct Node {
     dir: PathBuf,
     pool: Arc<Pool>,
     writer: Arc<LogWriter>,
-    groups: RwLock<HashMap<GroupId, (GroupRaft, GroupMachine)>>,
+    groups: RwLock<HashMap<GroupId, GroupRaft>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -101,27 +101,22 @@ impl Node {
         let sm = StateMachine::open(&dir.join("sm"), DynApply(apply))?;
         let config = Arc::new(raft_config(&group.to_string())?);
         let network = GroupNetwork::new(self.pool.clone(), group);
-        let raft = Raft::new(self.id, config, network, log, sm.clone())
+        let raft = Raft::new(self.id, config, network, log, sm)
             .await
             .map_err(io::Error::other)?;
-        self.groups.write().insert(group, (raft.clone(), sm));
+        self.groups.write().insert(group, raft.clone());
         Ok(raft)
     }
 
     /// The raft of `group`, if this node has it.
     pub fn group(&self, group: GroupId) -> Option<GroupRaft> {
-        self.groups.read().get(&group).map(|(r, _)| r.clone())
-    }
-
-    /// The state machine of `group`, if this node has it.
-    pub fn machine(&self, group: GroupId) -> Option<GroupMachine> {
-        self.groups.read().get(&group).map(|(_, m)| m.clone())
+        self.groups.read().get(&group).cloned()
     }
 
     /// Stops every group (their logs stay on disk).
     pub async fn shutdown(&self) {
         let groups: Vec<_> = self.groups.write().drain().collect();
-        for (g, (raft, _)) in groups {
+        for (g, raft) in groups {
             if let Err(e) = raft.shutdown().await {
                 tracing::warn!(group = %g, error = %e, "stopping a raft group");
             }
@@ -138,7 +133,13 @@ where
     F: FnOnce(GroupRaft, Req) -> Fut,
     Fut: std::future::Future<Output = Result<Resp, E>>,
 {
-    let req: ToGroup<Req> = from_cbor(body).map_err(|e| format!("bad request: {e}"))?;
+    let req: ToGroup<Req> = (from_cbor(body)).map_err(|e| {
+        format!(
+            "node {}: a {} request that does not decode: {e}",
+            node.id,
+            std::any::type_name::<Req>()
+        )
+    })?;
     let raft = node
         .group(req.group)
         .ok_or_else(|| format!("node {} has no group {}", node.id, req.group))?;

@@ -92,16 +92,6 @@ impl<A: Apply> StateMachine<A> {
         })
     }
 
-    /// The [`Apply`] this state machine feeds.
-    pub fn applier(&self) -> &A {
-        &self.inner.apply
-    }
-
-    /// Index of the last applied entry.
-    pub fn applied_index(&self) -> Option<u64> {
-        self.inner.state.lock().last_applied.map(|l| l.index())
-    }
-
     /// Keeps `stored` as the current snapshot, durably.
     async fn keep(&self, stored: Stored) -> io::Result<()> {
         let bytes = to_cbor(&stored)?;
@@ -183,13 +173,12 @@ impl<A: Apply> RaftStateMachine<Tc> for StateMachine<A> {
         snapshot: Bytes,
     ) -> Result<(), io::Error> {
         self.inner.apply.restore(&snapshot)?;
-        {
+        let already = {
             let mut st = self.inner.state.lock();
             st.last_applied = meta.last_log_id;
             st.membership = meta.last_membership.clone();
-        }
-        let already = (self.inner.state.lock().snapshot.as_ref())
-            .is_some_and(|s| s.meta == *meta && s.data == snapshot);
+            (st.snapshot.as_ref()).is_some_and(|s| s.meta == *meta && s.data == snapshot)
+        };
         if !already {
             let stored = Stored {
                 meta: meta.clone(),
