@@ -211,20 +211,12 @@ async fn the_alerts_api_checks_definitions_and_alerts_outlive_restarts() {
     assert_eq!(s.terminate(), 0);
     let s = Server::start(dir.path(), &[]);
     first_state_becomes(&s, "firing", "firing again after restart").await;
-    let r = s
-        .client()
-        .delete(s.url("/v1/alerts/cold"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 204);
-    let r = s
-        .client()
-        .delete(s.url("/v1/alerts/cold"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 404);
+    let delete = || async {
+        let r = s.client().delete(s.url("/v1/alerts/cold")).send().await;
+        r.unwrap().status().as_u16()
+    };
+    assert_eq!(delete().await, 204);
+    assert_eq!(delete().await, 404);
     assert_eq!(list(&s).await, serde_json::json!([]));
 }
 

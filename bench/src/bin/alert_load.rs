@@ -66,7 +66,7 @@ async fn run(bin: &std::path::Path, dir: &std::path::Path, args: &Args) -> Resul
         .await?;
     let stop = CancellationToken::new();
     let publishers = publish(&sluice, args, stop.clone());
-    // Let the ingest settle (buffers fill, the first flushes happen).
+    // Warm-up: the ingest runs a while before the baseline (buffers fill, first flushes).
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let pid = sluice.pid();
@@ -80,7 +80,12 @@ async fn run(bin: &std::path::Path, dir: &std::path::Path, args: &Args) -> Resul
         sluice.sql(&sql).await?;
     }
     // Every alert runs once before measuring.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let never = "SELECT count(*) AS n FROM system.alerts WHERE evaluations = 0";
+    while count(&sluice, never).await? > 0 {
+        anyhow::ensure!(Instant::now() < deadline, "some alerts never ran in 60 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let evals = "SELECT sum(evaluations) AS n FROM system.alerts";
     let errors = count(
         &sluice,
