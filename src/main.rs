@@ -135,6 +135,11 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding HTTP on {}", cfg.http.listen))?;
     let addr = listener.local_addr()?;
+    // SIGTERM/SIGINT are taken over before the ready lines below: a supervisor that stops the
+    // server as soon as it is up must get a clean shutdown, not the default of dying at once.
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("handling SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("handling SIGINT")?;
     tracing::info!(http = %addr, mqtt = %mqtt_addr, data_dir = %cfg.data_dir.display(), "sluice ready");
     // Lines on stdout that scripts and tests wait for (the ports are real even when 0 was
     // asked); the http line comes last.
@@ -162,13 +167,6 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
 
     let signal_cancel = cancel.clone();
     tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return;
-        };
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
             _ = int.recv() => tracing::info!("SIGINT: shutting down"),
