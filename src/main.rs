@@ -1,6 +1,7 @@
 //! The `sluice` binary: command line, configuration layering and wiring. No logic lives here.
 
 mod admin;
+mod cluster;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -94,7 +95,11 @@ fn main() -> anyhow::Result<()> {
         cfg.mqtt.listen = a;
     }
     cfg.validate()?;
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| cfg.log.clone());
+    // openraft reports every vote and election at info; a cluster's log keeps its warnings.
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| match cfg.log.contains("openraft") {
+        true => cfg.log.clone(),
+        false => format!("{},openraft=warn", cfg.log),
+    });
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
@@ -124,8 +129,32 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("opening data directory {}", cfg.data_dir.display()))?;
     let cancel = CancellationToken::new();
+    let cluster = match &cfg.cluster {
+        None => None,
+        Some(c) => {
+            let cluster = cluster::Cluster::start(c, &cfg.data_dir, &engine, cancel.clone())
+                .await
+                .context("starting the cluster node")?;
+            println!(
+                "sluice: cluster node {} listening on {}",
+                c.node_id, c.listen
+            );
+            Some(cluster)
+        }
+    };
     let background = engine.spawn_background(cancel.clone());
     let db: Arc<dyn sluice_engine::Database> = engine.clone();
+    if let Some(c) = &cluster {
+        let (n, s) = (c.clone(), c.clone());
+        db.add_system_table(
+            "nodes",
+            sluice_engine::api::SystemRows(Arc::new(move || n.nodes_table())),
+        );
+        db.add_system_table(
+            "shards",
+            sluice_engine::api::SystemRows(Arc::new(move || s.shards_table())),
+        );
+    }
     let broker = sluice_broker::Broker::new(&cfg, db.clone(), cancel.clone())?;
     let mqtt = tokio::net::TcpListener::bind(cfg.mqtt.listen)
         .await
@@ -220,6 +249,9 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         .shutdown()
         .await
         .context("persisting buffers at shutdown")?;
+    if let Some(c) = cluster {
+        c.shutdown().await;
+    }
     tracing::info!("stopped cleanly");
     Ok(())
 }

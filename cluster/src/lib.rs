@@ -33,7 +33,7 @@ mod types;
 
 pub use log::{LogStore, LogWriter};
 pub use net::{CallError, GroupNetwork, GroupPeer, Handler, Pool, serve};
-pub use node::{DynApply, GroupMachine, GroupRaft, Node, raft_config};
+pub use node::{DynApply, GroupMachine, GroupRaft, Node, WRITE_DEADLINE, WriteError, raft_config};
 pub use placement::{ShardPlacement, place, shard_of};
 pub use sm::{Apply, StateMachine};
 pub use types::{Command, GroupId, Response, Tc};

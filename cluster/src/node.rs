@@ -6,15 +6,18 @@ use crate::net::{self, GroupNetwork, Handler, Pool, SnapshotRequest, ToGroup};
 use crate::sm::{Apply, StateMachine};
 use crate::types::{Command, GroupId, Response, Tc, from_cbor, to_cbor};
 use bytes::Bytes;
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::{ClientWriteError, RaftError};
 use openraft::type_config::alias::SnapshotOf;
 use openraft::{Config, Raft, SnapshotPolicy};
 use parking_lot::RwLock;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The state machine every group uses: what it applies to is chosen per group.
 pub type GroupMachine = StateMachine<DynApply>;
@@ -68,6 +71,46 @@ pub struct Node {
     pool: Arc<Pool>,
     writer: Arc<LogWriter>,
     groups: RwLock<HashMap<GroupId, GroupRaft>>,
+    /// Node-to-node addresses of every node (for forwarding writes to leaders).
+    peers: RwLock<BTreeMap<u64, String>>,
+}
+
+/// How long [`Node::write`] keeps looking for a leader that takes its command.
+pub const WRITE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How long a write forwarded to another node may take before it is sent again (to the
+/// leader known then; a copy that was committed after all is dropped by the applier).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Why [`Node::write`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// No leader took the command in time; it was not committed.
+    #[error("{group}: no leader accepted the write within {secs} s ({last})")]
+    NoLeader {
+        /// The group.
+        group: GroupId,
+        /// Seconds waited.
+        secs: u64,
+        /// The last thing that went wrong.
+        last: String,
+    },
+    /// The group stopped or failed on this node.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A forwarded client write's answer.
+#[derive(Debug, Serialize, serde::Deserialize)]
+enum WriteAnswer {
+    /// Committed and applied on the leader.
+    Done(Response),
+    /// This node does not lead the group; the leader it knows of, if any.
+    NotLeader(Option<u64>),
+    /// Appended but maybe discarded by a leader change: committed or not, unknown.
+    Unknown(String),
+    /// The group failed here.
+    Failed(String),
 }
 
 impl std::fmt::Debug for Node {
@@ -85,7 +128,121 @@ impl Node {
             pool: Pool::new(),
             writer: LogWriter::start()?,
             groups: RwLock::new(HashMap::new()),
+            peers: RwLock::new(BTreeMap::new()),
         }))
+    }
+
+    /// Sets the node-to-node address of every node (this one included).
+    pub fn set_peers(&self, peers: BTreeMap<u64, String>) {
+        *self.peers.write() = peers;
+    }
+
+    /// Every node's address, by id.
+    pub fn peers(&self) -> BTreeMap<u64, String> {
+        self.peers.read().clone()
+    }
+
+    /// Commits `command` in `group` through the group's leader, wherever it is, and returns
+    /// what applying it answered there. `replicas` are the nodes that may lead the group
+    /// (tried when this node has no replica and no leader is known).
+    ///
+    /// A command is re-sent only when it may have been committed already (a leader died
+    /// after receiving it), or surely was not: so the applier must drop a second copy of a
+    /// command it has applied, which it can tell by an id inside the command.
+    pub async fn write(
+        &self,
+        group: GroupId,
+        command: Command,
+        replicas: &[u64],
+    ) -> Result<Response, WriteError> {
+        let deadline = tokio::time::Instant::now() + WRITE_DEADLINE;
+        let local = self.group(group);
+        let mut target = local
+            .as_ref()
+            .and_then(|r| r.metrics().borrow_watched().current_leader);
+        let mut turn = 0usize;
+        let mut last;
+        loop {
+            let to = match target.take() {
+                Some(t) => t,
+                None if local.is_some() => self.id,
+                None if replicas.is_empty() => {
+                    return Err(WriteError::Failed(format!("{group}: no replicas")));
+                }
+                None => {
+                    turn += 1;
+                    replicas[turn % replicas.len()]
+                }
+            };
+            let answer = if to == self.id {
+                match &local {
+                    Some(raft) => Self::write_local(raft, command.clone()).await,
+                    None => WriteAnswer::NotLeader(None),
+                }
+            } else {
+                self.forward(to, group, &command).await
+            };
+            match answer {
+                WriteAnswer::Done(r) => return Ok(r),
+                WriteAnswer::Failed(e) => return Err(WriteError::Failed(e)),
+                WriteAnswer::NotLeader(leader) => {
+                    last = format!("node {to} does not lead it");
+                    target = leader.filter(|l| *l != to);
+                }
+                WriteAnswer::Unknown(e) => {
+                    last = format!("node {to}: {e}");
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(WriteError::NoLeader {
+                    group,
+                    secs: WRITE_DEADLINE.as_secs(),
+                    last,
+                });
+            }
+            if target.is_none() {
+                // An election is likely under way: let it finish.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                target = local
+                    .as_ref()
+                    .and_then(|r| r.metrics().borrow_watched().current_leader);
+            }
+        }
+    }
+
+    async fn write_local(raft: &GroupRaft, command: Command) -> WriteAnswer {
+        match raft.client_write(command).await {
+            Ok(r) => WriteAnswer::Done(r.data),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                WriteAnswer::NotLeader(f.leader_id)
+            }
+            Err(RaftError::APIError(e @ ClientWriteError::LogEntryDiscarded(_))) => {
+                WriteAnswer::Unknown(e.to_string())
+            }
+            Err(e) => WriteAnswer::Failed(e.to_string()),
+        }
+    }
+
+    async fn forward(&self, to: u64, group: GroupId, command: &Command) -> WriteAnswer {
+        let Some(addr) = self.peers.read().get(&to).cloned() else {
+            return WriteAnswer::NotLeader(None);
+        };
+        let body = match to_cbor(&ToGroup {
+            group,
+            message: command,
+        }) {
+            Ok(b) => b,
+            Err(e) => return WriteAnswer::Failed(e.to_string()),
+        };
+        match self
+            .pool
+            .call(&addr, net::CLIENT_WRITE, &body, FORWARD_TIMEOUT)
+            .await
+        {
+            Ok(b) => from_cbor(&b).unwrap_or_else(|e| WriteAnswer::Unknown(e.to_string())),
+            // Whether the leader got it is unknown: the applier drops a second copy.
+            Err(e) => WriteAnswer::Unknown(e.to_string()),
+        }
     }
 
     /// This node's id.
@@ -170,6 +327,14 @@ impl Handler for Node {
                     r.install_full_snapshot(q.vote, snapshot).await
                 })
                 .await
+            }
+            net::CLIENT_WRITE => {
+                let req: ToGroup<Command> = from_cbor(&body).map_err(|e| e.to_string())?;
+                let answer = match self.group(req.group) {
+                    Some(raft) => Self::write_local(&raft, req.message).await,
+                    None => WriteAnswer::NotLeader(None),
+                };
+                to_cbor(&answer).map_err(|e| e.to_string())
             }
             k => Err(format!("unknown request kind {k}")),
         }

@@ -52,6 +52,9 @@ pub struct Config {
     /// Other MQTT brokers whose messages are stored here (and, optionally, that local
     /// topics are forwarded to).
     pub bridge: Vec<BridgeConfig>,
+    /// Several nodes: absent, this is a single node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for Config {
@@ -71,7 +74,108 @@ impl Default for Config {
             user: Vec::new(),
             acl: Vec::new(),
             bridge: Vec::new(),
+            cluster: None,
         }
+    }
+}
+
+/// This node's place in a cluster: every node runs `sluice serve` with its own `[cluster]`
+/// (same `peers`, `shards` and `replication_factor`, its own `node_id` and `listen`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// This node's id (positive, unique in the cluster).
+    pub node_id: u64,
+    /// Node-to-node address (raft and forwarded writes), e.g. `10.0.0.1:7000`.
+    pub listen: SocketAddr,
+    /// Every node of the cluster, this one included: node id (a TOML key, so written as a
+    /// string: `"2" = "10.0.0.2:7000"`) to its node-to-node address.
+    pub peers: std::collections::BTreeMap<String, String>,
+    /// Object store every node shares for Parquet files: `file:///abs/path` on one machine,
+    /// `s3://bucket/prefix` (with the `[storage]` `s3_*` keys) for real.
+    pub shared_store: String,
+    /// Replicas of each shard (capped by the node count).
+    #[serde(default = "three")]
+    pub replication_factor: usize,
+    /// Data shards; 0: twice the node count.
+    #[serde(default)]
+    pub shards: u32,
+}
+
+fn three() -> usize {
+    3
+}
+
+impl ClusterConfig {
+    /// Every node (this one included), by id, with its node-to-node address; valid after
+    /// [`Config::validate`].
+    pub fn nodes(&self) -> std::collections::BTreeMap<u64, String> {
+        let mut out: std::collections::BTreeMap<u64, String> = (self.peers.iter())
+            .filter_map(|(id, addr)| Some((id.parse().ok()?, addr.clone())))
+            .collect();
+        out.entry(self.node_id)
+            .or_insert_with(|| self.listen.to_string());
+        out
+    }
+
+    /// The number of data shards.
+    pub fn shard_count(&self) -> u32 {
+        match self.shards {
+            0 => 2 * self.nodes().len() as u32,
+            n => n,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |key: &str, reason: String| Error::Invalid {
+            key: format!("cluster.{key}"),
+            reason,
+        };
+        if self.node_id == 0 {
+            return Err(bad("node_id", "must be greater than 0".into()));
+        }
+        for (id, addr) in &self.peers {
+            match id.parse::<u64>() {
+                Ok(n) if n > 0 => {}
+                _ => {
+                    return Err(bad(
+                        "peers",
+                        format!("{id:?}: a node id is a positive integer"),
+                    ));
+                }
+            }
+            match addr.rsplit_once(':') {
+                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+                _ => {
+                    return Err(bad(
+                        &format!("peers.{id}"),
+                        format!("{addr:?}: expected host:port"),
+                    ));
+                }
+            }
+        }
+        if let Some(own) = self.peers.get(&self.node_id.to_string())
+            && own.parse::<SocketAddr>().ok() != Some(self.listen)
+        {
+            return Err(bad(
+                "peers",
+                format!(
+                    "node {} is listed at {own} but listens on {}",
+                    self.node_id, self.listen
+                ),
+            ));
+        }
+        if self.replication_factor == 0 {
+            return Err(bad("replication_factor", "must be greater than 0".into()));
+        }
+        let url = self.shared_store.as_str();
+        if !(url.starts_with("file:///") || url.starts_with("s3://")) {
+            return Err(bad(
+                "shared_store",
+                format!("{url:?}: expected file:///absolute/path or s3://bucket/prefix"),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -630,6 +734,9 @@ impl Config {
                 });
             }
         }
+        if let Some(c) = &self.cluster {
+            c.validate()?;
+        }
         for (i, rule) in self.topic.iter().enumerate() {
             if !matches!(rule.format.as_str(), "auto" | "json" | "csv" | "line") {
                 return Err(Error::Invalid {
@@ -718,6 +825,48 @@ mod tests {
     #[test]
     fn unknown_file_keys_are_refused() {
         assert!(Config::from_toml("[http]\nlistem = \"x\"\n").is_err());
+    }
+
+    #[test]
+    fn cluster_section() {
+        let text = "[cluster]\nnode_id = 2\nlisten = \"127.0.0.1:7002\"\n\
+                    shared_store = \"file:///tmp/shared\"\n\
+                    peers = { 1 = \"127.0.0.1:7001\", 3 = \"127.0.0.1:7003\" }\n";
+        let c = Config::from_toml(text).unwrap();
+        c.validate().unwrap();
+        let cl = c.cluster.as_ref().unwrap();
+        assert_eq!(cl.replication_factor, 3);
+        let nodes = cl.nodes();
+        assert_eq!(nodes.keys().copied().collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert_eq!(nodes[&2], "127.0.0.1:7002");
+        assert_eq!(cl.shard_count(), 6);
+        // A single node has no [cluster] at all.
+        assert!(Config::default().cluster.is_none());
+
+        let mut wrong = c.clone();
+        wrong
+            .cluster
+            .as_mut()
+            .unwrap()
+            .peers
+            .insert("2".into(), "127.0.0.1:9".into());
+        let err = wrong.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("cluster.peers") && err.contains("listens on"),
+            "{err}"
+        );
+        let mut wrong = c.clone();
+        wrong.cluster.as_mut().unwrap().shared_store = "shared".into();
+        let err = wrong.validate().unwrap_err().to_string();
+        assert!(err.contains("cluster.shared_store"), "{err}");
+        let mut wrong = c;
+        wrong
+            .cluster
+            .as_mut()
+            .unwrap()
+            .peers
+            .insert("x".into(), "h:1".into());
+        assert!(wrong.validate().is_err());
     }
 
     #[test]

@@ -137,6 +137,10 @@ pub struct CatalogData {
     /// Alert name -> definition, from `CREATE ALERT` and the HTTP API.
     #[serde(default)]
     pub alerts: BTreeMap<String, crate::alerts::AlertDef>,
+    /// In a cluster: the metadata group's log index of the change this is (0 on a single
+    /// node). Entries at or below it are already here when the log is replayed.
+    #[serde(default)]
+    pub raft_index: u64,
 }
 
 impl Default for CatalogData {
@@ -148,6 +152,7 @@ impl Default for CatalogData {
             databases: BTreeMap::from([(DEFAULT_DATABASE.to_string(), BTreeMap::new())]),
             users: BTreeMap::new(),
             alerts: BTreeMap::new(),
+            raft_index: 0,
         }
     }
 }
@@ -171,6 +176,20 @@ impl CatalogData {
     pub fn tables(&self) -> impl Iterator<Item = &Arc<TableDef>> {
         self.databases.values().flat_map(|t| t.values())
     }
+
+    /// Whether table `id` was ever created here (it may have been dropped since): ids are
+    /// handed out in order and never reused.
+    pub fn allocated(&self, id: u64) -> bool {
+        id < self.next_table_id
+    }
+}
+
+/// Where catalog changes are committed in a cluster (the metadata group).
+pub trait CatalogLog: Send + Sync {
+    /// Commits `next` (the whole catalog after one change, its `version` one past the
+    /// current) and returns once it is installed here ([`Catalog::install`]), or why not.
+    /// Called from a multi-threaded tokio runtime's worker; it may block.
+    fn commit(&self, next: &CatalogData) -> Result<()>;
 }
 
 /// The catalog, shared by readers, changed by one writer at a time.
@@ -179,6 +198,14 @@ pub struct Catalog {
     path: PathBuf,
     data: RwLock<Arc<CatalogData>>,
     write: parking_lot::Mutex<()>,
+    /// Set in a cluster: changes are committed there, not written here directly.
+    log: std::sync::OnceLock<Arc<dyn CatalogLog>>,
+}
+
+impl std::fmt::Debug for dyn CatalogLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CatalogLog")
+    }
 }
 
 impl Catalog {
@@ -214,6 +241,7 @@ impl Catalog {
             path,
             data: RwLock::new(Arc::new(data)),
             write: parking_lot::Mutex::new(()),
+            log: std::sync::OnceLock::new(),
         })
     }
 
@@ -229,12 +257,51 @@ impl Catalog {
         let mut next = (*self.snapshot()).clone();
         let out = change(&mut next)?;
         next.version += 1;
+        if let Some(log) = self.log.get() {
+            log.commit(&next)?;
+            return Ok(out);
+        }
         write_atomic(
             &self.path,
             &serde_json::to_vec_pretty(&next).expect("serialisable"),
         )?;
         *self.data.write() = Arc::new(next);
         Ok(out)
+    }
+
+    /// From now on, changes are committed through `log` (a cluster's metadata group).
+    pub fn replicate_through(&self, log: Arc<dyn CatalogLog>) {
+        let _ = self.log.set(log);
+    }
+
+    /// Installs a change committed at `raft_index` of the metadata group (on every node, in
+    /// log order). `Ok(false)`: it was installed before (the log is being replayed). A
+    /// change made from an older version than the current one (another node changed the
+    /// catalog meanwhile) is refused, on every node alike.
+    pub fn install(&self, raft_index: u64, next: &[u8]) -> Result<bool> {
+        let mut next: CatalogData = serde_json::from_slice(next).map_err(|e| Error::Corrupt {
+            what: "catalog change from the metadata group".into(),
+            reason: e.to_string(),
+        })?;
+        let cur = self.snapshot();
+        if raft_index <= cur.raft_index {
+            return Ok(false);
+        }
+        if next.version != cur.version + 1 {
+            return Err(Error::invalid(format!(
+                "the catalog changed on another node meanwhile (version {} is now {}); \
+                 run the statement again",
+                next.version - 1,
+                cur.version
+            )));
+        }
+        next.raft_index = raft_index;
+        write_atomic(
+            &self.path,
+            &serde_json::to_vec_pretty(&next).expect("serialisable"),
+        )?;
+        *self.data.write() = Arc::new(next);
+        Ok(true)
     }
 
     /// Allocates a table id inside a change.

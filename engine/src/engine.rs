@@ -24,7 +24,10 @@ use tokio_util::sync::CancellationToken;
 mod maintenance;
 mod messages;
 mod query;
+mod replicated;
 mod statements;
+
+pub use replicated::{Replicator, encode_record};
 
 /// The engine. Cheap to share behind an `Arc`.
 pub struct Engine {
@@ -41,6 +44,10 @@ pub struct Engine {
     alerts: Arc<Alerts>,
     /// Buffers written to Parquet since start.
     flushes: std::sync::atomic::AtomicU64,
+    /// Set when this engine is a cluster node: writes are committed by shard groups.
+    replicator: std::sync::OnceLock<Arc<dyn Replicator>>,
+    /// In a cluster, the order in which this node applied replicated records.
+    cluster_lsn: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -171,6 +178,8 @@ impl Engine {
             graveyard: parking_lot::Mutex::new(Vec::new()),
             alerts,
             flushes: Default::default(),
+            replicator: Default::default(),
+            cluster_lsn: Default::default(),
         }))
     }
 
@@ -261,6 +270,10 @@ impl Engine {
     /// persists all buffers so the next start replays nothing.
     pub async fn shutdown(&self) -> Result<()> {
         self.wal.close();
+        if self.clustered() {
+            // The raft logs keep the rows; the buffers are rebuilt from them at start.
+            return Ok(());
+        }
         self.flush_all().await?;
         self.bury(true).await;
         Ok(())
@@ -305,6 +318,10 @@ impl Engine {
         self.room_in_buffers()?;
         let n = rows.len();
         let record = write_record(def, rows, origin);
+        if let Some(r) = self.replicator.get() {
+            r.commit(def, vec![record]).await?;
+            return Ok(WriteReceipt { rows: n, lsn: 0 });
+        }
         let lsn = match wait {
             true => self.wal.append_waiting(record).await?,
             false => self.wal.append(record).await?,
@@ -420,10 +437,17 @@ impl Database for Engine {
         }
         let now = now_micros();
         let (mut records, mut slots) = (Vec::new(), Vec::new());
+        let mut first_def: Option<Arc<TableDef>> = None;
         for (i, p) in pubs.iter().enumerate() {
             let Ok(def) = self.table(p.database, p.table) else {
                 continue;
             };
+            // In a cluster a batch goes to the shards of one table; other tables' messages
+            // are stored alone by the caller.
+            if self.clustered() && first_def.as_ref().is_some_and(|d| d.id != def.id) {
+                continue;
+            }
+            first_def.get_or_insert_with(|| def.clone());
             let fixed = fixed_columns(&def, p.fixed);
             let Ok(rows) = fixed.and_then(|f| decode_message(&def, p.format, p.payload, now, &f))
             else {
@@ -433,6 +457,13 @@ impl Database for Engine {
             records.push(write_record(&def, rows, p.origin.cloned()));
         }
         if records.is_empty() {
+            return Ok(out);
+        }
+        if let (Some(r), Some(def)) = (self.replicator.get(), &first_def) {
+            r.commit(def, records).await?;
+            for (i, rows) in slots {
+                out[i] = Some(WriteReceipt { rows, lsn: 0 });
+            }
             return Ok(out);
         }
         let last = self.wal.append_many(records).await?;

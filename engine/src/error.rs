@@ -90,6 +90,13 @@ pub enum Error {
     /// The server is shutting down.
     #[error("shutting down")]
     ShuttingDown,
+    /// A cluster's shard or metadata group did not commit a write (no leader in time, a
+    /// group stopped); it was not acknowledged and may be sent again.
+    #[error("not committed by the cluster: {reason}")]
+    Replication {
+        /// What went wrong.
+        reason: String,
+    },
     /// The WAL could not write or sync; nothing of the failed group was acknowledged.
     #[error("write-ahead log failure at {path}: {source}")]
     Wal {
@@ -214,6 +221,7 @@ impl Error {
             Error::Overloaded { .. }
                 | Error::BuffersFull { .. }
                 | Error::ShuttingDown
+                | Error::Replication { .. }
                 | Error::Wal { .. }
                 | Error::WalPoisoned { .. }
                 | Error::Io { .. }

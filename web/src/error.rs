@@ -47,6 +47,7 @@ impl From<Error> for ApiError {
             Error::Overloaded { .. } => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             Error::BuffersFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, "buffers_full"),
             Error::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            Error::Replication { .. } => (StatusCode::SERVICE_UNAVAILABLE, "not_committed"),
             Error::Wal { source, .. } if source.kind() == std::io::ErrorKind::StorageFull => {
                 (StatusCode::INSUFFICIENT_STORAGE, "disk_full")
             }

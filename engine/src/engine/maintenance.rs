@@ -25,6 +25,10 @@ impl Engine {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(tick) => {}
             }
+            if self.clustered() {
+                // Replicated rows are not persisted as Parquet yet: see `replicated`.
+                continue;
+            }
             if let Err(e) = self.flush_due().await {
                 tracing::warn!(error = %e, "flush failed; rows stay in the log and will be retried");
             }

@@ -291,6 +291,12 @@ impl Engine {
                 )])
             }
             Statement::Flush(name) => {
+                if self.clustered() {
+                    return Err(Error::invalid(
+                        "FLUSH TABLE is not available on a cluster node yet: replicated rows \
+                         stay in the shards' raft logs",
+                    ));
+                }
                 let def = self.table(&name.database, &name.table)?;
                 let files = match self.shared.tables.get(def.id) {
                     Some(t) => self.flush_table(&t).await?,

@@ -1,0 +1,537 @@
+//! A `sluice serve` with a `[cluster]` section: this node's raft groups (the metadata group
+//! on every node, the data shards placed on it), wired to the engine. Writes are split by
+//! shard key and committed by each shard's leader (here or forwarded); every replica applies
+//! them to its buffers. Catalog changes are committed by the metadata group. The node with
+//! the lowest id initializes the metadata group, and each shard's preferred leader its shard,
+//! so leaders start spread; leadership moves back to the preferred node when it returns.
+
+use anyhow::Context;
+use arrow::array::{ArrayRef, BooleanArray, StringArray, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+use bytes::Bytes;
+use openraft::BasicNode;
+use openraft::RaftMetrics;
+use openraft::async_runtime::WatchReceiver;
+use parking_lot::Mutex;
+use sluice_cluster::{Apply, Command, GroupId, GroupRaft, Node, Response, ShardPlacement, Tc};
+use sluice_conf::ClusterConfig;
+use sluice_engine::catalog::{CatalogData, CatalogLog, TableDef};
+use sluice_engine::types::Value;
+use sluice_engine::wal::record::WriteRecord;
+use sluice_engine::{Engine, Error, Replicator};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Bytes before the engine record in a shard entry: writer node, writer incarnation, seq.
+const WRITE_HEADER: usize = 24;
+/// How many recent write ids a shard remembers per writer to drop re-sent copies.
+const DEDUP_WINDOW: u64 = 1 << 20;
+
+/// This node of the cluster.
+pub(crate) struct Cluster {
+    node: Arc<Node>,
+    placement: Vec<ShardPlacement>,
+    /// This process's start, in microseconds: with the node id it tells this run's writes
+    /// from an earlier run's.
+    incarnation: u64,
+    seq: AtomicU64,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("node", &self.node.id())
+            .finish()
+    }
+}
+
+fn members(ids: &[u64], peers: &BTreeMap<u64, String>) -> BTreeMap<u64, BasicNode> {
+    ids.iter()
+        .map(|id| {
+            (
+                *id,
+                BasicNode::new(peers.get(id).cloned().unwrap_or_default()),
+            )
+        })
+        .collect()
+}
+
+fn replication(reason: impl std::fmt::Display) -> Error {
+    Error::Replication {
+        reason: reason.to_string(),
+    }
+}
+
+/// Runs `f` to completion from synchronous code on a runtime worker.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+impl Cluster {
+    /// Opens this node's groups under `<data_dir>/cluster`, starts answering peers on
+    /// `cfg.listen`, and joins `engine` to the cluster. Returns once the metadata group has
+    /// applied what this node's log had committed (so the catalog is current before any
+    /// shard applies rows).
+    pub(crate) async fn start(
+        cfg: &ClusterConfig,
+        data_dir: &std::path::Path,
+        engine: &Arc<Engine>,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<Arc<Self>> {
+        let peers = cfg.nodes();
+        let ids: Vec<u64> = peers.keys().copied().collect();
+        let node =
+            Node::new(cfg.node_id, &data_dir.join("cluster")).context("cluster directory")?;
+        node.set_peers(peers.clone());
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .with_context(|| format!("binding the cluster listener on {}", cfg.listen))?;
+        tokio::spawn(sluice_cluster::serve(
+            listener,
+            node.clone(),
+            cancel.clone(),
+        ));
+
+        let meta = node
+            .open_group(GroupId::Meta, Arc::new(MetaApply(Arc::downgrade(engine))))
+            .await
+            .context("opening the metadata group")?;
+        if cfg.node_id == ids[0] {
+            initialize(&meta, members(&ids, &peers)).await?;
+        }
+        let set: BTreeSet<u64> = ids.iter().copied().collect();
+        let placement = sluice_cluster::place(&set, cfg.shard_count(), cfg.replication_factor);
+        let cluster = Arc::new(Self {
+            node: node.clone(),
+            placement: placement.clone(),
+            incarnation: sluice_engine::now_micros() as u64,
+            seq: AtomicU64::new(0),
+        });
+        engine.join_cluster(
+            cluster.clone(),
+            Arc::new(MetaLog {
+                cluster: Arc::downgrade(&cluster),
+                engine: Arc::downgrade(engine),
+            }),
+        );
+        wait_applied(&meta, "metadata").await;
+        for p in &placement {
+            if !p.replicas.contains(&cfg.node_id) {
+                continue;
+            }
+            let apply = Arc::new(ShardApply {
+                engine: Arc::downgrade(engine),
+                seen: Mutex::new(HashMap::new()),
+            });
+            let raft = node
+                .open_group(GroupId::Shard(p.shard), apply)
+                .await
+                .with_context(|| format!("opening shard {}", p.shard))?;
+            if p.replicas[0] == cfg.node_id {
+                initialize(&raft, members(&p.replicas, &peers)).await?;
+            }
+        }
+        tokio::spawn(cluster.clone().keep_preferred_leaders(cancel));
+        Ok(cluster)
+    }
+
+    /// Every group this node has, with its replicas.
+    fn groups(&self) -> Vec<(GroupId, Vec<u64>, GroupRaft)> {
+        let all: Vec<u64> = self.node.peers().keys().copied().collect();
+        std::iter::once((GroupId::Meta, all))
+            .chain((self.placement.iter()).map(|p| (GroupId::Shard(p.shard), p.replicas.clone())))
+            .filter_map(|(g, r)| Some((g, r, self.node.group(g)?)))
+            .collect()
+    }
+
+    /// Hands a shard's leadership back to its preferred replica once that one has caught up
+    /// (after a failover, or at start when another replica won the first election).
+    async fn keep_preferred_leaders(self: Arc<Self>, cancel: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+            for p in &self.placement {
+                let Some(raft) = self.node.group(GroupId::Shard(p.shard)) else {
+                    continue;
+                };
+                let m = raft.metrics().borrow_watched().clone();
+                let preferred = p.replicas[0];
+                if m.current_leader != Some(self.node.id()) || preferred == self.node.id() {
+                    continue;
+                }
+                let matched = (m.replication.as_ref())
+                    .and_then(|r| r.get(&preferred).cloned().flatten())
+                    .map(|l| l.index);
+                if matched.is_some() && matched == m.last_log_index {
+                    tracing::info!(
+                        shard = p.shard,
+                        to = preferred,
+                        "moving shard leadership back"
+                    );
+                    let _ = raft.trigger().transfer_leader(preferred).await;
+                }
+            }
+        }
+    }
+
+    /// `system.nodes`: every node, whether it is this one, and what it leads as seen here.
+    pub(crate) fn nodes_table(&self) -> RecordBatch {
+        let groups = self.groups();
+        let leaders: Vec<Option<u64>> = (groups.iter())
+            .map(|(_, _, r)| r.metrics().borrow_watched().current_leader)
+            .collect();
+        let peers = self.node.peers();
+        let (mut id, mut addr, mut this, mut led) = (vec![], vec![], vec![], vec![]);
+        for (n, a) in &peers {
+            id.push(*n);
+            addr.push(a.clone());
+            this.push(*n == self.node.id());
+            led.push(leaders.iter().filter(|l| **l == Some(*n)).count() as u64);
+        }
+        batch(vec![
+            ("node_id", Arc::new(UInt64Array::from(id)) as ArrayRef),
+            ("address", Arc::new(StringArray::from(addr))),
+            ("this_node", Arc::new(BooleanArray::from(this))),
+            ("groups_led", Arc::new(UInt64Array::from(led))),
+        ])
+    }
+
+    /// `system.shards`: every group this node has a replica of, as this node sees it.
+    pub(crate) fn shards_table(&self) -> RecordBatch {
+        type Row = (String, String, RaftMetrics<Tc>, Option<u64>);
+        let rows: Vec<Row> = (self.groups().into_iter())
+            .map(|(g, replicas, raft)| {
+                let m = raft.metrics().borrow_watched().clone();
+                // On the leader: how far the slowest replica is behind its log.
+                let last = m.last_log_index.unwrap_or(0);
+                let lag = m.replication.as_ref().map(|r| {
+                    (r.values())
+                        .map(|l| last.saturating_sub(l.as_ref().map_or(0, |l| l.index)))
+                        .max()
+                        .unwrap_or(0)
+                });
+                let replicas: Vec<String> = replicas.iter().map(u64::to_string).collect();
+                (g.to_string(), replicas.join(","), m, lag)
+            })
+            .collect();
+        let text = |f: fn(&Row) -> &str| -> ArrayRef {
+            Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
+        };
+        let index = |f: &dyn Fn(&RaftMetrics<Tc>) -> Option<u64>| -> ArrayRef {
+            Arc::new(UInt64Array::from_iter(rows.iter().map(|r| f(&r.2))))
+        };
+        batch(vec![
+            ("shard", text(|r| &r.0)),
+            ("replicas", text(|r| &r.1)),
+            ("leader", index(&|m| m.current_leader)),
+            ("term", index(&|m| Some(m.current_term))),
+            (
+                "state",
+                Arc::new(StringArray::from_iter_values(
+                    (rows.iter()).map(|r| format!("{:?}", r.2.state).to_lowercase()),
+                )),
+            ),
+            ("last_log_index", index(&|m| m.last_log_index)),
+            (
+                "commit_index",
+                index(&|m| m.cluster_committed.map(|l| l.index)),
+            ),
+            ("applied_index", index(&|m| m.last_applied.map(|l| l.index))),
+            (
+                "lag",
+                Arc::new(UInt64Array::from_iter(rows.iter().map(|r| r.3))),
+            ),
+        ])
+    }
+
+    /// Stops this node's groups.
+    pub(crate) async fn shutdown(&self) {
+        self.node.shutdown().await;
+    }
+
+    fn write_id(&self) -> [u8; WRITE_HEADER] {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let mut h = [0u8; WRITE_HEADER];
+        h[..8].copy_from_slice(&self.node.id().to_le_bytes());
+        h[8..16].copy_from_slice(&self.incarnation.to_le_bytes());
+        h[16..].copy_from_slice(&seq.to_le_bytes());
+        h
+    }
+}
+
+fn batch(cols: Vec<(&str, ArrayRef)>) -> RecordBatch {
+    let fields: Vec<Field> = (cols.iter())
+        .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
+        .collect();
+    RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        cols.into_iter().map(|(_, a)| a).collect(),
+    )
+    .unwrap_or_else(|_| {
+        RecordBatch::new_empty(Arc::new(Schema::new(vec![Field::new(
+            "error",
+            DataType::Utf8,
+            true,
+        )])))
+    })
+}
+
+async fn initialize(raft: &GroupRaft, members: BTreeMap<u64, BasicNode>) -> anyhow::Result<()> {
+    if raft
+        .is_initialized()
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+    {
+        return Ok(());
+    }
+    match raft.initialize(members).await {
+        Ok(()) => Ok(()),
+        // Another start got there first: the group is formed.
+        Err(e) if e.api_error().is_some() => Ok(()),
+        Err(e) => Err(anyhow::anyhow!("initializing a raft group: {e}")),
+    }
+}
+
+/// Waits (up to 30 s) until `raft` has applied what this node knew to be committed.
+async fn wait_applied(raft: &GroupRaft, what: &str) {
+    let m = raft.metrics().borrow_watched().clone();
+    let Some(target) = m.local_committed.map(|l| l.index) else {
+        return;
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while raft
+        .metrics()
+        .borrow_watched()
+        .last_applied
+        .map(|l| l.index)
+        < Some(target)
+    {
+        if Instant::now() > deadline {
+            tracing::warn!(group = what, target, "log not applied after 30 s; going on");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The shard key of a row: its first text column (the device or topic) when the table has
+/// one, else its time column, else the whole row.
+fn shard_key(def: &TableDef, row: &[Value], out: &mut Vec<u8>) {
+    out.clear();
+    let col = (def.columns.iter())
+        .position(|c| c.ty == sluice_engine::types::ColumnType::String)
+        .or_else(|| def.time_column());
+    match col.and_then(|i| row.get(i)) {
+        Some(v) => key_bytes(v, out),
+        None => row.iter().for_each(|v| key_bytes(v, out)),
+    }
+}
+
+fn key_bytes(v: &Value, out: &mut Vec<u8>) {
+    match v {
+        Value::Null => {}
+        Value::Bool(b) => out.push(*b as u8),
+        Value::Int(i) | Value::Timestamp(i) => out.extend_from_slice(&i.to_le_bytes()),
+        Value::UInt(u) => out.extend_from_slice(&u.to_le_bytes()),
+        Value::Float(f) => out.extend_from_slice(&f.to_bits().to_le_bytes()),
+        Value::Str(s) => out.extend_from_slice(s.as_bytes()),
+        Value::Bytes(b) => out.extend_from_slice(b),
+        Value::Date(d) => out.extend_from_slice(&d.to_le_bytes()),
+    }
+}
+
+#[async_trait]
+impl Replicator for Cluster {
+    async fn commit(
+        &self,
+        def: &TableDef,
+        records: Vec<Arc<WriteRecord>>,
+    ) -> sluice_engine::Result<()> {
+        let shards = self.placement.len() as u32;
+        let mut by_shard: BTreeMap<u32, Vec<WriteRecord>> = BTreeMap::new();
+        let mut key = Vec::new();
+        for rec in records {
+            let mut split: BTreeMap<u32, Vec<Vec<Value>>> = BTreeMap::new();
+            let rec = Arc::unwrap_or_clone(rec);
+            for row in rec.rows {
+                shard_key(def, &row, &mut key);
+                let s = sluice_cluster::shard_of(&key, shards);
+                split.entry(s).or_default().push(row);
+            }
+            for (s, rows) in split {
+                by_shard.entry(s).or_default().push(WriteRecord {
+                    table_id: rec.table_id,
+                    ncols: rec.ncols,
+                    rows,
+                    origin: rec.origin.clone(),
+                });
+            }
+        }
+        let writes = by_shard.into_iter().flat_map(|(s, recs)| {
+            recs.into_iter().map(move |r| {
+                let mut body = self.write_id().to_vec();
+                body.extend_from_slice(&sluice_engine::encode_record(&r));
+                (s, body)
+            })
+        });
+        let calls = writes.map(|(s, body)| async move {
+            let replicas = &self.placement[s as usize].replicas;
+            let r = (self.node)
+                .write(
+                    GroupId::Shard(s),
+                    Command::Write(Bytes::from(body)),
+                    replicas,
+                )
+                .await
+                .map_err(replication)?;
+            match r.error {
+                Some(e) => Err(replication(format!("shard {s}: {e}"))),
+                None => Ok(()),
+            }
+        });
+        futures::future::try_join_all(calls).await.map(|_| ())
+    }
+}
+
+/// Catalog changes through the metadata group.
+struct MetaLog {
+    cluster: Weak<Cluster>,
+    engine: Weak<Engine>,
+}
+
+impl CatalogLog for MetaLog {
+    fn commit(&self, next: &CatalogData) -> sluice_engine::Result<()> {
+        let (Some(cluster), Some(engine)) = (self.cluster.upgrade(), self.engine.upgrade()) else {
+            return Err(Error::ShuttingDown);
+        };
+        let text = serde_json::to_string(next).map_err(replication)?;
+        let all: Vec<u64> = cluster.node.peers().keys().copied().collect();
+        let r = block_on(
+            cluster
+                .node
+                .write(GroupId::Meta, Command::Catalog(text), &all),
+        )
+        .map_err(replication)?;
+        if let Some(message) = r.error {
+            return Err(Error::InvalidDefinition { message });
+        }
+        // Committed and applied on the leader; wait until this node has it too.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while engine.catalog_version() < next.version {
+            if Instant::now() > deadline {
+                return Err(replication(
+                    "the catalog change is committed but not yet applied on this node",
+                ));
+            }
+            block_on(tokio::time::sleep(Duration::from_millis(2)));
+        }
+        Ok(())
+    }
+}
+
+/// The metadata group's state: the catalog.
+struct MetaApply(Weak<Engine>);
+
+impl Apply for MetaApply {
+    fn apply(&self, index: u64, command: &Command) -> Response {
+        let Command::Catalog(text) = command else {
+            return Response::default();
+        };
+        let Some(engine) = self.0.upgrade() else {
+            return Response::default();
+        };
+        match engine.install_catalog(index, text.as_bytes()) {
+            Ok(_) => Response::default(),
+            Err(e) => Response {
+                rows: 0,
+                error: Some(e.to_string()),
+            },
+        }
+    }
+    fn snapshot(&self) -> io::Result<Bytes> {
+        Err(no_snapshots())
+    }
+    fn restore(&self, _: &[u8]) -> io::Result<()> {
+        Err(no_snapshots())
+    }
+}
+
+/// Groups keep their whole log (nothing is purged yet), so no snapshot is ever built or
+/// sent; one being asked for is a bug, reported rather than answered with an empty state.
+fn no_snapshots() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        "snapshots (Parquet on the shared store) are not built yet; logs are never purged",
+    )
+}
+
+/// A data shard's state: its rows, in the engine's buffers.
+struct ShardApply {
+    engine: Weak<Engine>,
+    /// (writer node, incarnation) -> the writes of it applied recently.
+    seen: Mutex<HashMap<(u64, u64), Recent>>,
+}
+
+/// One writer's recent write ids.
+#[derive(Default)]
+struct Recent {
+    max: u64,
+    seqs: HashSet<u64>,
+}
+
+impl ShardApply {
+    /// Whether the write with this header was applied before (a re-sent copy).
+    fn seen_before(&self, header: &[u8]) -> bool {
+        let word = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().unwrap_or_default());
+        let (writer, seq) = ((word(0), word(8)), word(16));
+        let mut seen = self.seen.lock();
+        let recent = seen.entry(writer).or_default();
+        if !recent.seqs.insert(seq) {
+            return true;
+        }
+        recent.max = recent.max.max(seq);
+        if recent.seqs.len() as u64 > 2 * DEDUP_WINDOW {
+            let floor = recent.max.saturating_sub(DEDUP_WINDOW);
+            recent.seqs.retain(|s| *s >= floor);
+        }
+        false
+    }
+}
+
+impl Apply for ShardApply {
+    fn apply(&self, _index: u64, command: &Command) -> Response {
+        let Command::Write(body) = command else {
+            return Response::default();
+        };
+        let Some(engine) = self.engine.upgrade() else {
+            return Response::default();
+        };
+        if body.len() < WRITE_HEADER || self.seen_before(&body[..WRITE_HEADER]) {
+            return Response::default();
+        }
+        match engine.apply_replicated(&body[WRITE_HEADER..]) {
+            Ok(rows) => Response { rows, error: None },
+            Err(e) => {
+                tracing::error!(error = %e, "a committed write could not be applied");
+                Response {
+                    rows: 0,
+                    error: Some(e.to_string()),
+                }
+            }
+        }
+    }
+    fn snapshot(&self) -> io::Result<Bytes> {
+        Err(no_snapshots())
+    }
+    fn restore(&self, _: &[u8]) -> io::Result<()> {
+        Err(no_snapshots())
+    }
+}

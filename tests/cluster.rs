@@ -1,0 +1,250 @@
+//! Three `sluice serve` processes on 127.0.0.1 form a cluster. A device publishes numbered
+//! QoS 1 messages to one node while another node is killed with SIGKILL and restarted, and
+//! the leader of the metadata group is frozen with SIGSTOP and resumed; every PUBACKed
+//! message must then be in the table exactly once, through every node's SQL.
+
+mod common;
+
+use common::{Server, eventually, eventually_eq};
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Groups each node has: the metadata group and 6 shards (twice the node count), each on
+/// every node (replication factor 3).
+const GROUPS: usize = 7;
+
+struct Cluster {
+    dirs: BTreeMap<u64, PathBuf>,
+    configs: BTreeMap<u64, String>,
+    nodes: BTreeMap<u64, Server>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Cluster {
+    fn start(root: &Path) -> Cluster {
+        let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
+        let peers: Vec<String> = (ports.iter())
+            .map(|(id, p)| format!("{id} = \"127.0.0.1:{p}\""))
+            .collect();
+        let shared = root.join("shared");
+        let mut c = Cluster {
+            dirs: BTreeMap::new(),
+            configs: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+        };
+        for (id, port) in &ports {
+            let dir = root.join(format!("n{id}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let config = format!(
+                "[cluster]\nnode_id = {id}\nlisten = \"127.0.0.1:{port}\"\n\
+                 shared_store = \"file://{}\"\npeers = {{ {} }}\n",
+                shared.display(),
+                peers.join(", ")
+            );
+            c.dirs.insert(*id, dir);
+            c.configs.insert(*id, config);
+        }
+        for id in 1..=3 {
+            c.restart(id);
+        }
+        c
+    }
+
+    fn restart(&mut self, id: u64) {
+        let s = Server::start_with_config(&self.dirs[&id], &self.configs[&id]);
+        self.nodes.insert(id, s);
+    }
+
+    fn node(&self, id: u64) -> &Server {
+        &self.nodes[&id]
+    }
+
+    /// Waits until every running node sees a leader for each of its groups.
+    async fn settled(&self) {
+        for (id, s) in &self.nodes {
+            eventually_eq(
+                &format!("node {id} sees a leader for every group"),
+                30,
+                &(GROUPS as u64),
+                || s.count("SELECT count(leader) FROM system.shards"),
+            )
+            .await;
+        }
+    }
+}
+
+/// Publishes `{"ts", "device", "seq"}` for seq = 0, 1, ... to `port` one at a time, each
+/// after the PUBACK of the one before, until `stop`; sends each acknowledged seq on `acked`.
+async fn device(
+    port: u16,
+    acked: tokio::sync::mpsc::UnboundedSender<u64>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut o = MqttOptions::new("cluster-device", "127.0.0.1", port);
+    o.set_keep_alive(Duration::from_secs(30));
+    let (client, mut el) = AsyncClient::new(o, 10);
+    let (tx, mut acks) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(ev) = el.poll().await {
+            if let Event::Incoming(Packet::PubAck(a)) = ev
+                && tx.send(a.pkid).is_err()
+            {
+                return;
+            }
+        }
+    });
+    let mut seq = 0u64;
+    while !stop.is_cancelled() {
+        let payload = format!(
+            r#"{{"ts": "2026-11-23T10:00:00Z", "device": "d{}", "seq": {seq}}}"#,
+            seq % 17
+        );
+        client
+            .publish("/iot/r", QoS::AtLeastOnce, false, payload)
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(30), acks.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no PUBACK for message {seq} within 30 s"))
+            .expect("the device's connection ended");
+        acked.send(seq).unwrap();
+        seq += 1;
+    }
+    let _ = client.disconnect().await;
+}
+
+/// Waits until `n` messages have been acknowledged, collecting them into `got`.
+async fn until_acked(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<u64>,
+    got: &mut Vec<u64>,
+    n: usize,
+) {
+    while got.len() < n {
+        let seq = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+            .await
+            .expect("the device went 60 s without an acknowledgement")
+            .expect("the device stopped");
+        got.push(seq);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
+    let root = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start(root.path());
+    c.settled().await;
+    let shards = c.node(1).rows("SELECT * FROM system.shards").await;
+    assert_eq!(shards.len(), GROUPS, "{shards:?}");
+    let nodes = c.node(3).rows("SELECT * FROM system.nodes").await;
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+
+    // A table made through node 1 exists on every node.
+    c.node(1)
+        .sql_ok(
+            "CREATE TABLE iot.r (ts TIMESTAMP, device VARCHAR, seq BIGINT) PARTITION BY ymdh(ts)",
+        )
+        .await;
+    for id in 2..=3 {
+        eventually("the table reaches every node", 20, || async {
+            c.node(id).sql("DESCRIBE iot.r").await.status == 200
+        })
+        .await;
+    }
+
+    // The device publishes to node 2 throughout.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let publisher = tokio::spawn(device(c.node(2).mqtt_port(), tx, stop.clone()));
+    let mut acked = Vec::new();
+    until_acked(&mut rx, &mut acked, 100).await;
+
+    // Node 3, leader of two shards, dies; writes go on through the other two.
+    c.nodes.remove(&3).unwrap().kill9();
+    until_acked(&mut rx, &mut acked, 200).await;
+    c.restart(3);
+    until_acked(&mut rx, &mut acked, 300).await;
+
+    // Node 1 (leader of the metadata group and of two shards) freezes; new leaders take
+    // over; it resumes, steps down and catches up.
+    let led_by_1 = |rows: Vec<serde_json::Value>| -> BTreeMap<String, u64> {
+        (rows.iter())
+            .map(|r| {
+                (
+                    r["shard"].as_str().unwrap().to_string(),
+                    r["term"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let before = led_by_1(
+        (c.node(2))
+            .rows("SELECT shard, term FROM system.shards WHERE leader = 1")
+            .await,
+    );
+    assert!(!before.is_empty(), "node 1 leads nothing before it freezes");
+    let frozen = c.node(1).child.id() as i32;
+    unsafe { libc::kill(frozen, libc::SIGSTOP) };
+    until_acked(&mut rx, &mut acked, 360).await;
+    unsafe { libc::kill(frozen, libc::SIGCONT) };
+    until_acked(&mut rx, &mut acked, 450).await;
+    stop.cancel();
+    publisher.await.unwrap();
+    while let Ok(seq) = rx.try_recv() {
+        acked.push(seq);
+    }
+    c.settled().await;
+    // Every group node 1 led got a new term (an election happened while it was frozen).
+    let after = led_by_1(
+        (c.node(2))
+            .rows("SELECT shard, term FROM system.shards")
+            .await,
+    );
+    for (shard, term) in &before {
+        assert!(
+            after[shard] > *term,
+            "{shard}: term {term} -> {}",
+            after[shard]
+        );
+    }
+
+    assert_eq!(
+        c.node(2)
+            .count("SELECT count(*) FROM system.dead_letters")
+            .await,
+        0,
+        "a message was refused during failover"
+    );
+    let want = acked.len() as u64;
+    for id in 1..=3 {
+        let s = c.node(id);
+        eventually_eq(
+            &format!("node {id} has every acknowledged row once"),
+            30,
+            &(want, want),
+            || async {
+                let r = s
+                    .rows("SELECT count(*) AS n, count(DISTINCT seq) AS d FROM iot.r")
+                    .await;
+                (r[0]["n"].as_u64().unwrap(), r[0]["d"].as_u64().unwrap())
+            },
+        )
+        .await;
+        let seqs: Vec<u64> = (s.rows("SELECT seq FROM iot.r ORDER BY seq").await)
+            .iter()
+            .map(|r| r["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, acked, "node {id}");
+    }
+    for (_, s) in std::mem::take(&mut c.nodes) {
+        assert_eq!(s.terminate(), 0);
+    }
+}
