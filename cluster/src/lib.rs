@@ -8,8 +8,10 @@
 //! Built so far: the durable raft log ([`LogStore`], passing openraft's storage test suite),
 //! the state machine ([`StateMachine`] over an [`Apply`]), the node-to-node network (one
 //! multiplexed TCP connection per peer for every group: [`Pool`], [`serve`]), a node's
-//! groups ([`Node`]) and shard placement ([`place`], [`shard_of`]). Not yet: the
-//! `[cluster]` configuration, and the engine and broker writing through the groups.
+//! groups ([`Node`], with [`Node::write`] committing a command through its group's leader
+//! wherever it is) and shard placement ([`place`], [`shard_of`]). The server wires them to
+//! the engine (`src/cluster.rs`). Not yet: snapshots as Parquet on the shared store, and
+//! purging logs behind them.
 //!
 //! # Why openraft 0.10 (a pinned pre-release) and not 0.9
 //!
