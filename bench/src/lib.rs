@@ -51,11 +51,28 @@ impl Sluice {
 
     /// Starts `bin serve` with its data under `dir/sluice` and waits until it listens.
     pub fn start(bin: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<Self> {
+        Self::start_with_config(bin, dir, None)
+    }
+
+    /// Like [`Sluice::start`], with `config` as the configuration file when given.
+    pub fn start_with_config(
+        bin: &std::path::Path,
+        dir: &std::path::Path,
+        config: Option<&str>,
+    ) -> anyhow::Result<Self> {
         use anyhow::Context;
         use std::io::BufRead;
-        let mut child = std::process::Command::new(bin)
+        let mut cmd = std::process::Command::new(bin);
+        if let Some(text) = config {
+            std::fs::create_dir_all(dir)?;
+            let path = dir.join("sluice.toml");
+            std::fs::write(&path, text)?;
+            cmd.arg("serve").arg("--config").arg(path);
+        } else {
+            cmd.arg("serve");
+        }
+        let mut child = cmd
             .args([
-                "serve",
                 "--http-listen",
                 "127.0.0.1:0",
                 "--mqtt-listen",

@@ -8,6 +8,11 @@
 //! is acknowledged: both brokers handle a connection's packets in order, so by then every
 //! earlier message has been handled (for Sluice: stored, which the runner checks with SQL).
 //!
+//! With `--cluster N`, the peer is a single Sluice node instead of Mosquitto: the same load
+//! goes to an N-node cluster (connections spread over the nodes, each message acknowledged
+//! once its shard's quorum has it on disk) and to one node, alternating, and the ratio is
+//! cluster / single node.
+//!
 //! `cargo build --release -p sluice -p sluice-bench --bins`, then
 //! `~/.cache/sluice-target/release/mqtt_load --qos 1 --connections 8 --messages 200000`
 
@@ -48,6 +53,10 @@ struct Args {
     /// The sluice binary (default: next to this runner).
     #[arg(long)]
     sluice: Option<PathBuf>,
+    /// Measure an N-node cluster (all on this machine) against one node, instead of
+    /// Sluice against Mosquitto.
+    #[arg(long, default_value_t = 0)]
+    cluster: usize,
     /// Skip Mosquitto.
     #[arg(long)]
     no_mosquitto: bool,
@@ -68,11 +77,23 @@ fn main() -> Result<()> {
     for round in 0..args.rounds.max(1) {
         let round_dir = dir.path().join(format!("round{round}"));
         std::fs::create_dir_all(&round_dir)?;
+        if args.cluster > 1 {
+            let c = rt.block_on(run_cluster(&sluice, &round_dir, &args))?;
+            eprintln!(
+                "round {round}: {}-node cluster {:.0} msg/s (p50 {:.2} ms, p99 {:.2} ms)",
+                args.cluster, c.0, c.1, c.2
+            );
+            ours.push(c);
+        }
         let s = rt.block_on(run_sluice(&sluice, &round_dir, &args))?;
         eprintln!(
             "round {round}: Sluice {:.0} msg/s (p50 {:.2} ms, p99 {:.2} ms)",
             s.0, s.1, s.2
         );
+        if args.cluster > 1 {
+            theirs.push(s);
+            continue;
+        }
         ours.push(s);
         if !args.no_mosquitto {
             let m = rt.block_on(run_mosquitto(&round_dir, &args))?;
@@ -88,6 +109,25 @@ fn main() -> Result<()> {
         v[v.len() / 2]
     };
     let ours = median(&mut ours);
+    if args.cluster > 1 {
+        let single = median(&mut theirs);
+        println!(
+            "\nQoS {}, {} connections, window {}, {} payloads, {} messages, median of {} rounds\n",
+            args.qos, args.connections, args.inflight, args.payload, args.messages, args.rounds
+        );
+        println!("| Sluice | messages/s | p50 ms | p99 ms |");
+        println!("|---|---|---|---|");
+        println!(
+            "| {}-node cluster, replication factor {} | {:.0} | {:.2} | {:.2} |",
+            args.cluster, args.cluster, ours.0, ours.1, ours.2
+        );
+        println!(
+            "| single node | {:.0} | {:.2} | {:.2} |",
+            single.0, single.1, single.2
+        );
+        println!("\nratio cluster / single node: {:.2}x", ours.0 / single.0);
+        return Ok(());
+    }
     let what = format!(
         "QoS {}, {} connections, window {}, {} payloads, {} messages",
         args.qos, args.connections, args.inflight, args.payload, args.messages
@@ -132,6 +172,72 @@ async fn run_sluice(bin: &Path, dir: &Path, args: &Args) -> Result<Figures> {
     Ok(figures)
 }
 
+/// Starts an `args.cluster`-node cluster under `dir`, loads it through all its nodes, and
+/// checks every node stored every message.
+async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<Figures> {
+    let ports: Vec<u16> = (0..args.cluster)
+        .map(|_| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            Ok(l.local_addr()?.port())
+        })
+        .collect::<Result<_>>()?;
+    let peers: Vec<String> = (ports.iter().enumerate())
+        .map(|(i, p)| format!("{} = \"127.0.0.1:{p}\"", i + 1))
+        .collect();
+    let mut nodes = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let config = format!(
+            "[cluster]\nnode_id = {}\nlisten = \"127.0.0.1:{port}\"\n\
+             shared_store = \"file://{}\"\npeers = {{ {} }}\n",
+            i + 1,
+            dir.join("shared").display(),
+            peers.join(", ")
+        );
+        nodes.push(Sluice::start_with_config(
+            bin,
+            &dir.join(format!("node{}", i + 1)),
+            Some(&config),
+        )?);
+    }
+    // Every node sees a leader for each of its groups.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for n in &nodes {
+        loop {
+            let r = n
+                .sql("SELECT count(*) - count(leader) AS missing FROM system.shards")
+                .await?;
+            if r.contains("\"missing\":0") {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the cluster elected no leaders in 30 s: {r}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    nodes[0].sql("CREATE DATABASE bench").await?;
+    nodes[0]
+        .sql("CREATE TABLE bench.readings (ts TIMESTAMP, device STRING, seq BIGINT, temp DOUBLE) PARTITION BY ymdh(ts)")
+        .await?;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.mqtt.clone()).collect();
+    let figures = load_spread(&addrs, args).await?;
+    let stored = (args.messages / args.connections) * args.connections;
+    for (i, n) in nodes.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let count = n.sql("SELECT count(*) AS n FROM bench.readings").await?;
+            if count.contains(&format!("\"n\":{stored}")) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("node {} stored {count}, expected {stored} rows", i + 1);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(figures)
+}
+
 async fn run_mosquitto(dir: &Path, args: &Args) -> Result<Figures> {
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -165,10 +271,15 @@ async fn run_mosquitto(dir: &Path, args: &Args) -> Result<Figures> {
 
 /// Runs the load against `addr`; returns messages/s and ack latency percentiles.
 async fn load(addr: &str, args: &Args) -> Result<Figures> {
+    load_spread(&[addr.to_string()], args).await
+}
+
+/// Runs the load with connection `c` to `addrs[c % addrs.len()]`.
+async fn load_spread(addrs: &[String], args: &Args) -> Result<Figures> {
     let per = args.messages / args.connections;
     let mut conns = Vec::new();
     for c in 0..args.connections {
-        conns.push(connect(addr, &format!("load-{c}")).await?);
+        conns.push(connect(&addrs[c % addrs.len()], &format!("load-{c}")).await?);
     }
     let start = Instant::now();
     let mut tasks = Vec::new();
