@@ -26,12 +26,19 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-/// Bytes before the engine record in a shard entry: writer node, writer incarnation, seq.
+/// A shard entry carries writes, each `[length u32][write id][engine record]`; the write id
+/// is the writer node, its incarnation and a sequence number.
+/// Bytes of the write id.
 const WRITE_HEADER: usize = 24;
 /// How many recent write ids a shard remembers per writer to drop re-sent copies.
 const DEDUP_WINDOW: u64 = 1 << 20;
+/// A shard entry stops taking more writes past this size.
+const MAX_BATCH_BYTES: usize = 1 << 20;
+/// Entries a node has in flight per shard; writes queued meanwhile form the next one.
+const BATCHES_IN_FLIGHT: usize = 4;
 
 /// This node of the cluster.
 pub(crate) struct Cluster {
@@ -41,6 +48,8 @@ pub(crate) struct Cluster {
     /// from an earlier run's.
     incarnation: u64,
     seq: AtomicU64,
+    /// Per shard: writes waiting to be shipped ([`ship`]).
+    queues: Vec<mpsc::UnboundedSender<Queued>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -107,11 +116,19 @@ impl Cluster {
         }
         let set: BTreeSet<u64> = ids.iter().copied().collect();
         let placement = sluice_cluster::place(&set, cfg.shard_count(), cfg.replication_factor);
+        let queues = (placement.iter())
+            .map(|p| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(ship(node.clone(), p.shard, p.replicas.clone(), rx));
+                tx
+            })
+            .collect();
         let cluster = Arc::new(Self {
             node: node.clone(),
             placement: placement.clone(),
             incarnation: sluice_engine::now_micros() as u64,
             seq: AtomicU64::new(0),
+            queues,
         });
         engine.join_cluster(
             cluster.clone(),
@@ -375,29 +392,69 @@ impl Replicator for Cluster {
                 });
             }
         }
-        let writes = by_shard.into_iter().flat_map(|(s, recs)| {
-            recs.into_iter().map(move |r| {
-                let mut body = self.write_id().to_vec();
-                body.extend_from_slice(&sluice_engine::encode_record(&r));
-                (s, body)
-            })
-        });
-        let calls = writes.map(|(s, body)| async move {
-            let replicas = &self.placement[s as usize].replicas;
-            let r = (self.node)
-                .write(
-                    GroupId::Shard(s),
-                    Command::Write(Bytes::from(body)),
-                    replicas,
-                )
-                .await
+        let mut waiting = Vec::new();
+        for (s, recs) in by_shard {
+            for r in recs {
+                let mut entry = self.write_id().to_vec();
+                entry.extend_from_slice(&sluice_engine::encode_record(&r));
+                let (tx, rx) = oneshot::channel();
+                self.queues[s as usize]
+                    .send((entry, tx))
+                    .map_err(|_| Error::ShuttingDown)?;
+                waiting.push(rx);
+            }
+        }
+        for rx in waiting {
+            rx.await
+                .map_err(|_| Error::ShuttingDown)?
                 .map_err(replication)?;
-            match r.error {
-                Some(e) => Err(replication(format!("shard {s}: {e}"))),
-                None => Ok(()),
+        }
+        Ok(())
+    }
+}
+
+/// A write waiting to be shipped to its shard: its entry (write id, then the engine
+/// record) and where to say how it went.
+type Queued = (Vec<u8>, oneshot::Sender<Result<(), String>>);
+
+/// Ships a shard's queued writes in batches: every write queued while earlier batches are
+/// in flight goes in the next one, a raft entry carrying many writes (each keeping its own
+/// id), so that the entry's costs (encoding, replication, the apply hand-off) are shared, as
+/// the single-node log shares one fsync among the writes of a group commit.
+async fn ship(
+    node: Arc<Node>,
+    shard: u32,
+    replicas: Vec<u64>,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
+) {
+    let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+    while let Some(first) = rx.recv().await {
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let (mut body, mut waiters) = (Vec::new(), Vec::new());
+        let mut next = Some(first);
+        while let Some((entry, tx)) = next.take() {
+            body.extend_from_slice(&(entry.len() as u32).to_le_bytes());
+            body.extend_from_slice(&entry);
+            waiters.push(tx);
+            if body.len() < MAX_BATCH_BYTES {
+                next = rx.try_recv().ok();
+            }
+        }
+        let (node, replicas) = (node.clone(), replicas.clone());
+        tokio::spawn(async move {
+            let command = Command::Write(Bytes::from(body));
+            let out = match node.write(GroupId::Shard(shard), command, &replicas).await {
+                Ok(Response { error: None, .. }) => Ok(()),
+                Ok(Response { error: Some(e), .. }) => Err(format!("shard {shard}: {e}")),
+                Err(e) => Err(e.to_string()),
+            };
+            drop(permit);
+            for w in waiters {
+                let _ = w.send(out.clone());
             }
         });
-        futures::future::try_join_all(calls).await.map(|_| ())
     }
 }
 
@@ -514,19 +571,27 @@ impl Apply for ShardApply {
         let Some(engine) = self.engine.upgrade() else {
             return Response::default();
         };
-        if body.len() < WRITE_HEADER || self.seen_before(&body[..WRITE_HEADER]) {
-            return Response::default();
-        }
-        match engine.apply_replicated(&body[WRITE_HEADER..]) {
-            Ok(rows) => Response { rows, error: None },
-            Err(e) => {
-                tracing::error!(error = %e, "a committed write could not be applied");
-                Response {
-                    rows: 0,
-                    error: Some(e.to_string()),
+        let (mut rows, mut error) = (0, None);
+        let mut rest = &body[..];
+        while let Some((len, tail)) = rest.split_first_chunk::<4>() {
+            let len = u32::from_le_bytes(*len) as usize;
+            let Some((entry, tail)) = tail.split_at_checked(len) else {
+                error = Some("a truncated write in a shard entry".to_string());
+                break;
+            };
+            rest = tail;
+            if entry.len() < WRITE_HEADER || self.seen_before(&entry[..WRITE_HEADER]) {
+                continue;
+            }
+            match engine.apply_replicated(&entry[WRITE_HEADER..]) {
+                Ok(n) => rows += n,
+                Err(e) => {
+                    tracing::error!(error = %e, "a committed write could not be applied");
+                    error.get_or_insert(e.to_string());
                 }
             }
         }
+        Response { rows, error }
     }
     fn snapshot(&self) -> io::Result<Bytes> {
         Err(no_snapshots())
