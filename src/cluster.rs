@@ -411,6 +411,17 @@ impl Replicator for Cluster {
         }
         Ok(())
     }
+
+    async fn read_barrier(&self) -> sluice_engine::Result<()> {
+        let shards = (self.placement.iter())
+            .filter(|p| p.replicas.contains(&self.node.id()))
+            .map(|p| GroupId::Shard(p.shard));
+        let groups = std::iter::once(GroupId::Meta).chain(shards);
+        futures::future::try_join_all(groups.map(|g| self.node.read_barrier(g)))
+            .await
+            .map(|_| ())
+            .map_err(replication)
+    }
 }
 
 /// A write waiting to be shipped to its shard: its entry (write id, then the engine

@@ -244,6 +244,32 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
             .collect();
         assert_eq!(seqs, acked, "node {id}");
     }
+
+    // Read your writes anywhere: a row acknowledged by one node is seen at once by the
+    // next node's SQL, and a table created on one node is known at once on the next.
+    for i in 0..30u64 {
+        let (w, r) = (i % 3 + 1, (i + 1) % 3 + 1);
+        let seq = 1_000_000 + i;
+        c.node(w)
+            .write_ok(
+                "iot",
+                "r",
+                "application/json",
+                &format!(r#"{{"ts": "2026-11-23T11:00:00Z", "device": "h{i}", "seq": {seq}}}"#),
+            )
+            .await;
+        let q = format!("SELECT count(*) AS n FROM iot.r WHERE seq = {seq}");
+        assert_eq!(
+            c.node(r).count(&q).await,
+            1,
+            "written on node {w}, read on node {r}"
+        );
+    }
+    c.node(3)
+        .sql_ok("CREATE TABLE iot.t2 (ts TIMESTAMP, v DOUBLE) PARTITION BY ymdh(ts)")
+        .await;
+    assert_eq!(c.node(1).count("SELECT count(*) FROM iot.t2").await, 0);
+
     for (_, s) in std::mem::take(&mut c.nodes) {
         assert_eq!(s.terminate(), 0);
     }

@@ -43,6 +43,8 @@ pub(crate) const SNAPSHOT: u8 = 13;
 pub(crate) const TRANSFER_LEADER: u8 = 14;
 /// A client's command, forwarded to the node believed to lead its group.
 pub(crate) const CLIENT_WRITE: u8 = 15;
+/// The index a read must see applied (ReadIndex), asked of the node leading a group.
+pub(crate) const READ_INDEX: u8 = 16;
 /// Largest frame accepted (a snapshot is one frame).
 const MAX_FRAME: usize = 1 << 30;
 /// How long dialing a peer may take.

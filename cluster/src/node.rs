@@ -9,7 +9,7 @@ use bytes::Bytes;
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::type_config::alias::SnapshotOf;
-use openraft::{Config, Raft, SnapshotPolicy};
+use openraft::{Config, Raft, ReadPolicy, SnapshotPolicy};
 use parking_lot::RwLock;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -97,6 +97,17 @@ pub enum WriteError {
     },
     /// The group stopped or failed on this node.
     #[error("{0}")]
+    Failed(String),
+}
+
+/// A read-index request's answer.
+#[derive(Debug, Serialize, serde::Deserialize)]
+enum ReadAnswer {
+    /// Apply up to this index before reading.
+    Index(u64),
+    /// This node does not lead the group.
+    NotLeader,
+    /// The group failed here.
     Failed(String),
 }
 
@@ -207,6 +218,73 @@ impl Node {
                     .as_ref()
                     .and_then(|r| r.metrics().borrow_watched().current_leader);
             }
+        }
+    }
+
+    /// Waits until this node has applied everything `group` had committed when this was
+    /// called (the leader's ReadIndex, confirmed by a quorum), so that a read here sees
+    /// every write acknowledged before it.
+    pub async fn read_barrier(&self, group: GroupId) -> Result<(), WriteError> {
+        let Some(raft) = self.group(group) else {
+            return Err(WriteError::Failed(format!(
+                "node {} has no {group}",
+                self.id
+            )));
+        };
+        let deadline = tokio::time::Instant::now() + WRITE_DEADLINE;
+        let mut last;
+        loop {
+            let leader = raft.metrics().borrow_watched().current_leader;
+            let answer = match leader {
+                Some(l) if l == self.id => Self::read_index_local(&raft).await,
+                Some(l) => self.forward_read(l, group).await,
+                None => ReadAnswer::NotLeader,
+            };
+            match answer {
+                ReadAnswer::Index(index) => {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    return (raft.wait(Some(left)))
+                        .applied_index_at_least(Some(index), "read barrier")
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| WriteError::Failed(format!("{group}: {e}")));
+                }
+                ReadAnswer::NotLeader => last = format!("leader {leader:?} did not answer"),
+                ReadAnswer::Failed(e) => last = e,
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(WriteError::NoLeader {
+                    group,
+                    secs: WRITE_DEADLINE.as_secs(),
+                    last,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn read_index_local(raft: &GroupRaft) -> ReadAnswer {
+        match raft.get_read_log_id(ReadPolicy::ReadIndex).await {
+            Ok((read, _)) => ReadAnswer::Index(read.log_id().index),
+            Err(e) if e.forward_to_leader().is_some() => ReadAnswer::NotLeader,
+            Err(e) => ReadAnswer::Failed(e.to_string()),
+        }
+    }
+
+    async fn forward_read(&self, to: u64, group: GroupId) -> ReadAnswer {
+        let Some(addr) = self.peers.read().get(&to).cloned() else {
+            return ReadAnswer::NotLeader;
+        };
+        let Ok(body) = to_cbor(&ToGroup { group, message: () }) else {
+            return ReadAnswer::Failed("encoding a read request".into());
+        };
+        match (self
+            .pool
+            .call(&addr, net::READ_INDEX, &body, FORWARD_TIMEOUT))
+        .await
+        {
+            Ok(b) => from_cbor(&b).unwrap_or_else(|e| ReadAnswer::Failed(e.to_string())),
+            Err(e) => ReadAnswer::Failed(e.to_string()),
         }
     }
 
@@ -333,6 +411,14 @@ impl Handler for Node {
                 let answer = match self.group(req.group) {
                     Some(raft) => Self::write_local(&raft, req.message).await,
                     None => WriteAnswer::NotLeader(None),
+                };
+                to_cbor(&answer).map_err(|e| e.to_string())
+            }
+            net::READ_INDEX => {
+                let req: ToGroup<()> = from_cbor(&body).map_err(|e| e.to_string())?;
+                let answer = match self.group(req.group) {
+                    Some(raft) => Self::read_index_local(&raft).await,
+                    None => ReadAnswer::NotLeader,
                 };
                 to_cbor(&answer).map_err(|e| e.to_string())
             }

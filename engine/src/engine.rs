@@ -391,6 +391,10 @@ fn fixed_columns(def: &TableDef, fixed: &[(String, String)]) -> Result<Vec<(usiz
 #[async_trait]
 impl Database for Engine {
     async fn query(&self, sql: &str, options: &QueryOptions) -> Result<QueryOutput> {
+        if let Some(r) = self.replicator.get() {
+            // Every write acknowledged anywhere before this query is applied here first.
+            r.read_barrier().await?;
+        }
         Engine::query(self, sql, options).await
     }
 

@@ -30,6 +30,10 @@ pub trait Replicator: Send + Sync {
     /// once every one is committed by a quorum of its shard's replicas and applied by its
     /// leader; an error means none of them may be acknowledged.
     async fn commit(&self, def: &TableDef, records: Vec<Arc<WriteRecord>>) -> Result<()>;
+
+    /// Returns once this node has applied every write acknowledged (by any node) before
+    /// the call, so that a query run next sees them.
+    async fn read_barrier(&self) -> Result<()>;
 }
 
 impl std::fmt::Debug for dyn Replicator {
