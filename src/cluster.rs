@@ -21,7 +21,7 @@ use sluice_engine::catalog::{CatalogData, CatalogLog, TableDef};
 use sluice_engine::types::Value;
 use sluice_engine::wal::record::WriteRecord;
 use sluice_engine::{Engine, Error, Replicator};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -33,8 +33,11 @@ use tokio_util::sync::CancellationToken;
 /// is the writer node, its incarnation and a sequence number.
 /// Bytes of the write id.
 const WRITE_HEADER: usize = 24;
-/// How many recent write ids a shard remembers per writer to drop re-sent copies.
+/// How many recent write ids a shard remembers per writer to drop re-sent copies (a
+/// multiple of 64).
 const DEDUP_WINDOW: u64 = 1 << 20;
+/// Incarnations (runs) of one writer node whose write ids a shard remembers.
+const INCARNATIONS_KEPT: usize = 4;
 /// A shard entry stops taking more writes past this size.
 const MAX_BATCH_BYTES: usize = 1 << 20;
 /// Entries a node has in flight per shard; writes queued meanwhile form the next one.
@@ -548,11 +551,58 @@ struct ShardApply {
     seen: Mutex<HashMap<(u64, u64), Recent>>,
 }
 
-/// One writer's recent write ids.
-#[derive(Default)]
+/// One writer incarnation's recent write ids: a bit per sequence number in the window
+/// below the highest seen (128 KiB), decided from the log alone so every replica drops the
+/// same copies.
 struct Recent {
     max: u64,
-    seqs: HashSet<u64>,
+    bits: Vec<u64>,
+}
+
+impl Recent {
+    fn new(first: u64) -> Self {
+        let mut r = Self {
+            max: first,
+            bits: vec![0; (DEDUP_WINDOW / 64) as usize],
+        };
+        r.flip(first);
+        r
+    }
+
+    fn slot(seq: u64) -> (usize, u64) {
+        let i = seq % DEDUP_WINDOW;
+        ((i / 64) as usize, 1 << (i % 64))
+    }
+
+    fn flip(&mut self, seq: u64) {
+        let (w, b) = Self::slot(seq);
+        self.bits[w] ^= b;
+    }
+
+    /// Records `seq`; whether it was recorded before. A sequence number older than the
+    /// window is taken as new: a duplicate row is better than a lost one.
+    fn insert(&mut self, seq: u64) -> bool {
+        if seq > self.max {
+            if seq - self.max >= DEDUP_WINDOW {
+                self.bits.fill(0);
+            } else {
+                for s in self.max + 1..=seq {
+                    let (w, b) = Self::slot(s);
+                    self.bits[w] &= !b;
+                }
+            }
+            self.max = seq;
+            self.flip(seq);
+            return false;
+        }
+        if self.max - seq >= DEDUP_WINDOW {
+            return false;
+        }
+        let (w, b) = Self::slot(seq);
+        let seen = self.bits[w] & b != 0;
+        self.bits[w] |= b;
+        seen
+    }
 }
 
 impl ShardApply {
@@ -561,15 +611,19 @@ impl ShardApply {
         let word = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().unwrap_or_default());
         let (writer, seq) = ((word(0), word(8)), word(16));
         let mut seen = self.seen.lock();
-        let recent = seen.entry(writer).or_default();
-        if !recent.seqs.insert(seq) {
-            return true;
+        if let Some(r) = seen.get_mut(&writer) {
+            return r.insert(seq);
         }
-        recent.max = recent.max.max(seq);
-        if recent.seqs.len() as u64 > 2 * DEDUP_WINDOW {
-            let floor = recent.max.saturating_sub(DEDUP_WINDOW);
-            recent.seqs.retain(|s| *s >= floor);
+        // A writer's new incarnation (it restarted): forget all but its latest few.
+        let mut older: Vec<u64> = (seen.keys())
+            .filter(|(node, _)| *node == writer.0)
+            .map(|(_, inc)| *inc)
+            .collect();
+        older.sort_unstable();
+        while older.len() >= INCARNATIONS_KEPT {
+            seen.remove(&(writer.0, older.remove(0)));
         }
+        seen.insert(writer, Recent::new(seq));
         false
     }
 }
@@ -609,5 +663,30 @@ impl Apply for ShardApply {
     }
     fn restore(&self, _: &[u8]) -> io::Result<()> {
         Err(no_snapshots())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_write_ids_drop_copies_within_the_window() {
+        let mut r = Recent::new(10);
+        assert!(r.insert(10), "the first one again");
+        assert!(!r.insert(12));
+        assert!(!r.insert(11), "an earlier one arriving late is new");
+        assert!(r.insert(11) && r.insert(12));
+        // Far ahead: everything before is forgotten, and bits reused by the ring are clear.
+        let far = 12 + DEDUP_WINDOW;
+        assert!(!r.insert(far));
+        assert!(!r.insert(far - 1));
+        assert!(r.insert(far - 1));
+        assert!(
+            !r.insert(12),
+            "older than the window: kept rather than lost"
+        );
+        assert!(!r.insert(far + 100));
+        assert!(!r.insert(far + 50), "a slot cleared by moving ahead");
     }
 }
