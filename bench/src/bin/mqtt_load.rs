@@ -235,7 +235,64 @@ async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<Figures> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    let (stall, total) = failover(&nodes).await?;
+    eprintln!(
+        "failover: node 1 killed; longest PUBACK wait after it {:.0} ms, {FAILOVER_MESSAGES} \
+         messages acknowledged in {:.0} ms",
+        stall.as_secs_f64() * 1000.0,
+        total.as_secs_f64() * 1000.0
+    );
     Ok(figures)
+}
+
+/// Messages published one at a time through node 2 after node 1 is killed.
+const FAILOVER_MESSAGES: usize = 128;
+
+/// Kills node 1 (it leads the metadata group and its preferred shards) with SIGKILL while a
+/// device publishes to node 2 one message at a time, devices cycling so every shard is
+/// written; returns the longest wait for a PUBACK after the kill (the time until the shards
+/// node 1 led take writes again) and the time to acknowledge them all.
+async fn failover(nodes: &[Sluice]) -> Result<(Duration, Duration)> {
+    let mut s = connect(&nodes[1].mqtt, "failover").await?;
+    let mut buf = BytesMut::new();
+    let mut send = async |s: &mut TcpStream, seq: usize| -> Result<Duration> {
+        let mut p = Publish::new(
+            "/bench/readings",
+            QoS::AtLeastOnce,
+            format!("2026-11-21 11:00:00,fo-{},{seq},1.0", seq % 64),
+        );
+        p.pkid = (seq % 65_535) as u16 + 1;
+        let mut out = BytesMut::new();
+        Packet::Publish(p).write(&mut out, 1 << 20)?;
+        let t = Instant::now();
+        s.write_all(&out).await?;
+        loop {
+            match Packet::read(&mut buf, 1 << 20) {
+                Ok(Packet::PubAck(_)) => return Ok(t.elapsed()),
+                Ok(_) => {}
+                Err(rumqttc::mqttbytes::Error::InsufficientBytes(_)) => {
+                    let n = tokio::time::timeout(Duration::from_secs(30), s.read_buf(&mut buf))
+                        .await
+                        .context("no PUBACK within 30 s")??;
+                    if n == 0 {
+                        bail!("node 2 closed the connection");
+                    }
+                }
+                Err(e) => bail!("{e}"),
+            }
+        }
+    };
+    for seq in 0..64 {
+        send(&mut s, seq).await?;
+    }
+    // SAFETY: kill(2) on a child process this runner started.
+    unsafe { libc::kill(nodes[0].pid() as i32, libc::SIGKILL) };
+    let killed = Instant::now();
+    let mut stall = Duration::ZERO;
+    for seq in 64..64 + FAILOVER_MESSAGES {
+        stall = stall.max(send(&mut s, seq).await?);
+    }
+    Ok((stall, killed.elapsed()))
 }
 
 async fn run_mosquitto(dir: &Path, args: &Args) -> Result<Figures> {
