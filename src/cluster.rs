@@ -415,6 +415,11 @@ impl Replicator for Cluster {
         Ok(())
     }
 
+    fn evaluates_alerts(&self) -> bool {
+        (self.node.group(GroupId::Meta))
+            .is_some_and(|m| m.metrics().borrow_watched().current_leader == Some(self.node.id()))
+    }
+
     async fn read_barrier(&self) -> sluice_engine::Result<()> {
         let shards = (self.placement.iter())
             .filter(|p| p.replicas.contains(&self.node.id()))

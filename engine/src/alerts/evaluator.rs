@@ -231,6 +231,18 @@ pub struct Alerts {
     /// Wakes the scheduler when alerts are added or changed.
     changed: tokio::sync::Notify,
     http: Option<reqwest::Client>,
+    /// Whether this node evaluates alerts now (in a cluster: only the metadata group's
+    /// leader does, so each alert fires once); unset: always.
+    active: std::sync::OnceLock<Gate>,
+}
+
+/// Says whether this node evaluates alerts now.
+struct Gate(Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Gate")
+    }
 }
 
 impl Default for Alerts {
@@ -248,6 +260,7 @@ impl Default for Alerts {
             generations: Default::default(),
             changed: Default::default(),
             http,
+            active: Default::default(),
         }
     }
 }
@@ -359,6 +372,12 @@ impl Alerts {
             .collect()
     }
 
+    /// From now on alerts are evaluated only while `active` says so (due runs are skipped,
+    /// not queued, meanwhile).
+    pub fn set_active(&self, active: Arc<dyn Fn() -> bool + Send + Sync>) {
+        let _ = self.active.set(Gate(active));
+    }
+
     /// Runs due alerts against `db` until `cancel`, notifying `sink` of changes.
     pub async fn run(
         self: Arc<Self>,
@@ -374,8 +393,13 @@ impl Alerts {
             let mut next = now + Duration::from_secs(1);
             // Runs due within a couple of milliseconds start together: fewer wake-ups.
             let soon = now + Duration::from_millis(2);
+            let active = self.active.get().is_none_or(|g| (g.0)());
             for e in self.entries.lock().values_mut() {
-                if e.running {
+                if !active && !e.running && e.due <= soon {
+                    // Another node evaluates it: look again one interval later.
+                    e.due = now + Duration::from_millis(e.def.interval_ms);
+                    next = next.min(e.due);
+                } else if e.running {
                     // Its run sets the next time to this when it finishes. A run outlasting
                     // its interval is due at once when it ends; the next look (within a
                     // second) starts it.

@@ -34,6 +34,9 @@ pub trait Replicator: Send + Sync {
     /// Returns once this node has applied every write acknowledged (by any node) before
     /// the call, so that a query run next sees them.
     async fn read_barrier(&self) -> Result<()>;
+
+    /// Whether this node evaluates the alerts now (one node of the cluster does).
+    fn evaluates_alerts(&self) -> bool;
 }
 
 impl std::fmt::Debug for dyn Replicator {
@@ -59,6 +62,9 @@ impl Engine {
         replicator: Arc<dyn Replicator>,
         catalog: Arc<dyn crate::catalog::CatalogLog>,
     ) {
+        let r = replicator.clone();
+        self.alerts
+            .set_active(Arc::new(move || r.evaluates_alerts()));
         let _ = self.replicator.set(replicator);
         self.shared.catalog.replicate_through(catalog);
     }
