@@ -9,7 +9,7 @@ use common::{Server, eventually, eventually_eq};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Groups each node has: the metadata group and 6 shards (twice the node count), each on
 /// every node (replication factor 3).
@@ -264,6 +264,36 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
             1,
             "written on node {w}, read on node {r}"
         );
+    }
+    // An alert is evaluated by one node only (the metadata group's leader), so it fires
+    // once, not once per node: while one node evaluates it three times, no other does.
+    c.node(2)
+        .sql_ok("CREATE ALERT many EVERY 200 ms WHEN n > 0 AS SELECT count(*) AS n FROM iot.r")
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut evaluator, mut evaluations, mut last) = (None, 0, serde_json::Value::Null);
+    while evaluations < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the alert was evaluated {evaluations} times in 20 s"
+        );
+        for id in 1..=3 {
+            let rows = c
+                .node(id)
+                .rows("SELECT last_evaluation FROM system.alerts")
+                .await;
+            let at = rows[0]["last_evaluation"].clone();
+            if at.is_null() {
+                continue;
+            }
+            let e = *evaluator.get_or_insert(id);
+            assert_eq!(e, id, "nodes {e} and {id} both evaluate the alert");
+            if at != last {
+                last = at;
+                evaluations += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     c.node(3)
         .sql_ok("CREATE TABLE iot.t2 (ts TIMESTAMP, v DOUBLE) PARTITION BY ymdh(ts)")
