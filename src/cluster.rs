@@ -277,13 +277,23 @@ impl Cluster {
         self.node.shutdown().await;
     }
 
-    fn write_id(&self) -> [u8; WRITE_HEADER] {
+    /// Queues `record` for shard `s` under a new write id; the receiver says how it went.
+    fn enqueue(
+        &self,
+        s: u32,
+        record: &WriteRecord,
+    ) -> sluice_engine::Result<oneshot::Receiver<Result<(), String>>> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let mut h = [0u8; WRITE_HEADER];
-        h[..8].copy_from_slice(&self.node.id().to_le_bytes());
-        h[8..16].copy_from_slice(&self.incarnation.to_le_bytes());
-        h[16..].copy_from_slice(&seq.to_le_bytes());
-        h
+        let mut entry = Vec::with_capacity(WRITE_HEADER + 32 + record.rows.len() * 64);
+        entry.extend_from_slice(&self.node.id().to_le_bytes());
+        entry.extend_from_slice(&self.incarnation.to_le_bytes());
+        entry.extend_from_slice(&seq.to_le_bytes());
+        sluice_engine::encode_record(record, &mut entry);
+        let (tx, rx) = oneshot::channel();
+        self.queues[s as usize]
+            .send((entry, tx))
+            .map_err(|_| Error::ShuttingDown)?;
+        Ok(rx)
     }
 }
 
@@ -342,17 +352,22 @@ async fn wait_applied(raft: &GroupRaft, what: &str) {
     }
 }
 
-/// The shard key of a row: its first text column (the device or topic) when the table has
-/// one, else its time column, else the whole row.
-fn shard_key(def: &TableDef, row: &[Value], out: &mut Vec<u8>) {
-    out.clear();
-    let col = (def.columns.iter())
+/// The column whose value is a row's shard key: a table's first text column (the device
+/// or topic) when it has one, else its time column; none: the whole row.
+fn shard_key_column(def: &TableDef) -> Option<usize> {
+    (def.columns.iter())
         .position(|c| c.ty == sluice_engine::types::ColumnType::String)
-        .or_else(|| def.time_column());
-    match col.and_then(|i| row.get(i)) {
-        Some(v) => key_bytes(v, out),
-        None => row.iter().for_each(|v| key_bytes(v, out)),
+        .or_else(|| def.time_column())
+}
+
+/// The shard of `row`, its key built in `key`.
+fn shard_of_row(column: Option<usize>, row: &[Value], shards: u32, key: &mut Vec<u8>) -> u32 {
+    key.clear();
+    match column.and_then(|i| row.get(i)) {
+        Some(v) => key_bytes(v, key),
+        None => row.iter().for_each(|v| key_bytes(v, key)),
     }
+    sluice_cluster::shard_of(key, shards)
 }
 
 fn key_bytes(v: &Value, out: &mut Vec<u8>) {
@@ -376,35 +391,31 @@ impl Replicator for Cluster {
         records: Vec<Arc<WriteRecord>>,
     ) -> sluice_engine::Result<()> {
         let shards = self.placement.len() as u32;
-        let mut by_shard: BTreeMap<u32, Vec<WriteRecord>> = BTreeMap::new();
+        let column = shard_key_column(def);
         let mut key = Vec::new();
+        let mut waiting = Vec::with_capacity(records.len());
         for rec in records {
+            let mut at = (rec.rows.iter()).map(|r| shard_of_row(column, r, shards, &mut key));
+            let first = at.next().unwrap_or(0);
+            if at.all(|s| s == first) {
+                // The usual case (a message is one reading): the record goes whole.
+                waiting.push(self.enqueue(first, &rec)?);
+                continue;
+            }
             let mut split: BTreeMap<u32, Vec<Vec<Value>>> = BTreeMap::new();
             let rec = Arc::unwrap_or_clone(rec);
             for row in rec.rows {
-                shard_key(def, &row, &mut key);
-                let s = sluice_cluster::shard_of(&key, shards);
+                let s = shard_of_row(column, &row, shards, &mut key);
                 split.entry(s).or_default().push(row);
             }
             for (s, rows) in split {
-                by_shard.entry(s).or_default().push(WriteRecord {
+                let part = WriteRecord {
                     table_id: rec.table_id,
                     ncols: rec.ncols,
                     rows,
                     origin: rec.origin.clone(),
-                });
-            }
-        }
-        let mut waiting = Vec::new();
-        for (s, recs) in by_shard {
-            for r in recs {
-                let mut entry = self.write_id().to_vec();
-                entry.extend_from_slice(&sluice_engine::encode_record(&r));
-                let (tx, rx) = oneshot::channel();
-                self.queues[s as usize]
-                    .send((entry, tx))
-                    .map_err(|_| Error::ShuttingDown)?;
-                waiting.push(rx);
+                };
+                waiting.push(self.enqueue(s, &part)?);
             }
         }
         for rx in waiting {

@@ -265,6 +265,18 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
             "written on node {w}, read on node {r}"
         );
     }
+    // One request's rows for many devices are split over the shards, all acknowledged once.
+    let many: String = (0..40)
+        .map(|d| format!("2026-11-23 12:00:00,m{d},{}\n", 2_000_000 + d))
+        .collect();
+    c.node(1).write_ok("iot", "r", "text/csv", many).await;
+    let q = "SELECT count(*) AS n, count(DISTINCT seq) AS d FROM iot.r WHERE seq >= 2000000";
+    let r = c.node(3).rows(q).await;
+    assert_eq!(
+        (r[0]["n"].as_u64(), r[0]["d"].as_u64()),
+        (Some(40), Some(40))
+    );
+
     // An alert is evaluated by one node only (the metadata group's leader), so it fires
     // once, not once per node: while one node evaluates it three times, no other does.
     c.node(2)

@@ -45,13 +45,10 @@ impl std::fmt::Debug for dyn Replicator {
     }
 }
 
-/// A record as a shard's log carries it: its kind, then its payload.
-pub fn encode_record(record: &WriteRecord) -> Vec<u8> {
-    let body = record.encode();
-    let mut out = Vec::with_capacity(1 + body.len());
+/// Appends a record as a shard's log carries it to `out`: its kind, then its payload.
+pub fn encode_record(record: &WriteRecord, out: &mut Vec<u8>) {
     out.push(record.kind());
-    out.extend_from_slice(&body);
-    out
+    record.encode_into(out);
 }
 
 impl Engine {

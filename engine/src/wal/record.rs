@@ -52,8 +52,14 @@ impl WriteRecord {
     /// Encodes the payload (not the frame) of [`WriteRecord::kind`].
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 + self.rows.len() * self.ncols * 9);
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Appends the payload of [`WriteRecord::kind`] to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
         if let Some(o) = &self.origin {
-            o.encode(&mut out);
+            o.encode(out);
         }
         out.extend_from_slice(&self.table_id.to_le_bytes());
         out.extend_from_slice(&(self.ncols as u16).to_le_bytes());
@@ -61,10 +67,9 @@ impl WriteRecord {
         for row in &self.rows {
             debug_assert_eq!(row.len(), self.ncols);
             for v in row {
-                encode_value(v, &mut out);
+                encode_value(v, out);
             }
         }
-        out
     }
 
     /// Decodes the payload of a record of `kind`; `None` if it is malformed.
