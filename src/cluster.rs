@@ -332,23 +332,15 @@ async fn initialize(raft: &GroupRaft, members: BTreeMap<u64, BasicNode>) -> anyh
 
 /// Waits (up to 30 s) until `raft` has applied what this node knew to be committed.
 async fn wait_applied(raft: &GroupRaft, what: &str) {
-    let m = raft.metrics().borrow_watched().clone();
-    let Some(target) = m.local_committed.map(|l| l.index) else {
+    let committed = raft.metrics().borrow_watched().local_committed;
+    let Some(target) = committed.map(|l| l.index) else {
         return;
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while raft
-        .metrics()
-        .borrow_watched()
-        .last_applied
-        .map(|l| l.index)
-        < Some(target)
-    {
-        if Instant::now() > deadline {
-            tracing::warn!(group = what, target, "log not applied after 30 s; going on");
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    let waited = (raft.wait(Some(Duration::from_secs(30))))
+        .applied_index_at_least(Some(target), what)
+        .await;
+    if let Err(e) = waited {
+        tracing::warn!(group = what, target, error = %e, "log not applied after 30 s; going on");
     }
 }
 
