@@ -4,6 +4,12 @@
 //! them to its buffers. Catalog changes are committed by the metadata group. The node with
 //! the lowest id initializes the metadata group, and each shard's preferred leader its shard,
 //! so leaders start spread; leadership moves back to the preferred node when it returns.
+//!
+//! Each shard's leader writes its due rows as Parquet on the shared store and commits the
+//! files through the metadata group ([`Cluster::flush_led_shards`]); every node installs them
+//! in that group's order ([`MetaApply`]) and then snapshots the shards, which purges their
+//! logs. A shard's snapshot ([`ShardSnapshot`]) is a log position whose rows are all in
+//! files, so a node that missed purged entries catches up from the shared store.
 
 use anyhow::Context;
 use arrow::array::{ArrayRef, BooleanArray, StringArray, UInt64Array};
@@ -20,7 +26,7 @@ use sluice_conf::ClusterConfig;
 use sluice_engine::catalog::{CatalogData, CatalogLog, TableDef};
 use sluice_engine::types::Value;
 use sluice_engine::wal::record::WriteRecord;
-use sluice_engine::{Engine, Error, Replicator};
+use sluice_engine::{Engine, Error, Replicator, ShardFile};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +44,8 @@ const WRITE_HEADER: usize = 24;
 const DEDUP_WINDOW: u64 = 1 << 20;
 /// Incarnations (runs) of one writer node whose write ids a shard remembers.
 const INCARNATIONS_KEPT: usize = 4;
+/// How often a node looks for due rows of the shards it leads.
+const FLUSH_CHECK: Duration = Duration::from_millis(500);
 /// A shard entry stops taking more writes past this size.
 const MAX_BATCH_BYTES: usize = 1 << 20;
 /// Entries a node has in flight per shard; writes queued meanwhile form the next one.
@@ -110,8 +118,12 @@ impl Cluster {
             cancel.clone(),
         ));
 
+        let meta_apply = MetaApply {
+            engine: Arc::downgrade(engine),
+            node: Arc::downgrade(&node),
+        };
         let meta = node
-            .open_group(GroupId::Meta, Arc::new(MetaApply(Arc::downgrade(engine))))
+            .open_group(GroupId::Meta, Arc::new(meta_apply))
             .await
             .context("opening the metadata group")?;
         if cfg.node_id == ids[0] {
@@ -146,8 +158,10 @@ impl Cluster {
                 continue;
             }
             let apply = Arc::new(ShardApply {
+                shard: p.shard,
                 engine: Arc::downgrade(engine),
                 seen: Mutex::new(HashMap::new()),
+                applied: AtomicU64::new(0),
             });
             let raft = node
                 .open_group(GroupId::Shard(p.shard), apply)
@@ -157,8 +171,69 @@ impl Cluster {
                 initialize(&raft, members(&p.replicas, &peers)).await?;
             }
         }
-        tokio::spawn(cluster.clone().keep_preferred_leaders(cancel));
+        tokio::spawn(cluster.clone().keep_preferred_leaders(cancel.clone()));
+        tokio::spawn(
+            cluster
+                .clone()
+                .flush_led_shards(Arc::downgrade(engine), cancel),
+        );
         Ok(cluster)
+    }
+
+    /// Writes the due rows of the shards this node leads as Parquet on the shared store and
+    /// commits the files through the metadata group; every node then installs them, drops
+    /// those rows from its buffers and snapshots the shards ([`MetaApply`]).
+    async fn flush_led_shards(self: Arc<Self>, engine: Weak<Engine>, cancel: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(FLUSH_CHECK) => {}
+            }
+            let Some(engine) = engine.upgrade() else {
+                return;
+            };
+            let led: Vec<u32> = (self.placement.iter())
+                .map(|p| p.shard)
+                .filter(|s| {
+                    (self.node.group(GroupId::Shard(*s))).is_some_and(|r| {
+                        r.metrics().borrow_watched().current_leader == Some(self.node.id())
+                    })
+                })
+                .collect();
+            if led.is_empty() {
+                continue;
+            }
+            let files = match engine.flush_shards(&led).await {
+                Ok(f) if f.is_empty() => continue,
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::warn!(error = %e, "flush failed; rows stay in the log and will be retried");
+                    continue;
+                }
+            };
+            let text = match serde_json::to_string(&files) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::error!(error = %e, "flushed files do not serialize");
+                    continue;
+                }
+            };
+            let all: Vec<u64> = self.node.peers().keys().copied().collect();
+            match self
+                .node
+                .write(GroupId::Meta, Command::Files(text), &all)
+                .await
+            {
+                Ok(Response { error: None, .. }) => {}
+                Ok(Response { error: Some(e), .. }) => {
+                    // Refused alike on every node: no manifest names them.
+                    tracing::info!(reason = %e, "flushed files not installed; removing them");
+                    engine.discard_files(&files).await;
+                }
+                // The outcome is unknown (the entry may yet commit): the files stay.
+                Err(e) => tracing::warn!(error = %e, "committing flushed files failed"),
+            }
+        }
     }
 
     /// Every group this node has, with its replicas.
@@ -265,6 +340,8 @@ impl Cluster {
                 index(&|m| m.cluster_committed.map(|l| l.index)),
             ),
             ("applied_index", index(&|m| m.last_applied.map(|l| l.index))),
+            ("snapshot_index", index(&|m| m.snapshot.map(|l| l.index))),
+            ("purged_index", index(&|m| m.purged.map(|l| l.index))),
             (
                 "lag",
                 Arc::new(UInt64Array::from_iter(rows.iter().map(|r| r.3))),
@@ -516,45 +593,91 @@ impl CatalogLog for MetaLog {
     }
 }
 
-/// The metadata group's state: the catalog.
-struct MetaApply(Weak<Engine>);
+/// The metadata group's state: the catalog and the manifest of Parquet files.
+struct MetaApply {
+    engine: Weak<Engine>,
+    node: Weak<Node>,
+}
+
+fn refused(e: impl std::fmt::Display) -> Response {
+    Response {
+        rows: 0,
+        error: Some(e.to_string()),
+    }
+}
 
 impl Apply for MetaApply {
     fn apply(&self, index: u64, command: &Command) -> Response {
-        let Command::Catalog(text) = command else {
+        let Some(engine) = self.engine.upgrade() else {
             return Response::default();
         };
-        let Some(engine) = self.0.upgrade() else {
-            return Response::default();
-        };
-        match engine.install_catalog(index, text.as_bytes()) {
-            Ok(_) => Response::default(),
-            Err(e) => Response {
-                rows: 0,
-                error: Some(e.to_string()),
+        match command {
+            Command::Catalog(text) => match engine.install_catalog(index, text.as_bytes()) {
+                Ok(_) => Response::default(),
+                Err(e) => refused(e),
             },
+            Command::Files(text) => {
+                let files: Vec<ShardFile> = match serde_json::from_str(text) {
+                    Ok(f) => f,
+                    Err(e) => return refused(format!("files that do not decode: {e}")),
+                };
+                match engine.install_shard_files(index, &files) {
+                    Ok(true) => {
+                        self.snapshot_shards(files.iter().map(|f| f.shard));
+                        Response::default()
+                    }
+                    Ok(false) => refused("their rows were persisted by another flush"),
+                    Err(e) => refused(e),
+                }
+            }
+            Command::Write(_) => Response::default(),
         }
     }
-    fn snapshot(&self) -> io::Result<Bytes> {
-        Err(no_snapshots())
+    fn snapshot(&self) -> io::Result<(Option<u64>, Bytes)> {
+        // Never asked: the metadata group is not snapshotted (its log is small and kept
+        // whole), and an error here would stop the group.
+        Ok((Some(0), Bytes::new()))
     }
     fn restore(&self, _: &[u8]) -> io::Result<()> {
-        Err(no_snapshots())
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the metadata group has no snapshots; its log is kept whole",
+        ))
     }
 }
 
-/// Groups keep their whole log (nothing is purged yet), so no snapshot is ever built or
-/// sent; one being asked for is a bug, reported rather than answered with an empty state.
-fn no_snapshots() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::Unsupported,
-        "snapshots (Parquet on the shared store) are not built yet; logs are never purged",
-    )
+impl MetaApply {
+    /// Asks openraft to snapshot the local replicas of `shards`, now that more of their
+    /// rows are in files: the log behind is then purged.
+    fn snapshot_shards(&self, shards: impl Iterator<Item = u32>) {
+        let Some(node) = self.node.upgrade() else {
+            return;
+        };
+        let shards: BTreeSet<u32> = shards.collect();
+        for s in shards {
+            if let Some(raft) = node.group(GroupId::Shard(s)) {
+                tokio::spawn(async move {
+                    let _ = raft.trigger().snapshot().await;
+                });
+            }
+        }
+    }
 }
 
-/// A data shard's state: its rows, in the engine's buffers.
+/// What a shard's snapshot holds: its log up to `through` is in files the metadata group
+/// had installed by its entry `manifest_index`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ShardSnapshot {
+    through: u64,
+    manifest_index: u64,
+}
+
+/// A data shard's state: its rows, in the engine's buffers and files.
 struct ShardApply {
+    shard: u32,
     engine: Weak<Engine>,
+    /// The last log index applied.
+    applied: AtomicU64,
     /// (writer node, incarnation) -> the writes of it applied recently.
     seen: Mutex<HashMap<(u64, u64), Recent>>,
 }
@@ -637,7 +760,8 @@ impl ShardApply {
 }
 
 impl Apply for ShardApply {
-    fn apply(&self, _index: u64, command: &Command) -> Response {
+    fn apply(&self, index: u64, command: &Command) -> Response {
+        self.applied.store(index, Ordering::Release);
         let Command::Write(body) = command else {
             return Response::default();
         };
@@ -656,7 +780,7 @@ impl Apply for ShardApply {
             if entry.len() < WRITE_HEADER || self.seen_before(&entry[..WRITE_HEADER]) {
                 continue;
             }
-            match engine.apply_replicated(&entry[WRITE_HEADER..]) {
+            match engine.apply_replicated(self.shard, index, &entry[WRITE_HEADER..]) {
                 Ok(n) => rows += n,
                 Err(e) => {
                     tracing::error!(error = %e, "a committed write could not be applied");
@@ -666,11 +790,42 @@ impl Apply for ShardApply {
         }
         Response { rows, error }
     }
-    fn snapshot(&self) -> io::Result<Bytes> {
-        Err(no_snapshots())
+
+    /// The position up to which the shard's rows are all in installed files.
+    fn snapshot(&self) -> io::Result<(Option<u64>, Bytes)> {
+        let applied = self.applied.load(Ordering::Acquire);
+        let (through, manifest_index) = match self.engine.upgrade() {
+            Some(e) => (
+                e.shard_persisted_through(self.shard).unwrap_or(applied),
+                e.manifest_index(),
+            ),
+            None => (0, 0),
+        };
+        let data = serde_json::to_vec(&ShardSnapshot {
+            through,
+            manifest_index,
+        })?;
+        Ok((Some(through), Bytes::from(data)))
     }
-    fn restore(&self, _: &[u8]) -> io::Result<()> {
-        Err(no_snapshots())
+
+    /// Catching up from the shared store: the files (named by the manifest the metadata
+    /// group brings) hold the shard's rows up to the snapshot; only later entries follow.
+    fn restore(&self, data: &[u8]) -> io::Result<()> {
+        let snap: ShardSnapshot = serde_json::from_slice(data)?;
+        let engine = self
+            .engine
+            .upgrade()
+            .ok_or_else(|| io::Error::other("shutting down"))?;
+        engine
+            .restore_shard(self.shard, snap.through, snap.manifest_index)
+            .map_err(io::Error::other)?;
+        self.applied.store(snap.through, Ordering::Release);
+        tracing::info!(
+            shard = self.shard,
+            through = snap.through,
+            "shard restored from the shared store"
+        );
+        Ok(())
     }
 }
 

@@ -10,8 +10,9 @@
 //! multiplexed TCP connection per peer for every group: [`Pool`], [`serve`]), a node's
 //! groups ([`Node`], with [`Node::write`] committing a command through its group's leader
 //! wherever it is) and shard placement ([`place`], [`shard_of`]). The server wires them to
-//! the engine (`src/cluster.rs`). Not yet: snapshots as Parquet on the shared store, and
-//! purging logs behind them.
+//! the engine (`src/cluster.rs`). A snapshot may stand for fewer entries than were applied
+//! ([`Apply::snapshot`]): a data shard's snapshot is the position up to which its rows are
+//! in Parquet files on the shared store, and the log is purged behind it.
 //!
 //! # Why openraft 0.10 (a pinned pre-release) and not 0.9
 //!
@@ -35,7 +36,10 @@ mod types;
 
 pub use log::{LogStore, LogWriter};
 pub use net::{CallError, GroupNetwork, GroupPeer, Handler, Pool, serve};
-pub use node::{DynApply, GroupMachine, GroupRaft, Node, WRITE_DEADLINE, WriteError, raft_config};
+pub use node::{
+    DynApply, GroupMachine, GroupRaft, LOG_KEPT_BEHIND_SNAPSHOT, Node, WRITE_DEADLINE, WriteError,
+    raft_config,
+};
 pub use placement::{ShardPlacement, place, shard_of};
 pub use sm::{Apply, StateMachine};
 pub use types::{Command, GroupId, Response, Tc};

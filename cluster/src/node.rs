@@ -38,7 +38,7 @@ impl Apply for DynApply {
     fn apply(&self, index: u64, command: &Command) -> Response {
         self.0.apply(index, command)
     }
-    fn snapshot(&self) -> io::Result<Bytes> {
+    fn snapshot(&self) -> io::Result<(Option<u64>, Bytes)> {
         self.0.snapshot()
     }
     fn restore(&self, data: &[u8]) -> io::Result<()> {
@@ -58,11 +58,17 @@ pub fn raft_config(name: &str) -> io::Result<Config> {
         enable_pre_vote: Some(true),
         // Data shards are snapshotted when their rows are in Parquet, not every N entries.
         snapshot_policy: SnapshotPolicy::Never,
+        // Behind a snapshot the log is purged but for this many entries: a replica further
+        // behind catches up from the snapshot (the shared store), not from the log.
+        max_in_snapshot_log_to_keep: LOG_KEPT_BEHIND_SNAPSHOT,
         ..Config::default()
     }
     .validate()
     .map_err(io::Error::other)
 }
+
+/// Entries a group keeps in its log behind its snapshot.
+pub const LOG_KEPT_BEHIND_SNAPSHOT: u64 = 256;
 
 /// This node's groups.
 pub struct Node {

@@ -3,9 +3,10 @@
 //!
 //! The state machine itself is transient: after a restart openraft restores it from the last
 //! snapshot (kept in `<dir>/snapshot`, written through a synced temporary file) and applies
-//! the committed entries after it again. A snapshot is the [`Apply`]'s own bytes (for a
-//! shard, the manifest of its Parquet files in the shared store) with the log position and
-//! membership they stand for.
+//! the committed entries after it again. A snapshot is the [`Apply`]'s own bytes with the
+//! log position and membership they stand for. The position may be behind the last applied
+//! entry: a data shard's snapshot stands for the entries whose rows are in Parquet files
+//! (the newer ones are only in memory, and in the log).
 
 use crate::types::{Command, Response, Tc, as_bytes, from_cbor, to_cbor};
 use bytes::Bytes;
@@ -26,8 +27,10 @@ pub trait Apply: Send + Sync + 'static {
     /// after a restart for the entries after the last snapshot).
     fn apply(&self, index: u64, command: &Command) -> Response;
 
-    /// Everything applied so far, as bytes [`Apply::restore`] takes back.
-    fn snapshot(&self) -> io::Result<Bytes>;
+    /// The applied state as bytes [`Apply::restore`] takes back, and the index of the last
+    /// entry they stand for: `None` for every entry applied so far, `Some(i)` when they
+    /// cover only the entries up to `i` (the later ones are applied again after a restore).
+    fn snapshot(&self) -> io::Result<(Option<u64>, Bytes)>;
 
     /// Replaces everything applied with a snapshot's bytes.
     fn restore(&self, data: &[u8]) -> io::Result<()>;
@@ -58,7 +61,44 @@ struct Inner<A> {
 struct State {
     last_applied: Option<LogIdOf<Tc>>,
     membership: StoredMembershipOf<Tc>,
+    /// Memberships replaced since the last snapshot, oldest first: a snapshot behind the
+    /// last applied entry carries the one in force at its position.
+    earlier_memberships: Vec<StoredMembershipOf<Tc>>,
+    /// The first applied entry of each leader since the last snapshot: gives the log id
+    /// (leader and index) of any entry applied since.
+    leader_starts: Vec<LogIdOf<Tc>>,
     snapshot: Option<Stored>,
+}
+
+impl State {
+    /// The log id of applied entry `index`, if it is at or after the last snapshot.
+    fn log_id_at(&self, index: u64) -> Option<LogIdOf<Tc>> {
+        let start = self.leader_starts.iter().rev().find(|l| l.index <= index)?;
+        Some(LogIdOf::<Tc>::new(start.leader_id, index))
+    }
+
+    /// The membership in force at entry `index`.
+    fn membership_at(&self, index: u64) -> StoredMembershipOf<Tc> {
+        let applies = |m: &StoredMembershipOf<Tc>| m.log_id().is_none_or(|l| l.index <= index);
+        std::iter::once(&self.membership)
+            .chain(self.earlier_memberships.iter().rev())
+            .find(|m| applies(m))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Forgets leaders and memberships that no snapshot after `index` can need.
+    fn forget_before(&mut self, index: u64) {
+        let keep_from = self.leader_starts.iter().rposition(|l| l.index <= index);
+        if let Some(i) = keep_from {
+            self.leader_starts.drain(..i);
+        }
+        let old = |m: &StoredMembershipOf<Tc>| m.log_id().is_some_and(|l| l.index <= index);
+        let last_old = self.earlier_memberships.iter().rposition(old);
+        if let Some(i) = last_old {
+            self.earlier_memberships.drain(..i);
+        }
+    }
 }
 
 /// A snapshot as kept on disk.
@@ -110,13 +150,32 @@ impl<A: Apply> RaftSnapshotBuilder<Tc> for StateMachine<A> {
     async fn build_snapshot(&mut self) -> Result<SnapshotOf<Tc, Bytes>, io::Error> {
         // Taken under the lock, so the data and the position agree (apply takes it too).
         let stored = {
-            let st = self.inner.state.lock();
+            let mut st = self.inner.state.lock();
+            let (upto, data) = self.inner.apply.snapshot()?;
+            let last = match upto {
+                None => st.last_applied,
+                Some(i) if st.last_applied.is_some_and(|l| l.index <= i) => st.last_applied,
+                Some(i) => st.log_id_at(i),
+            };
+            let previous = st.snapshot.as_ref().and_then(|s| s.meta.last_log_id);
+            if last.is_none() || last.map(|l| l.index) <= previous.map(|l| l.index) {
+                // Nothing newer to stand for: the current snapshot stays.
+                if let Some(s) = &st.snapshot {
+                    return Ok(SnapshotOf::<Tc, Bytes> {
+                        meta: s.meta.clone(),
+                        snapshot: s.data.clone(),
+                    });
+                }
+            }
+            let at = last.map_or(0, |l| l.index);
+            let membership = st.membership_at(at);
+            st.forget_before(at);
             Stored {
                 meta: SnapshotMetaOf::<Tc> {
-                    last_log_id: st.last_applied,
-                    last_membership: st.membership.clone(),
+                    last_log_id: last,
+                    last_membership: membership,
                 },
-                data: self.inner.apply.snapshot()?,
+                data,
             }
         };
         self.keep(stored.clone()).await?;
@@ -146,12 +205,17 @@ impl<A: Apply> RaftStateMachine<Tc> for StateMachine<A> {
             let log_id = entry.log_id();
             let response = {
                 let mut st = self.inner.state.lock();
+                if (st.leader_starts.last()).is_none_or(|l| l.leader_id != log_id.leader_id) {
+                    st.leader_starts.push(log_id);
+                }
                 st.last_applied = Some(log_id);
                 match &entry.payload {
                     EntryPayload::Blank => Response::default(),
                     EntryPayload::Normal(c) => self.inner.apply.apply(log_id.index(), c),
                     EntryPayload::Membership(m) => {
-                        st.membership = StoredMembership::new(Some(log_id), m.clone());
+                        let next = StoredMembership::new(Some(log_id), m.clone());
+                        let replaced = std::mem::replace(&mut st.membership, next);
+                        st.earlier_memberships.push(replaced);
                         Response::default()
                     }
                 }
@@ -177,6 +241,8 @@ impl<A: Apply> RaftStateMachine<Tc> for StateMachine<A> {
             let mut st = self.inner.state.lock();
             st.last_applied = meta.last_log_id;
             st.membership = meta.last_membership.clone();
+            st.earlier_memberships.clear();
+            st.leader_starts = meta.last_log_id.into_iter().collect();
             (st.snapshot.as_ref()).is_some_and(|s| s.meta == *meta && s.data == snapshot)
         };
         if !already {

@@ -22,6 +22,8 @@ pub enum Command {
     Write(#[serde(with = "as_bytes")] Bytes),
     /// A catalog statement (the metadata group).
     Catalog(String),
+    /// Parquet files joining the manifest (the metadata group), as JSON.
+    Files(String),
 }
 
 impl fmt::Display for Command {
@@ -29,6 +31,7 @@ impl fmt::Display for Command {
         match self {
             Command::Write(b) => write!(f, "write({} bytes)", b.len()),
             Command::Catalog(s) => write!(f, "catalog({s})"),
+            Command::Files(s) => write!(f, "files({} bytes)", s.len()),
         }
     }
 }

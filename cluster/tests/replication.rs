@@ -30,11 +30,11 @@ impl Apply for Applied {
             error: None,
         }
     }
-    fn snapshot(&self) -> io::Result<Bytes> {
+    fn snapshot(&self) -> io::Result<(Option<u64>, Bytes)> {
         let lines: Vec<String> = (self.0.lock().iter())
             .map(|(i, t)| format!("{i} {t}"))
             .collect();
-        Ok(Bytes::from(lines.join("\n")))
+        Ok((None, Bytes::from(lines.join("\n"))))
     }
     fn restore(&self, data: &[u8]) -> io::Result<()> {
         let text = std::str::from_utf8(data).map_err(io::Error::other)?;

@@ -28,8 +28,8 @@ impl Apply for Lines {
         }
     }
 
-    fn snapshot(&self) -> io::Result<Bytes> {
-        Ok(Bytes::from(self.0.lock().join("\n")))
+    fn snapshot(&self) -> io::Result<(Option<u64>, Bytes)> {
+        Ok((None, Bytes::from(self.0.lock().join("\n"))))
     }
 
     fn restore(&self, data: &[u8]) -> io::Result<()> {

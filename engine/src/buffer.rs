@@ -150,6 +150,10 @@ pub struct PartitionBuffer {
     pub since: Option<Instant>,
     /// Time range of the rows (microseconds), when the table has a time column.
     pub time_range: Option<(i64, i64)>,
+    /// Where each LSN's rows start, `(lsn, rows before it)`, kept only by buffers made with
+    /// [`PartitionBuffer::with_marks`]: what lets [`PartitionBuffer::drop_through`] remove
+    /// the rows a shard's flush persisted while later ones stay.
+    marks: Option<std::collections::VecDeque<(u64, usize)>>,
 }
 
 impl PartitionBuffer {
@@ -167,7 +171,68 @@ impl PartitionBuffer {
             max_lsn: 0,
             since: None,
             time_range: None,
+            marks: None,
         }
+    }
+
+    /// An empty buffer that remembers which rows each LSN added (a shard's rows in a
+    /// cluster, where the LSN is the shard's raft index).
+    pub fn with_marks(schema: SchemaRef, types: &[ColumnType]) -> Self {
+        Self {
+            marks: Some(Default::default()),
+            ..Self::new(schema, types)
+        }
+    }
+
+    /// Removes the rows of every LSN up to `lsn` (they are persisted) and returns the
+    /// approximate bytes they held. Only for buffers made [`PartitionBuffer::with_marks`]
+    /// (others drop everything when `lsn` covers their last LSN, and nothing otherwise).
+    pub fn drop_through(&mut self, lsn: u64) -> usize {
+        if self.rows == 0 || lsn < self.min_lsn {
+            return 0;
+        }
+        let keep_from = match &mut self.marks {
+            Some(marks) => {
+                let cut = marks.partition_point(|(l, _)| *l <= lsn);
+                let first_kept = marks.get(cut).map_or(self.rows, |m| m.1);
+                marks.drain(..cut);
+                for m in marks.iter_mut() {
+                    m.1 -= first_kept;
+                }
+                first_kept
+            }
+            None if lsn >= self.max_lsn => self.rows,
+            None => 0,
+        };
+        if keep_from == 0 {
+            return 0;
+        }
+        if keep_from == self.rows {
+            let bytes = self.bytes;
+            self.take();
+            return bytes;
+        }
+        self.seal();
+        let mut skip = keep_from;
+        let mut kept = Vec::with_capacity(self.sealed.len());
+        for b in self.sealed.drain(..) {
+            let n = b.num_rows();
+            if skip >= n {
+                skip -= n;
+                continue;
+            }
+            kept.push(b.slice(skip, n - skip));
+            skip = 0;
+        }
+        self.sealed = kept;
+        // Bytes are kept per buffer, not per row: the dropped rows' share.
+        let bytes = self.bytes * keep_from / self.rows;
+        self.bytes -= bytes;
+        self.rows -= keep_from;
+        self.min_lsn = (self.marks.as_ref())
+            .and_then(|m| m.front().map(|m| m.0))
+            .unwrap_or(self.max_lsn);
+        bytes
     }
 
     /// Widens the buffer after `ALTER TABLE ... ADD COLUMN`: new columns are NULL for the
@@ -200,6 +265,11 @@ impl PartitionBuffer {
         if self.min_lsn == 0 {
             self.min_lsn = lsn;
             self.since = Some(Instant::now());
+        }
+        if let Some(marks) = &mut self.marks
+            && marks.back().is_none_or(|m| m.0 != lsn)
+        {
+            marks.push_back((lsn, self.rows));
         }
         self.max_lsn = lsn;
         if let Some(t) = time_col.and_then(|i| row.get(i)).and_then(Value::as_micros) {
@@ -273,6 +343,9 @@ impl PartitionBuffer {
         self.min_lsn = 0;
         self.since = None;
         self.time_range = None;
+        if let Some(m) = &mut self.marks {
+            m.clear();
+        }
         sealed.into_iter().map(|b| widen(&b, &schema)).collect()
     }
 
@@ -351,5 +424,40 @@ mod tests {
             SEAL_ROWS + 11
         );
         assert!(b.is_empty() && b.snapshot(&schema3).is_empty());
+    }
+
+    #[test]
+    fn drop_through_removes_the_rows_of_persisted_lsns_only() {
+        let types = [ColumnType::Int64];
+        let schema = Arc::new(Schema::new(vec![Field::new("v", types[0].arrow(), true)]));
+        let mut b = PartitionBuffer::with_marks(schema.clone(), &types);
+        // LSN 10 adds rows 0..5000, LSN 11 rows 5000..9000 (crossing a seal), LSN 12 one row.
+        let rows = (0..5000)
+            .map(|i| (10, i))
+            .chain((5000..9000).map(|i| (11, i)));
+        for (lsn, i) in rows.chain([(12, 9000)]) {
+            b.push(lsn, &[Value::Int(i)], None);
+        }
+        let values = |b: &PartitionBuffer| -> Vec<i64> {
+            (b.snapshot(&schema).iter())
+                .flat_map(|batch| {
+                    let a = batch.column(0).as_any();
+                    let a = a.downcast_ref::<datafusion::arrow::array::Int64Array>();
+                    a.expect("int64").values().to_vec()
+                })
+                .collect()
+        };
+        assert_eq!(b.drop_through(9), 0, "nothing that old");
+        assert!(b.drop_through(10) > 0);
+        assert_eq!(values(&b), (5000..=9000).collect::<Vec<_>>());
+        assert_eq!((b.rows, b.min_lsn), (4001, 11));
+        b.push(13, &[Value::Int(9001)], None);
+        b.drop_through(12);
+        assert_eq!(values(&b), vec![9001]);
+        assert_eq!(b.min_lsn, 13);
+        b.drop_through(13);
+        assert!(b.is_empty() && b.bytes == 0);
+        b.push(14, &[Value::Int(1)], None);
+        assert_eq!((b.rows, b.min_lsn), (1, 14));
     }
 }

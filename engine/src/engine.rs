@@ -27,7 +27,7 @@ mod query;
 mod replicated;
 mod statements;
 
-pub use replicated::{Replicator, encode_record};
+pub use replicated::{Replicator, ShardFile, encode_record};
 
 /// The engine. Cheap to share behind an `Arc`.
 pub struct Engine {
@@ -46,8 +46,12 @@ pub struct Engine {
     flushes: std::sync::atomic::AtomicU64,
     /// Set when this engine is a cluster node: writes are committed by shard groups.
     replicator: std::sync::OnceLock<Arc<dyn Replicator>>,
-    /// In a cluster, the order in which this node applied replicated records.
-    cluster_lsn: std::sync::atomic::AtomicU64,
+    /// Where the manifest is kept: the file store itself on a single node; the node's own
+    /// data directory in a cluster (the files are on the shared store, each node's copy of
+    /// the manifest is its own).
+    manifests: Storage,
+    /// The manifest's `raft_index` (in a cluster), readable without its lock.
+    manifest_index: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -72,8 +76,24 @@ impl Engine {
         let dir = config.data_dir.clone();
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         let catalog = Catalog::open(&dir)?;
-        let storage = Storage::open(&config.storage, &dir)?;
-        let mut manifest = storage.load_manifest().await?;
+        let (storage, manifests) = match &config.cluster {
+            Some(c) => {
+                let shared = sluice_conf::StorageConfig {
+                    url: c.shared_store.clone(),
+                    ..config.storage.clone()
+                };
+                let local = sluice_conf::StorageConfig {
+                    url: String::new(),
+                    ..config.storage.clone()
+                };
+                (Storage::open(&shared, &dir)?, Storage::open(&local, &dir)?)
+            }
+            None => {
+                let s = Storage::open(&config.storage, &dir)?;
+                (s.clone(), s)
+            }
+        };
+        let mut manifest = manifests.load_manifest().await?;
         let cat = catalog.snapshot();
         let tables = Arc::new(Tables::default());
         // Files of tables dropped before a crash finished deleting them.
@@ -93,6 +113,9 @@ impl Engine {
                     let p = state.partition_mut(&mut parts, *key);
                     p.files = pm.files.clone();
                     p.flushed_lsn = pm.flushed_lsn;
+                    for (shard, through) in &pm.shards {
+                        state.shard_rows(p, *shard).flushed = *through;
+                    }
                     max_flushed = max_flushed.max(pm.flushed_lsn);
                 }
             }
@@ -102,9 +125,10 @@ impl Engine {
             for id in &dropped {
                 manifest.tables.remove(id);
             }
-            storage.save_manifest(&mut manifest).await?;
+            manifests.save_manifest(&mut manifest).await?;
         }
-        // Parquet files the manifest does not name: a flush or compaction cut short.
+        // Parquet files the manifest does not name: a flush or compaction cut short. Not in
+        // a cluster: the shared store holds every node's files.
         let live: std::collections::HashSet<&str> = manifest
             .tables
             .values()
@@ -117,7 +141,7 @@ impl Engine {
             .into_iter()
             .filter(|p| !live.contains(p.as_str()))
             .collect();
-        if !orphans.is_empty() {
+        if !orphans.is_empty() && config.cluster.is_none() {
             tracing::info!(files = orphans.len(), "removing files no manifest names");
             storage.delete(&orphans).await?;
         }
@@ -169,6 +193,7 @@ impl Engine {
                 rows.upgrade().unwrap_or_default().system_table()
             })),
         );
+        let manifest_index = manifest.raft_index;
         Ok(Arc::new(Self {
             config,
             shared,
@@ -179,7 +204,8 @@ impl Engine {
             alerts,
             flushes: Default::default(),
             replicator: Default::default(),
-            cluster_lsn: Default::default(),
+            manifests,
+            manifest_index: manifest_index.into(),
         }))
     }
 

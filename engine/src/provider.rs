@@ -371,14 +371,7 @@ impl SluiceTable {
                     None => set.files.push((f.path.clone(), f.bytes)),
                 }
             }
-            if let Some(f) = &p.frozen {
-                set.batches.extend(
-                    f.batches
-                        .iter()
-                        .map(|b| crate::buffer::widen(b, &self.schema)),
-                );
-            }
-            set.batches.extend(p.buffer.snapshot(&self.schema));
+            set.batches.extend(p.unflushed_batches(&self.schema));
         }
         set
     }
@@ -401,8 +394,7 @@ impl SluiceTable {
                     }
                 }
             }
-            let frozen = p.frozen.iter().flat_map(|f| f.batches.iter().cloned());
-            for b in frozen.chain(p.buffer.snapshot(&self.schema)) {
+            for b in p.unflushed_batches(&self.schema) {
                 rows += b.num_rows() as u64;
                 for (o, c) in out.iter_mut().zip(columns) {
                     if let Some(a) = b.columns().get(*c) {

@@ -42,6 +42,19 @@ pub struct Partition {
     pub files: Vec<FileMeta>,
     /// Log records up to this LSN are persisted (or dropped); replay skips them here.
     pub flushed_lsn: u64,
+    /// In a cluster: each shard's rows not yet persisted, by shard (the single-node
+    /// `buffer`, `frozen` and `flushed_lsn` stay empty there).
+    pub shards: BTreeMap<u32, ShardRows>,
+}
+
+/// One shard's rows of a partition, in a cluster. Their LSNs are the shard's raft log
+/// indexes, so every replica holds the same rows under the same LSNs.
+#[derive(Debug)]
+pub struct ShardRows {
+    /// Rows not yet persisted, in log order.
+    pub buffer: PartitionBuffer,
+    /// The shard's log entries up to this index are in the partition's files.
+    pub flushed: u64,
 }
 
 impl Partition {
@@ -50,14 +63,28 @@ impl Partition {
         self.files.iter().map(|f| f.rows).sum::<u64>() + self.buffered_rows()
     }
 
-    /// Rows only in memory (buffer and frozen), not yet in Parquet.
+    /// Rows only in memory (buffers and frozen), not yet in Parquet.
     pub fn buffered_rows(&self) -> u64 {
-        (self.buffer.rows + self.frozen.as_ref().map_or(0, |f| f.rows)) as u64
+        let shards: usize = self.shards.values().map(|s| s.buffer.rows).sum();
+        (self.buffer.rows + self.frozen.as_ref().map_or(0, |f| f.rows) + shards) as u64
     }
 
-    /// Bytes held in memory (buffer and frozen).
+    /// Bytes held in memory (buffers and frozen).
     pub fn buffered_bytes(&self) -> usize {
-        self.buffer.bytes + self.frozen.as_ref().map_or(0, |f| f.bytes)
+        let shards: usize = self.shards.values().map(|s| s.buffer.bytes).sum();
+        self.buffer.bytes + self.frozen.as_ref().map_or(0, |f| f.bytes) + shards
+    }
+
+    /// The rows only in memory (frozen, buffered, and every shard's), as batches of
+    /// `schema`.
+    pub fn unflushed_batches(&self, schema: &SchemaRef) -> Vec<RecordBatch> {
+        let frozen = self.frozen.iter().flat_map(|f| f.batches.iter());
+        let mut out: Vec<RecordBatch> = frozen.map(|b| crate::buffer::widen(b, schema)).collect();
+        out.extend(self.buffer.snapshot(schema));
+        for s in self.shards.values() {
+            out.extend(s.buffer.snapshot(schema));
+        }
+        out
     }
 
     /// Time range over files and buffers.
@@ -67,7 +94,8 @@ impl Partition {
             .iter()
             .filter_map(|f| Some((f.min_time?, f.max_time?)))
             .chain(self.frozen.as_ref().and_then(|f| f.time_range))
-            .chain(self.buffer.time_range);
+            .chain(self.buffer.time_range)
+            .chain(self.shards.values().filter_map(|s| s.buffer.time_range));
         ranges.reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
     }
 
@@ -136,6 +164,9 @@ impl TableState {
         let mut parts = self.parts.write();
         for p in parts.values_mut() {
             p.buffer.widen(schema.clone(), &types);
+            for s in p.shards.values_mut() {
+                s.buffer.widen(schema.clone(), &types);
+            }
         }
         *self.def.write() = (def, schema);
     }
@@ -148,7 +179,20 @@ impl TableState {
             frozen: None,
             files: Vec::new(),
             flushed_lsn,
+            shards: BTreeMap::new(),
         }
+    }
+
+    /// Shard `shard`'s rows of `part`, created empty (nothing flushed) if absent.
+    pub fn shard_rows<'a>(&self, part: &'a mut Partition, shard: u32) -> &'a mut ShardRows {
+        part.shards.entry(shard).or_insert_with(|| {
+            let (def, schema) = &*self.def.read();
+            let types: Vec<_> = def.columns.iter().map(|c| c.ty).collect();
+            ShardRows {
+                buffer: PartitionBuffer::with_marks(schema.clone(), &types),
+                flushed: 0,
+            }
+        })
     }
 
     /// The partition for `key`, created empty if absent.
@@ -211,6 +255,72 @@ impl Tables {
                     .read()
                     .values()
                     .filter_map(Partition::unpersisted_lsn)
+                    .min()
+            })
+            .min()
+    }
+}
+
+impl Tables {
+    /// Applies a write committed at `index` of shard `shard`'s log (a cluster's apply):
+    /// rows of a partition whose files already hold that entry are skipped.
+    pub fn apply_shard(&self, shard: u32, index: u64, record: &WriteRecord) {
+        let Some(table) = self.get(record.table_id) else {
+            return;
+        };
+        let def = table.def();
+        let time_col = def.time_column();
+        let pc = def.partition_column;
+        let mut parts = table.parts.write();
+        if table.dropped.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut added = 0;
+        for row in &record.rows {
+            let key = row.get(pc).map_or(0, |v| def.partition.key(v));
+            let part = table.partition_mut(&mut parts, key);
+            let rows = table.shard_rows(part, shard);
+            if index <= rows.flushed {
+                continue;
+            }
+            added += rows.buffer.push(index, row, time_col);
+        }
+        self.buffered.fetch_add(added as u64, Ordering::Relaxed);
+        drop(parts);
+        table.changed();
+    }
+
+    /// Drops shard `shard`'s buffered rows up to log index `through` from every partition
+    /// (they are in files: a snapshot of the shard was installed here).
+    pub fn drop_shard_through(&self, shard: u32, through: u64) {
+        for t in self.all() {
+            let mut parts = t.parts.write();
+            let mut released = 0;
+            for p in parts.values_mut() {
+                // `flushed` stays: it moves only with the metadata group's file changes, so
+                // that every node decides those alike.
+                if let Some(s) = p.shards.get_mut(&shard) {
+                    released += s.buffer.drop_through(through);
+                }
+            }
+            drop(parts);
+            if released > 0 {
+                self.release(released);
+                t.changed();
+            }
+        }
+    }
+
+    /// The last log index of shard `shard` whose rows are all persisted, as far as the
+    /// buffers tell: one before the oldest buffered row's, or `None` when the shard has no
+    /// rows buffered (everything applied is persisted).
+    pub fn shard_persisted_through(&self, shard: u32) -> Option<u64> {
+        (self.all().iter())
+            .filter_map(|t| {
+                (t.parts.read().values())
+                    .filter_map(|p| p.shards.get(&shard))
+                    .filter(|s| !s.buffer.is_empty())
+                    .map(|s| s.buffer.min_lsn - 1)
                     .min()
             })
             .min()

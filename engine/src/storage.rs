@@ -59,6 +59,10 @@ pub struct PartitionManifest {
     pub flushed_lsn: u64,
     /// Live files.
     pub files: Vec<FileMeta>,
+    /// In a cluster: per shard, the last log index whose rows of this partition are in
+    /// `files`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shards: BTreeMap<u32, u64>,
 }
 
 /// The set of live files of every table.
@@ -69,6 +73,13 @@ pub struct Manifest {
     pub version: u64,
     /// Table id -> partition key -> state.
     pub tables: BTreeMap<u64, BTreeMap<u64, PartitionManifest>>,
+    /// In a cluster: the metadata group's log index of the last change applied here.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub raft_index: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Manifest {
@@ -88,6 +99,7 @@ impl Default for Manifest {
             format: MANIFEST_FORMAT,
             version: 0,
             tables: BTreeMap::new(),
+            raft_index: 0,
         }
     }
 }

@@ -71,8 +71,11 @@ impl Apply for Count {
             error: None,
         }
     }
-    fn snapshot(&self) -> std::io::Result<Bytes> {
-        Ok(Bytes::from(self.0.load(Ordering::Relaxed).to_string()))
+    fn snapshot(&self) -> std::io::Result<(Option<u64>, Bytes)> {
+        Ok((
+            None,
+            Bytes::from(self.0.load(Ordering::Relaxed).to_string()),
+        ))
     }
     fn restore(&self, data: &[u8]) -> std::io::Result<()> {
         let n = std::str::from_utf8(data).map_err(std::io::Error::other)?;

@@ -175,7 +175,10 @@ impl Engine {
         let meta = self
             .shared
             .storage
-            .put_file(file_path(def.id, key, frozen.max_lsn), encoded)
+            .put_file(
+                file_path(def.id, key, &format!("{:020}", frozen.max_lsn)),
+                encoded,
+            )
             .await?;
         self.shared.hot.insert(&meta.path, &batch);
         self.change_manifest(m, |next| {
@@ -256,7 +259,7 @@ impl Engine {
                 let meta = self
                     .shared
                     .storage
-                    .put_file(file_path(def.id, key, flushed), encoded)
+                    .put_file(file_path(def.id, key, &format!("{flushed:020}")), encoded)
                     .await?;
                 self.shared.hot.insert(&meta.path, &batch);
                 let old: Vec<String> = small.iter().map(|f| f.path.clone()).collect();
@@ -322,6 +325,7 @@ impl Engine {
                     *next.partition(def.id, key) = PartitionManifest {
                         flushed_lsn: lsn,
                         files: Vec::new(),
+                        shards: Default::default(),
                     };
                 })
                 .await?;
@@ -410,7 +414,9 @@ impl Engine {
 }
 
 /// Runs CPU-bound work (Parquet encoding and decoding) off the async runtime.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+pub(super) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::io("blocking task", std::io::Error::other(e)))?
@@ -426,16 +432,17 @@ impl Engine {
     ) -> Result<()> {
         let mut next = m.clone();
         change(&mut next);
-        self.shared.storage.save_manifest(&mut next).await?;
+        self.manifests.save_manifest(&mut next).await?;
         *m = next;
         Ok(())
     }
 }
 
-fn file_path(table_id: u64, key: u64, lsn: u64) -> String {
+/// A new file's object path; `stem` (the last LSN it holds) keeps names ordered.
+pub(super) fn file_path(table_id: u64, key: u64, stem: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    format!("tables/{table_id}/{key}/{lsn:020}-{nanos}.parquet")
+    format!("tables/{table_id}/{key}/{stem}-{nanos}.parquet")
 }

@@ -4,17 +4,24 @@
 //! the log). Catalog changes are committed by the metadata group and installed on every node
 //! by [`Engine::install_catalog`].
 //!
-//! Not yet: persisting replicated rows as Parquet on the shared store (a shard's snapshot),
-//! so in a cluster the buffers are not flushed and a node rebuilds them from its raft logs
-//! when it starts.
+//! Persisting: each partition keeps every shard's rows apart ([`crate::state::ShardRows`],
+//! their LSNs being the shard's log indexes). A shard's leader writes a partition's rows of
+//! the shard as a Parquet file on the shared store ([`Engine::flush_shards`]) and commits
+//! the file through the metadata group; every node installs it in the metadata log's order
+//! ([`Engine::install_shard_files`]), dropping the rows the file holds from its buffers, so
+//! all replicas agree which rows are in files. A shard's snapshot is then just a log
+//! position ([`Engine::shard_persisted_through`]): everything up to it is in files the
+//! manifest names, so the log behind it can be purged and a lagging node catches up from
+//! the shared store ([`Engine::restore_shard`]).
 
 use super::Engine;
 use crate::catalog::TableDef;
 use crate::error::{Error, Result};
 use crate::state::TableState;
-use crate::wal::Applier;
+use crate::storage::FileMeta;
 use crate::wal::record::WriteRecord;
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -51,6 +58,36 @@ pub fn encode_record(record: &WriteRecord, out: &mut Vec<u8>) {
     record.encode_into(out);
 }
 
+/// A Parquet file holding one partition's rows of one shard, as the metadata group
+/// commits it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardFile {
+    /// The table.
+    pub table_id: u64,
+    /// The partition key.
+    pub partition: u64,
+    /// The shard.
+    pub shard: u32,
+    /// The rows are those of the shard's log entries after this index (the partition's
+    /// persisted index when they were taken) ...
+    pub after: u64,
+    /// ... up to this one.
+    pub through: u64,
+    /// The file.
+    pub file: FileMeta,
+}
+
+/// Sleeps a moment from synchronous code, without stalling other tasks when on a runtime.
+fn pause() {
+    let wait = || std::thread::sleep(Duration::from_millis(5));
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(wait)
+        }
+        _ => wait(),
+    }
+}
+
 impl Engine {
     /// Makes this engine a cluster node: writes go to `replicator`, catalog changes to
     /// `catalog`. Set once, before the listeners open.
@@ -76,11 +113,12 @@ impl Engine {
         self.replicator.get().is_some()
     }
 
-    /// Applies a write committed by a shard group (`payload` made by [`encode_record`]) and
-    /// returns the rows applied. Every replica applies the same entries in the same order.
-    /// Rows of a table this node's catalog does not have yet wait for it (the metadata group
-    /// may be behind the shard here); rows of a dropped table are skipped.
-    pub fn apply_replicated(&self, payload: &[u8]) -> Result<u64> {
+    /// Applies a write committed at `index` of shard `shard`'s log (`payload` made by
+    /// [`encode_record`]) and returns the rows applied. Every replica applies the same
+    /// entries in the same order. Rows of a table this node's catalog does not have yet wait
+    /// for it (the metadata group may be behind the shard here); rows of a dropped table,
+    /// and rows already in a file, are skipped.
+    pub fn apply_replicated(&self, shard: u32, index: u64, payload: &[u8]) -> Result<u64> {
         let record = payload
             .split_first()
             .and_then(|(kind, body)| WriteRecord::decode(*kind, body))
@@ -99,17 +137,171 @@ impl Engine {
                     CATALOG_WAIT.as_secs()
                 )));
             }
-            let wait = || std::thread::sleep(Duration::from_millis(5));
-            match tokio::runtime::Handle::try_current() {
-                Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-                    tokio::task::block_in_place(wait)
+            pause();
+        }
+        self.shared.tables.apply_shard(shard, index, &record);
+        Ok(record.rows.len() as u64)
+    }
+
+    /// Writes the buffered rows of the shards in `led` (the ones this node leads) that are
+    /// due (too many, too old, or the largest while memory is over budget) as Parquet files
+    /// on the shared store, one per partition and shard. The files count only once
+    /// committed through the metadata group and installed ([`Engine::install_shard_files`]);
+    /// if that fails, [`Engine::discard_files`] removes them.
+    pub async fn flush_shards(&self, led: &[u32]) -> Result<Vec<ShardFile>> {
+        let max_rows = self.config.buffer.partition_max_rows;
+        let max_age = sluice_conf::Config::duration(&self.config.buffer.max_age);
+        let (mut due, mut sizes, mut total) = (Vec::new(), Vec::new(), 0usize);
+        for t in self.shared.tables.all() {
+            for (k, p) in t.parts.read().iter() {
+                total += p.buffered_bytes();
+                for (s, rows) in &p.shards {
+                    let b = &rows.buffer;
+                    if !led.contains(s) || b.is_empty() {
+                        continue;
+                    }
+                    if b.rows >= max_rows || b.since.is_some_and(|at| at.elapsed() >= max_age) {
+                        due.push((t.clone(), *k, *s));
+                    } else {
+                        sizes.push((b.bytes, t.clone(), *k, *s));
+                    }
                 }
-                _ => wait(),
             }
         }
-        let lsn = self.cluster_lsn.fetch_add(1, Ordering::Relaxed) + 1;
-        self.shared.tables.apply(lsn, &record);
-        Ok(record.rows.len() as u64)
+        sizes.sort_by_key(|s| std::cmp::Reverse(s.0));
+        for (bytes, t, k, s) in sizes {
+            if total <= self.config.buffer.total_max_bytes {
+                break;
+            }
+            total -= bytes;
+            due.push((t, k, s));
+        }
+        let mut out = Vec::new();
+        for (t, key, shard) in due {
+            let def = t.def();
+            let schema = t.schema();
+            let taken = {
+                let parts = t.parts.read();
+                (parts.get(&key).and_then(|p| p.shards.get(&shard)))
+                    .map(|r| (r.flushed, r.buffer.max_lsn, r.buffer.snapshot(&schema)))
+            };
+            let Some((after, through, batches)) = taken else {
+                continue;
+            };
+            let storage = self.shared.storage.clone();
+            let time_col = def.time_column();
+            let encoded = super::maintenance::blocking(move || {
+                storage.encode_parquet(&schema, &batches, time_col)
+            })
+            .await?;
+            let batch = encoded.batch.clone();
+            let path =
+                super::maintenance::file_path(def.id, key, &format!("s{shard}-{through:020}"));
+            let file = self.shared.storage.put_file(path, encoded).await?;
+            self.shared.hot.insert(&file.path, &batch);
+            out.push(ShardFile {
+                table_id: def.id,
+                partition: key,
+                shard,
+                after,
+                through,
+                file,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Removes files written by [`Engine::flush_shards`] that were not installed.
+    pub async fn discard_files(&self, files: &[ShardFile]) {
+        let paths: Vec<String> = files.iter().map(|f| f.file.path.clone()).collect();
+        if let Err(e) = self.shared.storage.delete(&paths).await {
+            tracing::warn!(error = %e, "could not remove files whose commit failed");
+        }
+    }
+
+    /// Installs files committed at `raft_index` of the metadata group: each joins its
+    /// partition and the rows it holds leave the buffers, in one step, so a query sees each
+    /// row once. All or none: if any file's rows were meanwhile persisted by another (a
+    /// former leader of the shard), none is installed and `Ok(false)` says so; the same
+    /// decision is taken on every node. An index already installed is skipped (`Ok(true)`).
+    /// Called from the metadata group's apply (a runtime worker thread).
+    pub fn install_shard_files(&self, raft_index: u64, files: &[ShardFile]) -> Result<bool> {
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::block_in_place(|| handle.block_on(self.install_files_at(raft_index, files)))
+    }
+
+    async fn install_files_at(&self, raft_index: u64, files: &[ShardFile]) -> Result<bool> {
+        let mut m = self.manifest.lock().await;
+        if raft_index <= m.raft_index {
+            return Ok(true);
+        }
+        let live = |f: &ShardFile| self.shared.tables.get(f.table_id);
+        let fits = files.iter().all(|f| {
+            let Some(t) = live(f) else {
+                return true;
+            };
+            let parts = t.parts.read();
+            let now = (parts.get(&f.partition).and_then(|p| p.shards.get(&f.shard)))
+                .map_or(0, |r| r.flushed);
+            now == f.after
+        });
+        let kept: Vec<&ShardFile> = files.iter().filter(|f| fits && live(f).is_some()).collect();
+        self.change_manifest(&mut m, |next| {
+            next.raft_index = raft_index;
+            for f in &kept {
+                let pm = next.partition(f.table_id, f.partition);
+                pm.files.push(f.file.clone());
+                pm.shards.insert(f.shard, f.through);
+            }
+        })
+        .await?;
+        self.manifest_index.store(raft_index, Ordering::Release);
+        for f in kept {
+            let Some(t) = live(f) else { continue };
+            let mut parts = t.parts.write();
+            let p = t.partition_mut(&mut parts, f.partition);
+            p.files.push(f.file.clone());
+            let rows = t.shard_rows(p, f.shard);
+            rows.flushed = f.through;
+            let released = rows.buffer.drop_through(f.through);
+            drop(parts);
+            self.shared.tables.release(released);
+            t.changed();
+            self.flushes.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(fits)
+    }
+
+    /// The metadata group's log index of the last file change installed here.
+    pub fn manifest_index(&self) -> u64 {
+        self.manifest_index.load(Ordering::Acquire)
+    }
+
+    /// The last log index of `shard` whose rows are all in installed files, as far as this
+    /// node's buffers tell (`None`: every entry applied here is).
+    pub fn shard_persisted_through(&self, shard: u32) -> Option<u64> {
+        self.shared.tables.shard_persisted_through(shard)
+    }
+
+    /// Takes a shard's snapshot: every entry up to `through` is in files the metadata group
+    /// had installed by its index `manifest_index`. Waits (up to 30 s) for this node's
+    /// metadata group to get there, then drops the shard's buffered rows up to `through`.
+    pub fn restore_shard(&self, shard: u32, through: u64, manifest_index: u64) -> Result<()> {
+        let started = Instant::now();
+        while self.manifest_index() < manifest_index {
+            if started.elapsed() > CATALOG_WAIT {
+                return Err(Error::Replication {
+                    reason: format!(
+                        "shard {shard}'s snapshot needs the metadata group's entry \
+                         {manifest_index}, not applied here after {} s",
+                        CATALOG_WAIT.as_secs()
+                    ),
+                });
+            }
+            pause();
+        }
+        self.shared.tables.drop_shard_through(shard, through);
+        Ok(())
     }
 
     /// Installs a catalog change committed at `raft_index` of the metadata group, bringing

@@ -471,7 +471,13 @@ impl Engine {
     }
 
     async fn drop_table(&self, name: &TableRef, if_exists: bool) -> Result<()> {
-        let mut m = self.manifest.lock().await;
+        // In a cluster the catalog change waits for the metadata group, whose apply takes
+        // the manifest lock to install files: not held across it there. The dropped table's
+        // files stay on the shared store (each node only forgets them).
+        let mut m = match self.clustered() {
+            true => None,
+            false => Some(self.manifest.lock().await),
+        };
         let removed = self.shared.catalog.change(|d| {
             let Some(db) = d.databases.get_mut(&name.database) else {
                 return if if_exists {
@@ -495,6 +501,10 @@ impl Engine {
             return Ok(());
         };
         self.shared.tables.remove(def.id);
+        let mut m = match m.take() {
+            Some(m) => m,
+            None => return Ok(()),
+        };
         if let Some(parts) = m.tables.get(&def.id) {
             let files: Vec<String> = parts
                 .values()
