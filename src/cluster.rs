@@ -26,7 +26,7 @@ use sluice_conf::ClusterConfig;
 use sluice_engine::catalog::{CatalogData, CatalogLog, TableDef};
 use sluice_engine::types::Value;
 use sluice_engine::wal::record::WriteRecord;
-use sluice_engine::{Engine, Error, Replicator, ShardFile};
+use sluice_engine::{Engine, Error, FileChange, Replicator};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -182,8 +182,10 @@ impl Cluster {
 
     /// Writes the due rows of the shards this node leads as Parquet on the shared store and
     /// commits the files through the metadata group; every node then installs them, drops
-    /// those rows from its buffers and snapshots the shards ([`MetaApply`]).
+    /// those rows from its buffers and snapshots the shards ([`MetaApply`]). On the metadata
+    /// group's leader, also merges small files now and then (`[compaction]`).
     async fn flush_led_shards(self: Arc<Self>, engine: Weak<Engine>, cancel: CancellationToken) {
+        let mut last_compact = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -192,47 +194,61 @@ impl Cluster {
             let Some(engine) = engine.upgrade() else {
                 return;
             };
+            let leads = |g: GroupId| {
+                (self.node.group(g)).is_some_and(|r| {
+                    r.metrics().borrow_watched().current_leader == Some(self.node.id())
+                })
+            };
             let led: Vec<u32> = (self.placement.iter())
                 .map(|p| p.shard)
-                .filter(|s| {
-                    (self.node.group(GroupId::Shard(*s))).is_some_and(|r| {
-                        r.metrics().borrow_watched().current_leader == Some(self.node.id())
-                    })
-                })
+                .filter(|s| leads(GroupId::Shard(*s)))
                 .collect();
-            if led.is_empty() {
-                continue;
+            if !led.is_empty() {
+                match engine.flush_shards(&led).await {
+                    Ok(f) => self.commit_files(&engine, FileChange::Flushed(f)).await,
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "flush failed; rows stay in the log and will be retried"
+                    ),
+                }
             }
-            let files = match engine.flush_shards(&led).await {
-                Ok(f) if f.is_empty() => continue,
-                Ok(f) => f,
-                Err(e) => {
-                    tracing::warn!(error = %e, "flush failed; rows stay in the log and will be retried");
-                    continue;
+            let due = (engine.compaction_every()).is_some_and(|e| last_compact.elapsed() >= e);
+            if due && leads(GroupId::Meta) {
+                last_compact = tokio::time::Instant::now();
+                match engine.compact_shared().await {
+                    Ok(m) => self.commit_files(&engine, FileChange::Merged(m)).await,
+                    Err(e) => tracing::warn!(error = %e, "compaction failed"),
                 }
-            };
-            let text = match serde_json::to_string(&files) {
-                Ok(t) => t,
-                Err(e) => {
-                    tracing::error!(error = %e, "flushed files do not serialize");
-                    continue;
-                }
-            };
-            let all: Vec<u64> = self.node.peers().keys().copied().collect();
-            match self
-                .node
-                .write(GroupId::Meta, Command::Files(text), &all)
-                .await
-            {
-                Ok(Response { error: None, .. }) => {}
-                Ok(Response { error: Some(e), .. }) => {
-                    // Refused alike on every node: no manifest names them.
-                    tracing::info!(reason = %e, "flushed files not installed; removing them");
-                    engine.discard_files(&files).await;
-                }
-                // The outcome is unknown (the entry may yet commit): the files stay.
-                Err(e) => tracing::warn!(error = %e, "committing flushed files failed"),
             }
+        }
+    }
+
+    /// Commits a file change through the metadata group. Refused (alike on every node), its
+    /// new files are removed; committed, the files a merge replaced are retired.
+    async fn commit_files(&self, engine: &Engine, change: FileChange) {
+        if change.is_empty() {
+            return;
+        }
+        let text = match serde_json::to_string(&change) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(error = %e, "a file change does not serialize");
+                return engine.discard_files(&change).await;
+            }
+        };
+        let all: Vec<u64> = self.node.peers().keys().copied().collect();
+        match (self.node)
+            .write(GroupId::Meta, Command::Files(text), &all)
+            .await
+        {
+            Ok(Response { error: None, .. }) => engine.retire_replaced(&change),
+            Ok(Response { error: Some(e), .. }) => {
+                // Refused alike on every node: no manifest names them.
+                tracing::info!(reason = %e, "new files not installed; removing them");
+                engine.discard_files(&change).await;
+            }
+            // The outcome is unknown (the entry may yet commit): the files stay.
+            Err(e) => tracing::warn!(error = %e, "committing a file change failed"),
         }
     }
 
@@ -617,16 +633,16 @@ impl Apply for MetaApply {
                 Err(e) => refused(e),
             },
             Command::Files(text) => {
-                let files: Vec<ShardFile> = match serde_json::from_str(text) {
+                let change: FileChange = match serde_json::from_str(text) {
                     Ok(f) => f,
-                    Err(e) => return refused(format!("files that do not decode: {e}")),
+                    Err(e) => return refused(format!("a file change that does not decode: {e}")),
                 };
-                match engine.install_shard_files(index, &files) {
+                match engine.install_file_change(index, &change) {
                     Ok(true) => {
-                        self.snapshot_shards(files.iter().map(|f| f.shard));
+                        self.snapshot_shards(change.shards().into_iter());
                         Response::default()
                     }
-                    Ok(false) => refused("their rows were persisted by another flush"),
+                    Ok(false) => refused("the files it replaces changed meanwhile"),
                     Err(e) => refused(e),
                 }
             }

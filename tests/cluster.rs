@@ -44,10 +44,11 @@ impl Cluster {
         for (id, port) in &ports {
             let dir = root.join(format!("n{id}"));
             std::fs::create_dir_all(&dir).unwrap();
-            // Buffers are written as Parquet after a second, so files, snapshots and log
-            // purges happen while the test runs.
+            // Buffers are written as Parquet after a second and small files merged every
+            // two, so files, merges, snapshots and log purges happen while the test runs.
             let config = format!(
-                "[buffer]\nmax_age = \"1s\"\n[cluster]\nnode_id = {id}\nlisten = \"127.0.0.1:{port}\"\n\
+                "[buffer]\nmax_age = \"1s\"\n[compaction]\nmin_files = 3\ninterval = \"2s\"\n\
+                 [cluster]\nnode_id = {id}\nlisten = \"127.0.0.1:{port}\"\n\
                  shared_store = \"file://{}\"\npeers = {{ {} }}\n",
                 shared.display(),
                 peers.join(", ")
@@ -414,4 +415,26 @@ async fn catch_up_from_the_shared_store(c: &mut Cluster, root: &Path) {
         log.contains("restored from the shared store"),
         "node 3 caught up without a snapshot from the shared store; its log:\n{log}"
     );
+    // Small files were merged on the way (the rows above are intact), and every node names
+    // the same files.
+    assert!(
+        (1..=2).any(|id| c.node(id).log_text().contains("merged files installed")),
+        "no merge of small files was installed"
+    );
+    let files = "SELECT sum(files) FROM system.partitions WHERE table_name = 'r'";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut on = Vec::new();
+        for id in 1..=3 {
+            on.push(c.node(id).count(files).await);
+        }
+        if on.iter().all(|n| *n == on[0]) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the nodes name different files: {on:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -27,7 +27,7 @@ mod query;
 mod replicated;
 mod statements;
 
-pub use replicated::{Replicator, ShardFile, encode_record};
+pub use replicated::{FileChange, MergedFiles, Replicator, ShardFile, encode_record};
 
 /// The engine. Cheap to share behind an `Arc`.
 pub struct Engine {

@@ -47,6 +47,8 @@ pub use api::{
     Database, DeadLetter, Health, Publication, QueryOptions, QueryOutput, SystemRows, WriteReceipt,
 };
 pub use decode::Format;
-pub use engine::{Engine, Replicator, ShardFile, encode_record, now_micros};
+pub use engine::{
+    Engine, FileChange, MergedFiles, Replicator, ShardFile, encode_record, now_micros,
+};
 pub use error::{Error, Result};
 pub use origin::Origin;

@@ -26,7 +26,9 @@ impl Engine {
                 _ = tokio::time::sleep(tick) => {}
             }
             if self.clustered() {
-                // Replicated rows are not persisted as Parquet yet: see `replicated`.
+                // Shard leaders persist replicated rows and the metadata group's leader
+                // compacts (see `replicated`); here only replaced files are deleted.
+                self.bury(false).await;
                 continue;
             }
             if let Err(e) = self.flush_due().await {
@@ -223,45 +225,16 @@ impl Engine {
 
     /// Merges each partition's small files once there are enough of them.
     pub async fn compact_all(&self) -> Result<usize> {
-        let cfg = &self.config.compaction;
         let mut m = self.manifest.lock().await;
         let mut merged = 0;
         for t in self.shared.tables.all() {
             let def = t.def();
-            let candidates: Vec<(u64, Vec<FileMeta>)> = t
-                .parts
-                .read()
-                .iter()
-                .filter_map(|(k, p)| {
-                    let small: Vec<FileMeta> = p
-                        .files
-                        .iter()
-                        .filter(|f| f.bytes < cfg.target_file_bytes)
-                        .cloned()
-                        .collect();
-                    (small.len() >= cfg.min_files).then_some((*k, small))
-                })
-                .collect();
-            for (key, small) in candidates {
-                let mut batches = Vec::new();
-                for f in &small {
-                    let bytes = self.shared.storage.get(&f.path).await?;
-                    batches.extend(blocking(move || Storage::decode_parquet(bytes)).await?);
-                }
-                let schema = t.schema();
-                let storage = self.shared.storage.clone();
-                let time_col = def.time_column();
-                let encoded =
-                    blocking(move || storage.encode_parquet(&schema, &batches, time_col)).await?;
-                let rows = encoded.rows;
-                let batch = encoded.batch.clone();
+            for (key, small) in self.compaction_candidates(&t) {
                 let flushed = t.parts.read().get(&key).map_or(0, |p| p.flushed_lsn);
                 let meta = self
-                    .shared
-                    .storage
-                    .put_file(file_path(def.id, key, &format!("{flushed:020}")), encoded)
+                    .merge_files(&t, key, &small, &format!("{flushed:020}"))
                     .await?;
-                self.shared.hot.insert(&meta.path, &batch);
+                let rows = meta.rows;
                 let old: Vec<String> = small.iter().map(|f| f.path.clone()).collect();
                 self.change_manifest(&mut m, |next| {
                     let pm = next.partition(def.id, key);
@@ -279,6 +252,47 @@ impl Engine {
             }
         }
         Ok(merged)
+    }
+
+    /// Each partition of `t` with enough small files to merge, and those files.
+    pub(super) fn compaction_candidates(&self, t: &TableState) -> Vec<(u64, Vec<FileMeta>)> {
+        let cfg = &self.config.compaction;
+        (t.parts.read().iter())
+            .filter_map(|(k, p)| {
+                let small: Vec<FileMeta> = (p.files.iter())
+                    .filter(|f| f.bytes < cfg.target_file_bytes)
+                    .cloned()
+                    .collect();
+                (small.len() >= cfg.min_files).then_some((*k, small))
+            })
+            .collect()
+    }
+
+    /// Writes the rows of `files` (of partition `key` of `t`) as one new file, named with
+    /// `stem`, kept in the hot cache. The caller makes it replace them.
+    pub(super) async fn merge_files(
+        &self,
+        t: &TableState,
+        key: u64,
+        files: &[FileMeta],
+        stem: &str,
+    ) -> Result<FileMeta> {
+        let def = t.def();
+        let mut batches = Vec::new();
+        for f in files {
+            let bytes = self.shared.storage.get(&f.path).await?;
+            batches.extend(blocking(move || Storage::decode_parquet(bytes)).await?);
+        }
+        let schema = t.schema();
+        let storage = self.shared.storage.clone();
+        let time_col = def.time_column();
+        let encoded = blocking(move || storage.encode_parquet(&schema, &batches, time_col)).await?;
+        let batch = encoded.batch.clone();
+        let meta = (self.shared.storage)
+            .put_file(file_path(def.id, key, stem), encoded)
+            .await?;
+        self.shared.hot.insert(&meta.path, &batch);
+        Ok(meta)
     }
 
     /// Files no longer live (replaced, expired, dropped): out of the hot cache now, deleted
@@ -402,7 +416,8 @@ impl Engine {
             let mut g = self.graveyard.lock();
             let (old, keep): (Vec<_>, Vec<_>) = g
                 .drain(..)
-                .partition(|(t, _)| now || t.elapsed() >= GRAVE_TIME);
+                // In a cluster other nodes may still be reading them: they wait their time.
+                .partition(|(t, _)| (now && !self.clustered()) || t.elapsed() >= GRAVE_TIME);
             *g = keep;
             old.into_iter().flat_map(|(_, f)| f).collect()
         };

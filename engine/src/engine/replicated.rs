@@ -77,6 +77,55 @@ pub struct ShardFile {
     pub file: FileMeta,
 }
 
+/// Small files of one partition merged into one, as the metadata group commits it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MergedFiles {
+    /// The table.
+    pub table_id: u64,
+    /// The partition key.
+    pub partition: u64,
+    /// The files merged (their paths).
+    pub replaced: Vec<String>,
+    /// The file holding their rows.
+    pub file: FileMeta,
+}
+
+/// A change to the files on the shared store, committed through the metadata group and
+/// installed by every node in that group's order ([`Engine::install_file_change`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FileChange {
+    /// Shard rows a shard's leader wrote ([`Engine::flush_shards`]).
+    Flushed(Vec<ShardFile>),
+    /// Files the metadata group's leader merged ([`Engine::compact_shared`]).
+    Merged(Vec<MergedFiles>),
+}
+
+impl FileChange {
+    /// The files the change adds.
+    fn new_paths(&self) -> Vec<String> {
+        match self {
+            Self::Flushed(f) => f.iter().map(|f| f.file.path.clone()).collect(),
+            Self::Merged(m) => m.iter().map(|m| m.file.path.clone()).collect(),
+        }
+    }
+
+    /// The shards whose rows the change persists.
+    pub fn shards(&self) -> Vec<u32> {
+        match self {
+            Self::Flushed(f) => f.iter().map(|f| f.shard).collect(),
+            Self::Merged(_) => Vec::new(),
+        }
+    }
+
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Self::Flushed(f) => f.is_empty(),
+            Self::Merged(m) => m.is_empty(),
+        }
+    }
+}
+
 /// Sleeps a moment from synchronous code, without stalling other tasks when on a runtime.
 fn pause() {
     let wait = || std::thread::sleep(Duration::from_millis(5));
@@ -211,30 +260,137 @@ impl Engine {
         Ok(out)
     }
 
-    /// Removes files written by [`Engine::flush_shards`] that were not installed.
-    pub async fn discard_files(&self, files: &[ShardFile]) {
-        let paths: Vec<String> = files.iter().map(|f| f.file.path.clone()).collect();
+    /// How often to look for files to merge; `None` when compaction is off.
+    pub fn compaction_every(&self) -> Option<Duration> {
+        let c = &self.config.compaction;
+        c.enabled
+            .then(|| sluice_conf::Config::duration(&c.interval))
+    }
+
+    /// Merges the small files of partitions on the shared store (as [`Engine::compact_all`]
+    /// does on a single node), each partition's into one new file. They replace the old
+    /// ones only once committed through the metadata group and installed
+    /// ([`Engine::install_file_change`]); run by that group's leader alone.
+    pub async fn compact_shared(&self) -> Result<Vec<MergedFiles>> {
+        let mut out = Vec::new();
+        for t in self.shared.tables.all() {
+            let def = t.def();
+            for (key, small) in self.compaction_candidates(&t) {
+                let file = self.merge_files(&t, key, &small, "merged").await?;
+                out.push(MergedFiles {
+                    table_id: def.id,
+                    partition: key,
+                    replaced: small.into_iter().map(|f| f.path).collect(),
+                    file,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes the files a change would have added, when it was refused.
+    pub async fn discard_files(&self, change: &FileChange) {
+        let paths = change.new_paths();
+        self.shared.hot.remove(&paths);
         if let Err(e) = self.shared.storage.delete(&paths).await {
             tracing::warn!(error = %e, "could not remove files whose commit failed");
         }
     }
 
-    /// Installs files committed at `raft_index` of the metadata group: each joins its
-    /// partition and the rows it holds leave the buffers, in one step, so a query sees each
-    /// row once. All or none: if any file's rows were meanwhile persisted by another (a
-    /// former leader of the shard), none is installed and `Ok(false)` says so; the same
-    /// decision is taken on every node. An index already installed is skipped (`Ok(true)`).
-    /// Called from the metadata group's apply (a runtime worker thread).
-    pub fn install_shard_files(&self, raft_index: u64, files: &[ShardFile]) -> Result<bool> {
-        let handle = tokio::runtime::Handle::current();
-        tokio::task::block_in_place(|| handle.block_on(self.install_files_at(raft_index, files)))
+    /// After a merge committed: the files it replaced are deleted from the shared store once
+    /// queries on any node that may still read them are done. Called on the node that
+    /// merged them only.
+    pub fn retire_replaced(&self, change: &FileChange) {
+        if let FileChange::Merged(merged) = change {
+            self.retire(merged.iter().flat_map(|m| m.replaced.clone()).collect());
+        }
     }
 
-    async fn install_files_at(&self, raft_index: u64, files: &[ShardFile]) -> Result<bool> {
-        let mut m = self.manifest.lock().await;
-        if raft_index <= m.raft_index {
-            return Ok(true);
+    /// Installs a file change committed at `raft_index` of the metadata group, and returns
+    /// whether it fitted; the same decision is taken on every node. An index already
+    /// installed is skipped (`Ok(true)`). Called from the metadata group's apply (a runtime
+    /// worker thread).
+    ///
+    /// Flushed files: each joins its partition and the rows it holds leave the buffers, in
+    /// one step, so a query sees each row once. All or none: if any file's rows were
+    /// meanwhile persisted by another (a former leader of the shard), none is installed.
+    ///
+    /// Merged files: each replaces the files it merged, if they are all still live (none was
+    /// merged or dropped meanwhile); all or none.
+    pub fn install_file_change(&self, raft_index: u64, change: &FileChange) -> Result<bool> {
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::block_in_place(|| {
+            handle.block_on(async {
+                let mut m = self.manifest.lock().await;
+                if raft_index <= m.raft_index {
+                    return Ok(true);
+                }
+                match change {
+                    FileChange::Flushed(files) => {
+                        self.install_flushed(&mut m, raft_index, files).await
+                    }
+                    FileChange::Merged(merged) => {
+                        self.install_merged(&mut m, raft_index, merged).await
+                    }
+                }
+            })
+        })
+    }
+
+    async fn install_merged(
+        &self,
+        m: &mut crate::storage::Manifest,
+        raft_index: u64,
+        merged: &[MergedFiles],
+    ) -> Result<bool> {
+        let live = |f: &MergedFiles| self.shared.tables.get(f.table_id);
+        let fits = merged.iter().all(|f| {
+            let Some(t) = live(f) else {
+                return true;
+            };
+            let parts = t.parts.read();
+            let files = parts.get(&f.partition).map(|p| &p.files);
+            (f.replaced.iter()).all(|r| files.is_some_and(|fs| fs.iter().any(|x| x.path == *r)))
+        });
+        let kept: Vec<&MergedFiles> = merged
+            .iter()
+            .filter(|f| fits && live(f).is_some())
+            .collect();
+        self.change_manifest(m, |next| {
+            next.raft_index = raft_index;
+            for f in &kept {
+                let pm = next.partition(f.table_id, f.partition);
+                pm.files.retain(|x| !f.replaced.contains(&x.path));
+                pm.files.push(f.file.clone());
+            }
+        })
+        .await?;
+        self.manifest_index.store(raft_index, Ordering::Release);
+        for f in kept {
+            let Some(t) = live(f) else { continue };
+            if let Some(p) = t.parts.write().get_mut(&f.partition) {
+                p.files.retain(|x| !f.replaced.contains(&x.path));
+                p.files.push(f.file.clone());
+            }
+            self.shared.hot.remove(&f.replaced);
+            t.changed();
+            tracing::info!(
+                table = t.def().name,
+                partition = f.partition,
+                files = f.replaced.len(),
+                rows = f.file.rows,
+                "merged files installed"
+            );
         }
+        Ok(fits)
+    }
+
+    async fn install_flushed(
+        &self,
+        m: &mut crate::storage::Manifest,
+        raft_index: u64,
+        files: &[ShardFile],
+    ) -> Result<bool> {
         let live = |f: &ShardFile| self.shared.tables.get(f.table_id);
         let fits = files.iter().all(|f| {
             let Some(t) = live(f) else {
@@ -246,7 +402,7 @@ impl Engine {
             now == f.after
         });
         let kept: Vec<&ShardFile> = files.iter().filter(|f| fits && live(f).is_some()).collect();
-        self.change_manifest(&mut m, |next| {
+        self.change_manifest(m, |next| {
             next.raft_index = raft_index;
             for f in &kept {
                 let pm = next.partition(f.table_id, f.partition);
