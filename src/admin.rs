@@ -1,8 +1,9 @@
 //! Where the broker meets the HTTP API (siblings, so the binary joins them): the bridge
 //! routes (`GET /v1/bridges`, `POST /v1/bridges` with a `[[bridge]]` entry as JSON,
-//! `DELETE /v1/bridges/{name}`, `POST /v1/bridges/{name}/restart`) and the broker's users
-//! as the HTTP API's logins.
+//! `DELETE /v1/bridges/{name}`, `POST /v1/bridges/{name}/restart`), the cluster routes
+//! ([`cluster_routes`]) and the broker's users as the HTTP API's logins.
 
+use crate::cluster::{Cluster, MoveError};
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -76,6 +77,76 @@ async fn restart(
 ) -> Result<StatusCode, ApiError> {
     to_the_end(async move { b.restart(&name).await }).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The cluster routes: `GET /v1/cluster` (this node's view: `system.nodes` and
+/// `system.shards` as JSON) and `POST /v1/cluster/shards/{shard}/leader` with
+/// `{"node": N}` (make N the shard's preferred leader and wait, up to 10 s, for the
+/// leadership to move there).
+pub(crate) fn cluster_routes(cluster: Arc<Cluster>) -> Router {
+    Router::new()
+        .route("/v1/cluster", get(cluster_state))
+        .route("/v1/cluster/shards/{shard}/leader", post(move_leader))
+        .with_state(cluster)
+}
+
+fn rows_json(batch: &arrow::record_batch::RecordBatch) -> Result<serde_json::Value, ApiError> {
+    let internal = |e: String| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e);
+    let mut w = arrow::json::ArrayWriter::new(Vec::new());
+    w.write(batch).map_err(|e| internal(e.to_string()))?;
+    w.finish().map_err(|e| internal(e.to_string()))?;
+    let bytes = w.into_inner();
+    if bytes.is_empty() {
+        return Ok(serde_json::Value::Array(Vec::new()));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| internal(e.to_string()))
+}
+
+async fn cluster_state(State(c): State<Arc<Cluster>>) -> Result<impl IntoResponse, ApiError> {
+    Ok(axum::Json(serde_json::json!({
+        "node_id": c.node_id(),
+        "nodes": rows_json(&c.nodes_table())?,
+        "shards": rows_json(&c.shards_table())?,
+    })))
+}
+
+#[derive(serde::Deserialize)]
+struct MoveTo {
+    node: u64,
+}
+
+async fn move_leader(
+    State(c): State<Arc<Cluster>>,
+    Path(shard): Path<u32>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let to: MoveTo = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("expected {{\"node\": <node id>}}: {e}"),
+        )
+    })?;
+    let wait = std::time::Duration::from_secs(10);
+    let moved = tokio::spawn(async move { c.move_leader(shard, to.node, wait).await })
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    match moved {
+        Ok(leader) => Ok(axum::Json(serde_json::json!({
+            "shard": shard,
+            "preferred_leader": to.node,
+            "leader": leader,
+            "moved": leader == Some(to.node),
+        }))),
+        Err(e) => {
+            let (status, code) = match &e {
+                MoveError::NoShard(..) => (StatusCode::NOT_FOUND, "unknown_shard"),
+                MoveError::NotReplica { .. } => (StatusCode::BAD_REQUEST, "not_a_replica"),
+                MoveError::Failed(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_committed"),
+            };
+            Err(ApiError::new(status, code, e.to_string()))
+        }
+    }
 }
 
 /// HTTP logins checked against the broker's users (`[[user]]` and `CREATE USER`).

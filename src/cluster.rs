@@ -61,6 +61,9 @@ pub(crate) struct Cluster {
     seq: AtomicU64,
     /// Per shard: writes waiting to be shipped ([`ship`]).
     queues: Vec<mpsc::UnboundedSender<Queued>>,
+    /// Shards whose preferred leader an operator set ([`Cluster::move_leader`]), as the
+    /// metadata group applied it.
+    preferred: Arc<Mutex<BTreeMap<u32, u64>>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -118,9 +121,11 @@ impl Cluster {
             cancel.clone(),
         ));
 
+        let preferred = Arc::new(Mutex::new(BTreeMap::new()));
         let meta_apply = MetaApply {
             engine: Arc::downgrade(engine),
             node: Arc::downgrade(&node),
+            preferred: preferred.clone(),
         };
         let meta = node
             .open_group(GroupId::Meta, Arc::new(meta_apply))
@@ -144,6 +149,7 @@ impl Cluster {
             incarnation: sluice_engine::now_micros() as u64,
             seq: AtomicU64::new(0),
             queues,
+            preferred,
         });
         engine.join_cluster(
             cluster.clone(),
@@ -261,6 +267,71 @@ impl Cluster {
             .collect()
     }
 
+    /// The replica that should lead `shard`: the one an operator chose, else the
+    /// placement's first.
+    fn preferred_leader(&self, p: &ShardPlacement) -> u64 {
+        (self.preferred.lock().get(&p.shard).copied()).unwrap_or(p.replicas[0])
+    }
+
+    /// Makes `node` the preferred leader of data shard `shard` (committed through the
+    /// metadata group, so every node agrees and it outlives restarts) and waits up to
+    /// `wait` for the shard's leadership to move there. Returns the leader seen at the end
+    /// (`None` if this node has no replica of the shard and cannot tell).
+    pub(crate) async fn move_leader(
+        &self,
+        shard: u32,
+        node: u64,
+        wait: Duration,
+    ) -> Result<Option<u64>, MoveError> {
+        let p = (self.placement.iter().find(|p| p.shard == shard))
+            .ok_or(MoveError::NoShard(shard, self.placement.len()))?;
+        if !p.replicas.contains(&node) {
+            return Err(MoveError::NotReplica {
+                shard,
+                node,
+                replicas: p.replicas.clone(),
+            });
+        }
+        let all: Vec<u64> = self.node.peers().keys().copied().collect();
+        let committed = (self.node)
+            .write(GroupId::Meta, Command::Leader { shard, node }, &all)
+            .await
+            .map_err(|e| MoveError::Failed(e.to_string()))?;
+        if let Some(e) = committed.error {
+            return Err(MoveError::Failed(e));
+        }
+        let Some(raft) = self.node.group(GroupId::Shard(shard)) else {
+            return Ok(None);
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let m = raft.metrics().borrow_watched().clone();
+            if m.current_leader == Some(node) || tokio::time::Instant::now() >= deadline {
+                return Ok(m.current_leader);
+            }
+            if m.current_leader == Some(self.node.id()) {
+                self.hand_over(shard, &raft, node).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Hands a shard's leadership (held here) to `to` once it has every entry.
+    async fn hand_over(&self, shard: u32, raft: &GroupRaft, to: u64) {
+        let m = raft.metrics().borrow_watched().clone();
+        let matched = (m.replication.as_ref())
+            .and_then(|r| r.get(&to).cloned().flatten())
+            .map(|l| l.index);
+        if matched.is_some() && matched == m.last_log_index {
+            tracing::info!(
+                shard,
+                to,
+                "moving shard leadership to its preferred replica"
+            );
+            let _ = raft.trigger().transfer_leader(to).await;
+        }
+    }
+
     /// Hands a shard's leadership back to its preferred replica once that one has caught up
     /// (after a failover, or at start when another replica won the first election).
     async fn keep_preferred_leaders(self: Arc<Self>, cancel: CancellationToken) {
@@ -273,24 +344,18 @@ impl Cluster {
                 let Some(raft) = self.node.group(GroupId::Shard(p.shard)) else {
                     continue;
                 };
-                let m = raft.metrics().borrow_watched().clone();
-                let preferred = p.replicas[0];
-                if m.current_leader != Some(self.node.id()) || preferred == self.node.id() {
-                    continue;
-                }
-                let matched = (m.replication.as_ref())
-                    .and_then(|r| r.get(&preferred).cloned().flatten())
-                    .map(|l| l.index);
-                if matched.is_some() && matched == m.last_log_index {
-                    tracing::info!(
-                        shard = p.shard,
-                        to = preferred,
-                        "moving shard leadership back"
-                    );
-                    let _ = raft.trigger().transfer_leader(preferred).await;
+                let leader = raft.metrics().borrow_watched().current_leader;
+                let preferred = self.preferred_leader(p);
+                if leader == Some(self.node.id()) && preferred != self.node.id() {
+                    self.hand_over(p.shard, &raft, preferred).await;
                 }
             }
         }
+    }
+
+    /// This node's id.
+    pub(crate) fn node_id(&self) -> u64 {
+        self.node.id()
     }
 
     /// `system.nodes`: every node, whether it is this one, and what it leads as seen here.
@@ -343,6 +408,14 @@ impl Cluster {
             ("shard", text(|r| &r.0)),
             ("replicas", text(|r| &r.1)),
             ("leader", index(&|m| m.current_leader)),
+            (
+                "preferred_leader",
+                Arc::new(UInt64Array::from_iter(rows.iter().map(|r| {
+                    let shard = r.0.strip_prefix("shard-")?.parse::<u32>().ok()?;
+                    let p = self.placement.iter().find(|p| p.shard == shard)?;
+                    Some(self.preferred_leader(p))
+                }))),
+            ),
             ("term", index(&|m| Some(m.current_term))),
             (
                 "state",
@@ -609,10 +682,44 @@ impl CatalogLog for MetaLog {
     }
 }
 
-/// The metadata group's state: the catalog and the manifest of Parquet files.
+/// Why a shard's leadership could not be moved.
+#[derive(Debug)]
+pub(crate) enum MoveError {
+    /// No such shard (and how many there are).
+    NoShard(u32, usize),
+    /// The node holds no replica of the shard.
+    NotReplica {
+        shard: u32,
+        node: u64,
+        replicas: Vec<u64>,
+    },
+    /// The metadata group did not commit the change.
+    Failed(String),
+}
+
+impl std::fmt::Display for MoveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoShard(s, n) => write!(f, "no shard {s}: shards are 0 to {}", n - 1),
+            Self::NotReplica {
+                shard,
+                node,
+                replicas,
+            } => write!(
+                f,
+                "node {node} holds no replica of shard {shard} (its replicas: {replicas:?})"
+            ),
+            Self::Failed(e) => write!(f, "the metadata group did not commit the move: {e}"),
+        }
+    }
+}
+
+/// The metadata group's state: the catalog, the manifest of Parquet files and the
+/// preferred leaders operators chose.
 struct MetaApply {
     engine: Weak<Engine>,
     node: Weak<Node>,
+    preferred: Arc<Mutex<BTreeMap<u32, u64>>>,
 }
 
 fn refused(e: impl std::fmt::Display) -> Response {
@@ -645,6 +752,10 @@ impl Apply for MetaApply {
                     Ok(false) => refused("the files it replaces changed meanwhile"),
                     Err(e) => refused(e),
                 }
+            }
+            Command::Leader { shard, node } => {
+                self.preferred.lock().insert(*shard, *node);
+                Response::default()
             }
             Command::Write(_) => Response::default(),
         }

@@ -209,8 +209,10 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     let routes = {
         let broker = broker.clone();
+        let cluster_routes = cluster.clone().map(admin::cluster_routes);
         sluice_web::stream_route("/mqtt", "mqtt", ws)
             .merge(admin::bridge_routes(broker.bridges().clone()))
+            .merge(cluster_routes.unwrap_or_default())
             .route(
                 "/metrics",
                 axum::routing::get(move || {

@@ -316,6 +316,7 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     assert_eq!(c.node(1).count("SELECT count(*) FROM iot.t2").await, 0);
 
     catch_up_from_the_shared_store(&mut c, root.path()).await;
+    move_a_shard_leader(&c).await;
 
     for (_, s) in std::mem::take(&mut c.nodes) {
         assert_eq!(s.terminate(), 0);
@@ -436,5 +437,93 @@ async fn catch_up_from_the_shared_store(c: &mut Cluster, root: &Path) {
             "the nodes name different files: {on:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// An operator moves a shard's leadership through the HTTP admin API of a node that is not
+/// the shard's leader; it moves, every node shows the new preferred leader, it stays there
+/// (the old preferred leader does not take it back), and writes go on. Bad requests are
+/// refused with a reason.
+async fn move_a_shard_leader(c: &Cluster) {
+    let state = |id: u64| {
+        let s = c.node(id);
+        async move {
+            let r = s.client().get(s.url("/v1/cluster")).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            serde_json::from_str::<serde_json::Value>(&r.text().await.unwrap()).unwrap()
+        }
+    };
+    let view = state(1).await;
+    assert_eq!(view["node_id"], 1);
+    assert_eq!(view["nodes"].as_array().unwrap().len(), 3);
+    let shard0 = (view["shards"].as_array().unwrap().iter())
+        .find(|s| s["shard"] == "shard-0")
+        .expect("node 1 has shard 0")
+        .clone();
+    let leader = shard0["leader"].as_u64().unwrap();
+    assert_eq!(shard0["preferred_leader"].as_u64(), Some(leader));
+    let to = (1..=3).find(|n| *n != leader).unwrap();
+    let via = (1..=3).find(|n| *n != leader && *n != to).unwrap();
+
+    let post = |path: &'static str, body: String| {
+        let s = c.node(via);
+        async move {
+            let r = (s.client().post(s.url(path)))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let (status, text) = post(
+        "/v1/cluster/shards/99/leader",
+        format!("{{\"node\": {to}}}"),
+    )
+    .await;
+    assert_eq!(status, 404, "{text}");
+    assert!(text.contains("no shard 99"), "{text}");
+    let (status, text) = post("/v1/cluster/shards/0/leader", "{\"node\": 9}".into()).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("no replica of shard 0"), "{text}");
+    let (status, text) = post("/v1/cluster/shards/0/leader", "nonsense".into()).await;
+    assert_eq!(status, 400, "{text}");
+
+    let (status, text) = post("/v1/cluster/shards/0/leader", format!("{{\"node\": {to}}}")).await;
+    assert_eq!(status, 200, "{text}");
+    let moved: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(moved["moved"], true, "{text}");
+    let q = "SELECT leader, preferred_leader FROM system.shards WHERE shard = 'shard-0'";
+    for id in 1..=3 {
+        let s = c.node(id);
+        eventually_eq(
+            &format!("node {id} sees shard 0 led by {to}"),
+            20,
+            &(to, to),
+            || async {
+                let r = s.rows(q).await;
+                (
+                    r[0]["leader"].as_u64().unwrap_or(0),
+                    r[0]["preferred_leader"].as_u64().unwrap(),
+                )
+            },
+        )
+        .await;
+    }
+    // The old preferred leader leaves it there (it would have taken it back within 2 s).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let r = c.node(leader).rows(q).await;
+    assert_eq!(r[0]["leader"].as_u64(), Some(to));
+    let before = c.node(1).count("SELECT count(*) FROM iot.r").await;
+    let rows: String = (0..12)
+        .map(|d| format!("2026-11-23 14:00:00,m{d},{}\n", 4_000_000 + d))
+        .collect();
+    c.node(leader).write_ok("iot", "r", "text/csv", rows).await;
+    for id in 1..=3 {
+        assert_eq!(
+            c.node(id).count("SELECT count(*) FROM iot.r").await,
+            before + 12
+        );
     }
 }

@@ -24,6 +24,14 @@ pub enum Command {
     Catalog(String),
     /// Parquet files joining the manifest (the metadata group), as JSON.
     Files(String),
+    /// The replica that should lead a data shard from now on (the metadata group): set by
+    /// an operator, it replaces the placement's first replica.
+    Leader {
+        /// The data shard.
+        shard: u32,
+        /// The node, one of the shard's replicas.
+        node: u64,
+    },
 }
 
 impl fmt::Display for Command {
@@ -32,6 +40,7 @@ impl fmt::Display for Command {
             Command::Write(b) => write!(f, "write({} bytes)", b.len()),
             Command::Catalog(s) => write!(f, "catalog({s})"),
             Command::Files(s) => write!(f, "files({} bytes)", s.len()),
+            Command::Leader { shard, node } => write!(f, "leader(shard {shard}: node {node})"),
         }
     }
 }
