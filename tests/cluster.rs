@@ -229,16 +229,11 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     let want = acked.len() as u64;
     for id in 1..=3 {
         let s = c.node(id);
-        eventually_eq(
-            &format!("node {id} has every acknowledged row once"),
+        rows_once(
+            s,
+            want,
             30,
-            &(want, want),
-            || async {
-                let r = s
-                    .rows("SELECT count(*) AS n, count(DISTINCT seq) AS d FROM iot.r")
-                    .await;
-                (r[0]["n"].as_u64().unwrap(), r[0]["d"].as_u64().unwrap())
-            },
+            &format!("node {id} has every acknowledged row once"),
         )
         .await;
         let seqs: Vec<u64> = (s.rows("SELECT seq FROM iot.r ORDER BY seq").await)
@@ -392,16 +387,11 @@ async fn catch_up_from_the_shared_store(c: &mut Cluster, root: &Path) {
     );
     for id in 1..=3 {
         let s = c.node(id);
-        eventually_eq(
-            &format!("node {id} has every row once after the catch-up"),
+        rows_once(
+            s,
+            want,
             60,
-            &(want, want),
-            || async {
-                let r = s
-                    .rows("SELECT count(*) AS n, count(DISTINCT seq) AS d FROM iot.r")
-                    .await;
-                (r[0]["n"].as_u64().unwrap(), r[0]["d"].as_u64().unwrap())
-            },
+            &format!("node {id} has every row once after the catch-up"),
         )
         .await;
     }
@@ -526,4 +516,15 @@ async fn move_a_shard_leader(c: &Cluster) {
             before + 12
         );
     }
+}
+
+/// Waits (up to `secs`) until `s` has `want` rows in `iot.r`, each `seq` once.
+async fn rows_once(s: &Server, want: u64, secs: u64, what: &str) {
+    eventually_eq(what, secs, &(want, want), || async {
+        let r = s
+            .rows("SELECT count(*) AS n, count(DISTINCT seq) AS d FROM iot.r")
+            .await;
+        (r[0]["n"].as_u64().unwrap(), r[0]["d"].as_u64().unwrap())
+    })
+    .await;
 }

@@ -265,6 +265,13 @@ impl Tables {
     /// Applies a write committed at `index` of shard `shard`'s log (a cluster's apply):
     /// rows of a partition whose files already hold that entry are skipped.
     pub fn apply_shard(&self, shard: u32, index: u64, record: &WriteRecord) {
+        self.apply_rows(index, record, Some(shard));
+    }
+
+    /// Adds a record's rows to the buffers: the single-node ones (`shard` None, `lsn` the
+    /// WAL's) or a shard's (`lsn` its log index). Rows of a partition whose files already
+    /// hold that LSN are skipped (a replay), as are those of a dropped table.
+    fn apply_rows(&self, lsn: u64, record: &WriteRecord, shard: Option<u32>) {
         let Some(table) = self.get(record.table_id) else {
             return;
         };
@@ -279,11 +286,17 @@ impl Tables {
         for row in &record.rows {
             let key = row.get(pc).map_or(0, |v| def.partition.key(v));
             let part = table.partition_mut(&mut parts, key);
-            let rows = table.shard_rows(part, shard);
-            if index <= rows.flushed {
+            let (flushed, buffer) = match shard {
+                None => (part.flushed_lsn, &mut part.buffer),
+                Some(s) => {
+                    let rows = table.shard_rows(part, s);
+                    (rows.flushed, &mut rows.buffer)
+                }
+            };
+            if lsn <= flushed {
                 continue;
             }
-            added += rows.buffer.push(index, row, time_col);
+            added += buffer.push(lsn, row, time_col);
         }
         self.buffered.fetch_add(added as u64, Ordering::Relaxed);
         drop(parts);
@@ -329,29 +342,6 @@ impl Tables {
 
 impl Applier for Tables {
     fn apply(&self, lsn: u64, record: &WriteRecord) {
-        let Some(table) = self.get(record.table_id) else {
-            // Dropped since it was logged.
-            return;
-        };
-        let def = table.def();
-        let time_col = def.time_column();
-        let pc = def.partition_column;
-        let mut parts = table.parts.write();
-        if table.dropped.load(Ordering::Relaxed) {
-            return;
-        }
-        let mut added = 0;
-        for row in &record.rows {
-            let key = row.get(pc).map_or(0, |v| def.partition.key(v));
-            let part = table.partition_mut(&mut parts, key);
-            if lsn <= part.flushed_lsn {
-                // Replay of a record this partition already persisted.
-                continue;
-            }
-            added += part.buffer.push(lsn, row, time_col);
-        }
-        self.buffered.fetch_add(added as u64, Ordering::Relaxed);
-        drop(parts);
-        table.changed();
+        self.apply_rows(lsn, record, None);
     }
 }
