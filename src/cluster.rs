@@ -27,7 +27,7 @@ use sluice_engine::catalog::{CatalogData, CatalogLog, TableDef};
 use sluice_engine::types::Value;
 use sluice_engine::wal::record::WriteRecord;
 use sluice_engine::{Engine, Error, FileChange, Replicator};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -163,12 +163,7 @@ impl Cluster {
             if !p.replicas.contains(&cfg.node_id) {
                 continue;
             }
-            let apply = Arc::new(ShardApply {
-                shard: p.shard,
-                engine: Arc::downgrade(engine),
-                seen: Mutex::new(HashMap::new()),
-                applied: AtomicU64::new(0),
-            });
+            let apply = Arc::new(ShardApply::new(p.shard, Arc::downgrade(engine)));
             let raft = node
                 .open_group(GroupId::Shard(p.shard), apply)
                 .await
@@ -792,11 +787,23 @@ impl MetaApply {
 }
 
 /// What a shard's snapshot holds: its log up to `through` is in files the metadata group
-/// had installed by its entry `manifest_index`.
+/// had installed by its entry `manifest_index`. With it, the duplicate filter as of entry
+/// `applied` (at or after `through`) and the copies it dropped after `through`: the entries
+/// after `through` are applied again after a restore, and must drop the same copies.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct ShardSnapshot {
     through: u64,
     manifest_index: u64,
+    applied: u64,
+    seen: Vec<((u64, u64), Recent)>,
+    dropped: Vec<(u64, [u8; WRITE_HEADER])>,
+}
+
+/// After a restore, until entry `upto`: the copies to drop are known (`dropped`, by log
+/// index and write header), and the filter already holds every write up to `upto`.
+struct Replay {
+    upto: u64,
+    dropped: HashSet<(u64, [u8; WRITE_HEADER])>,
 }
 
 /// A data shard's state: its rows, in the engine's buffers and files.
@@ -807,11 +814,16 @@ struct ShardApply {
     applied: AtomicU64,
     /// (writer node, incarnation) -> the writes of it applied recently.
     seen: Mutex<HashMap<(u64, u64), Recent>>,
+    /// Copies dropped since the last snapshot's position: (log index, write header).
+    dropped: Mutex<Vec<(u64, [u8; WRITE_HEADER])>>,
+    /// Set by a restore, while the entries the snapshot's filter already holds come again.
+    replay: Mutex<Option<Replay>>,
 }
 
 /// One writer incarnation's recent write ids: a bit per sequence number in the window
 /// below the highest seen (128 KiB), decided from the log alone so every replica drops the
 /// same copies.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 struct Recent {
     max: u64,
     bits: Vec<u64>,
@@ -864,6 +876,71 @@ impl Recent {
 }
 
 impl ShardApply {
+    fn new(shard: u32, engine: Weak<Engine>) -> Self {
+        Self {
+            shard,
+            engine,
+            applied: AtomicU64::new(0),
+            seen: Mutex::new(HashMap::new()),
+            dropped: Mutex::new(Vec::new()),
+            replay: Mutex::new(None),
+        }
+    }
+
+    /// Whether the write with this header, in the entry at `index`, is a copy of one
+    /// applied before; remembered until a snapshot covers `index`.
+    fn is_copy(&self, index: u64, header: &[u8; WRITE_HEADER]) -> bool {
+        let copy = {
+            let mut replay = self.replay.lock();
+            match replay.as_ref() {
+                Some(r) if index <= r.upto => r.dropped.contains(&(index, *header)),
+                _ => {
+                    *replay = None;
+                    drop(replay);
+                    self.seen_before(header)
+                }
+            }
+        };
+        if copy {
+            self.dropped.lock().push((index, *header));
+        }
+        copy
+    }
+
+    /// The snapshot of this shard for entries up to `through`.
+    fn snapshot_at(&self, through: u64, manifest_index: u64) -> ShardSnapshot {
+        let replay = self.replay.lock();
+        let mut dropped = self.dropped.lock();
+        dropped.retain(|(i, _)| *i > through);
+        let mut all = dropped.clone();
+        let mut applied = self.applied.load(Ordering::Acquire);
+        if let Some(r) = replay.as_ref() {
+            // Mid-replay the filter is at `upto`, and the copies still to come are known.
+            applied = applied.max(r.upto);
+            let pending = r.dropped.iter().filter(|(i, _)| *i > through);
+            all.extend(pending.filter(|d| !dropped.contains(d)));
+        }
+        let seen = self.seen.lock();
+        ShardSnapshot {
+            through,
+            manifest_index,
+            applied,
+            seen: seen.iter().map(|(k, r)| (*k, r.clone())).collect(),
+            dropped: all,
+        }
+    }
+
+    /// Takes the duplicate filter of a snapshot.
+    fn restore_filter(&self, snap: &ShardSnapshot) {
+        *self.seen.lock() = snap.seen.iter().cloned().collect();
+        *self.dropped.lock() = snap.dropped.clone();
+        *self.replay.lock() = Some(Replay {
+            upto: snap.applied,
+            dropped: snap.dropped.iter().copied().collect(),
+        });
+        self.applied.store(snap.through, Ordering::Release);
+    }
+
     /// Whether the write with this header was applied before (a re-sent copy).
     fn seen_before(&self, header: &[u8]) -> bool {
         let word = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().unwrap_or_default());
@@ -904,7 +981,10 @@ impl Apply for ShardApply {
                 break;
             };
             rest = tail;
-            if entry.len() < WRITE_HEADER || self.seen_before(&entry[..WRITE_HEADER]) {
+            let Some((header, _)) = entry.split_first_chunk::<WRITE_HEADER>() else {
+                continue;
+            };
+            if self.is_copy(index, header) {
                 continue;
             }
             match engine.apply_replicated(self.shard, index, &entry[WRITE_HEADER..]) {
@@ -928,17 +1008,14 @@ impl Apply for ShardApply {
             ),
             None => (0, 0),
         };
-        let data = serde_json::to_vec(&ShardSnapshot {
-            through,
-            manifest_index,
-        })?;
+        let data = sluice_cluster::to_cbor(&self.snapshot_at(through, manifest_index))?;
         Ok((Some(through), Bytes::from(data)))
     }
 
     /// Catching up from the shared store: the files (named by the manifest the metadata
     /// group brings) hold the shard's rows up to the snapshot; only later entries follow.
     fn restore(&self, data: &[u8]) -> io::Result<()> {
-        let snap: ShardSnapshot = serde_json::from_slice(data)?;
+        let snap: ShardSnapshot = sluice_cluster::from_cbor(data)?;
         let engine = self
             .engine
             .upgrade()
@@ -946,7 +1023,7 @@ impl Apply for ShardApply {
         engine
             .restore_shard(self.shard, snap.through, snap.manifest_index)
             .map_err(io::Error::other)?;
-        self.applied.store(snap.through, Ordering::Release);
+        self.restore_filter(&snap);
         tracing::info!(
             shard = self.shard,
             through = snap.through,
@@ -959,6 +1036,60 @@ impl Apply for ShardApply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn header(writer: u64, seq: u64) -> [u8; WRITE_HEADER] {
+        let mut h = [0; WRITE_HEADER];
+        h[..8].copy_from_slice(&writer.to_le_bytes());
+        h[8..16].copy_from_slice(&1u64.to_le_bytes());
+        h[16..].copy_from_slice(&seq.to_le_bytes());
+        h
+    }
+
+    /// A shard restored from a snapshot whose position is behind the entries its filter
+    /// had seen drops exactly the copies the original dropped, when those entries come again
+    /// and after them (also when the snapshot is taken again mid-replay).
+    #[test]
+    fn a_restored_shard_drops_the_same_copies() {
+        // Re-sent copies: entry 3 of 1's write, 5 of 2's (straddling the snapshot at 2), 7
+        // of 3's (after everything the snapshot saw), 8 of 1's again.
+        let log: Vec<(u64, [u8; WRITE_HEADER])> = [(1, 1), (2, 2), (3, 1), (4, 3), (5, 2)]
+            .into_iter()
+            .chain([(6, 4), (7, 3), (8, 1), (9, 5)])
+            .map(|(i, seq)| (i, header(7, seq)))
+            .collect();
+        let original = ShardApply::new(0, Weak::new());
+        let want: Vec<bool> = log.iter().map(|(i, h)| original.is_copy(*i, h)).collect();
+        assert_eq!(
+            want,
+            [false, false, true, false, true, false, true, true, false]
+        );
+
+        let source = ShardApply::new(0, Weak::new());
+        for (i, h) in &log[..5] {
+            source.is_copy(*i, h);
+        }
+        source.applied.store(5, Ordering::Release);
+        let snap = source.snapshot_at(2, 0);
+        let bytes = sluice_cluster::to_cbor(&snap).unwrap();
+        let restored = ShardApply::new(0, Weak::new());
+        restored.restore_filter(&sluice_cluster::from_cbor(&bytes).unwrap());
+        let got: Vec<bool> = log[2..]
+            .iter()
+            .map(|(i, h)| restored.is_copy(*i, h))
+            .collect();
+        assert_eq!(got, want[2..]);
+
+        // Again, from a snapshot taken after replaying entry 3 only.
+        let again = ShardApply::new(0, Weak::new());
+        again.restore_filter(&snap);
+        again.is_copy(log[2].0, &log[2].1);
+        again.applied.store(3, Ordering::Release);
+        let snap = again.snapshot_at(3, 0);
+        let last = ShardApply::new(0, Weak::new());
+        last.restore_filter(&snap);
+        let got: Vec<bool> = log[3..].iter().map(|(i, h)| last.is_copy(*i, h)).collect();
+        assert_eq!(got, want[3..]);
+    }
 
     #[test]
     fn recent_write_ids_drop_copies_within_the_window() {

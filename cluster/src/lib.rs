@@ -42,4 +42,4 @@ pub use node::{
 };
 pub use placement::{ShardPlacement, place, shard_of};
 pub use sm::{Apply, StateMachine};
-pub use types::{Command, GroupId, Response, Tc};
+pub use types::{Command, GroupId, Response, Tc, from_cbor, to_cbor};

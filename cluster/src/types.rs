@@ -110,14 +110,14 @@ pub(crate) mod as_bytes {
 }
 
 /// Encodes `value` as CBOR.
-pub(crate) fn to_cbor<T: Serialize>(value: &T) -> std::io::Result<Vec<u8>> {
+pub fn to_cbor<T: Serialize>(value: &T) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     ciborium::into_writer(value, &mut out).map_err(std::io::Error::other)?;
     Ok(out)
 }
 
 /// Decodes CBOR made by [`to_cbor`].
-pub(crate) fn from_cbor<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> std::io::Result<T> {
+pub fn from_cbor<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> std::io::Result<T> {
     ciborium::from_reader(bytes)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
 }
