@@ -29,7 +29,7 @@ use sluice_engine::wal::record::WriteRecord;
 use sluice_engine::{Engine, Error, FileChange, Replicator};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -695,7 +695,7 @@ pub(crate) enum MoveError {
 impl std::fmt::Display for MoveError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::NoShard(s, n) => write!(f, "no shard {s}: shards are 0 to {}", n - 1),
+            Self::NoShard(s, n) => write!(f, "no shard {s}: there are {n}, numbered from 0"),
             Self::NotReplica {
                 shard,
                 node,
@@ -818,6 +818,8 @@ struct ShardApply {
     dropped: Mutex<Vec<(u64, [u8; WRITE_HEADER])>>,
     /// Set by a restore, while the entries the snapshot's filter already holds come again.
     replay: Mutex<Option<Replay>>,
+    /// Whether `replay` is set: read per write, so the lock is taken only after a restore.
+    replaying: AtomicBool,
 }
 
 /// One writer incarnation's recent write ids: a bit per sequence number in the window
@@ -884,23 +886,27 @@ impl ShardApply {
             seen: Mutex::new(HashMap::new()),
             dropped: Mutex::new(Vec::new()),
             replay: Mutex::new(None),
+            replaying: AtomicBool::new(false),
         }
     }
 
     /// Whether the write with this header, in the entry at `index`, is a copy of one
     /// applied before; remembered until a snapshot covers `index`.
     fn is_copy(&self, index: u64, header: &[u8; WRITE_HEADER]) -> bool {
-        let copy = {
+        let replayed = if self.replaying.load(Ordering::Acquire) {
             let mut replay = self.replay.lock();
             match replay.as_ref() {
-                Some(r) if index <= r.upto => r.dropped.contains(&(index, *header)),
+                Some(r) if index <= r.upto => Some(r.dropped.contains(&(index, *header))),
                 _ => {
                     *replay = None;
-                    drop(replay);
-                    self.seen_before(header)
+                    self.replaying.store(false, Ordering::Release);
+                    None
                 }
             }
+        } else {
+            None
         };
+        let copy = replayed.unwrap_or_else(|| self.seen_before(header));
         if copy {
             self.dropped.lock().push((index, *header));
         }
@@ -938,6 +944,7 @@ impl ShardApply {
             upto: snap.applied,
             dropped: snap.dropped.iter().copied().collect(),
         });
+        self.replaying.store(true, Ordering::Release);
         self.applied.store(snap.through, Ordering::Release);
     }
 

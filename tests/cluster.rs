@@ -501,10 +501,18 @@ async fn move_a_shard_leader(c: &Cluster) {
         )
         .await;
     }
-    // The old preferred leader leaves it there (it would have taken it back within 2 s).
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let r = c.node(leader).rows(q).await;
-    assert_eq!(r[0]["leader"].as_u64(), Some(to));
+    // The old preferred leader leaves it there: it would take it back within 2 s, so the
+    // leadership is watched for 5 s and must never leave the chosen node.
+    let watch_until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < watch_until {
+        let r = c.node(leader).rows(q).await;
+        assert_eq!(
+            r[0]["leader"].as_u64(),
+            Some(to),
+            "shard 0's leadership moved back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let before = c.node(1).count("SELECT count(*) FROM iot.r").await;
     let rows: String = (0..12)
         .map(|d| format!("2026-11-23 14:00:00,m{d},{}\n", 4_000_000 + d))

@@ -8,7 +8,7 @@
 //! their LSNs being the shard's log indexes). A shard's leader writes a partition's rows of
 //! the shard as a Parquet file on the shared store ([`Engine::flush_shards`]) and commits
 //! the file through the metadata group; every node installs it in the metadata log's order
-//! ([`Engine::install_shard_files`]), dropping the rows the file holds from its buffers, so
+//! ([`Engine::install_file_change`]), dropping the rows the file holds from its buffers, so
 //! all replicas agree which rows are in files. A shard's snapshot is then just a log
 //! position ([`Engine::shard_persisted_through`]): everything up to it is in files the
 //! manifest names, so the log behind it can be purged and a lagging node catches up from
@@ -195,7 +195,7 @@ impl Engine {
     /// Writes the buffered rows of the shards in `led` (the ones this node leads) that are
     /// due (too many, too old, or the largest while memory is over budget) as Parquet files
     /// on the shared store, one per partition and shard. The files count only once
-    /// committed through the metadata group and installed ([`Engine::install_shard_files`]);
+    /// committed through the metadata group and installed ([`Engine::install_file_change`]);
     /// if that fails, [`Engine::discard_files`] removes them.
     pub async fn flush_shards(&self, led: &[u32]) -> Result<Vec<ShardFile>> {
         let max_rows = self.config.buffer.partition_max_rows;
@@ -319,46 +319,51 @@ impl Engine {
     /// merged or dropped meanwhile); all or none.
     pub fn install_file_change(&self, raft_index: u64, change: &FileChange) -> Result<bool> {
         let handle = tokio::runtime::Handle::current();
-        tokio::task::block_in_place(|| {
-            handle.block_on(async {
-                let mut m = self.manifest.lock().await;
-                if raft_index <= m.raft_index {
-                    return Ok(true);
-                }
-                match change {
-                    FileChange::Flushed(files) => {
-                        self.install_flushed(&mut m, raft_index, files).await
-                    }
-                    FileChange::Merged(merged) => {
-                        self.install_merged(&mut m, raft_index, merged).await
-                    }
-                }
-            })
-        })
+        tokio::task::block_in_place(|| handle.block_on(self.install_at(raft_index, change)))
     }
 
-    async fn install_merged(
-        &self,
-        m: &mut crate::storage::Manifest,
-        raft_index: u64,
-        merged: &[MergedFiles],
-    ) -> Result<bool> {
-        let live = |f: &MergedFiles| self.shared.tables.get(f.table_id);
-        let fits = merged.iter().all(|f| {
-            let Some(t) = live(f) else {
-                return true;
-            };
-            let parts = t.parts.read();
-            let files = parts.get(&f.partition).map(|p| &p.files);
-            (f.replaced.iter()).all(|r| files.is_some_and(|fs| fs.iter().any(|x| x.path == *r)))
-        });
-        let kept: Vec<&MergedFiles> = merged
-            .iter()
-            .filter(|f| fits && live(f).is_some())
-            .collect();
-        self.change_manifest(m, |next| {
+    async fn install_at(&self, raft_index: u64, change: &FileChange) -> Result<bool> {
+        let mut m = self.manifest.lock().await;
+        if raft_index <= m.raft_index {
+            return Ok(true);
+        }
+        // Files of tables dropped meanwhile are left out (and do not block the rest).
+        let live = |table_id: u64| self.shared.tables.get(table_id);
+        let fits = match change {
+            FileChange::Flushed(files) => files.iter().all(|f| {
+                live(f.table_id).is_none_or(|t| {
+                    let parts = t.parts.read();
+                    let shard = parts.get(&f.partition).and_then(|p| p.shards.get(&f.shard));
+                    shard.map_or(0, |r| r.flushed) == f.after
+                })
+            }),
+            FileChange::Merged(merged) => merged.iter().all(|f| {
+                live(f.table_id).is_none_or(|t| {
+                    let parts = t.parts.read();
+                    let files = parts.get(&f.partition).map_or(&[][..], |p| &p.files[..]);
+                    (f.replaced.iter()).all(|r| files.iter().any(|x| x.path == *r))
+                })
+            }),
+        };
+        let (flushed, merged): (Vec<&ShardFile>, Vec<&MergedFiles>) = match change {
+            _ if !fits => Default::default(),
+            FileChange::Flushed(f) => (
+                f.iter().filter(|f| live(f.table_id).is_some()).collect(),
+                vec![],
+            ),
+            FileChange::Merged(m) => (
+                vec![],
+                m.iter().filter(|f| live(f.table_id).is_some()).collect(),
+            ),
+        };
+        self.change_manifest(&mut m, |next| {
             next.raft_index = raft_index;
-            for f in &kept {
+            for f in &flushed {
+                let pm = next.partition(f.table_id, f.partition);
+                pm.files.push(f.file.clone());
+                pm.shards.insert(f.shard, f.through);
+            }
+            for f in &merged {
                 let pm = next.partition(f.table_id, f.partition);
                 pm.files.retain(|x| !f.replaced.contains(&x.path));
                 pm.files.push(f.file.clone());
@@ -366,8 +371,21 @@ impl Engine {
         })
         .await?;
         self.manifest_index.store(raft_index, Ordering::Release);
-        for f in kept {
-            let Some(t) = live(f) else { continue };
+        for f in flushed {
+            let Some(t) = live(f.table_id) else { continue };
+            let mut parts = t.parts.write();
+            let p = t.partition_mut(&mut parts, f.partition);
+            p.files.push(f.file.clone());
+            let rows = t.shard_rows(p, f.shard);
+            rows.flushed = f.through;
+            let released = rows.buffer.drop_through(f.through);
+            drop(parts);
+            self.shared.tables.release(released);
+            t.changed();
+            self.flushes.fetch_add(1, Ordering::Relaxed);
+        }
+        for f in merged {
+            let Some(t) = live(f.table_id) else { continue };
             if let Some(p) = t.parts.write().get_mut(&f.partition) {
                 p.files.retain(|x| !f.replaced.contains(&x.path));
                 p.files.push(f.file.clone());
@@ -381,49 +399,6 @@ impl Engine {
                 rows = f.file.rows,
                 "merged files installed"
             );
-        }
-        Ok(fits)
-    }
-
-    async fn install_flushed(
-        &self,
-        m: &mut crate::storage::Manifest,
-        raft_index: u64,
-        files: &[ShardFile],
-    ) -> Result<bool> {
-        let live = |f: &ShardFile| self.shared.tables.get(f.table_id);
-        let fits = files.iter().all(|f| {
-            let Some(t) = live(f) else {
-                return true;
-            };
-            let parts = t.parts.read();
-            let now = (parts.get(&f.partition).and_then(|p| p.shards.get(&f.shard)))
-                .map_or(0, |r| r.flushed);
-            now == f.after
-        });
-        let kept: Vec<&ShardFile> = files.iter().filter(|f| fits && live(f).is_some()).collect();
-        self.change_manifest(m, |next| {
-            next.raft_index = raft_index;
-            for f in &kept {
-                let pm = next.partition(f.table_id, f.partition);
-                pm.files.push(f.file.clone());
-                pm.shards.insert(f.shard, f.through);
-            }
-        })
-        .await?;
-        self.manifest_index.store(raft_index, Ordering::Release);
-        for f in kept {
-            let Some(t) = live(f) else { continue };
-            let mut parts = t.parts.write();
-            let p = t.partition_mut(&mut parts, f.partition);
-            p.files.push(f.file.clone());
-            let rows = t.shard_rows(p, f.shard);
-            rows.flushed = f.through;
-            let released = rows.buffer.drop_through(f.through);
-            drop(parts);
-            self.shared.tables.release(released);
-            t.changed();
-            self.flushes.fetch_add(1, Ordering::Relaxed);
         }
         Ok(fits)
     }

@@ -474,7 +474,7 @@ impl Engine {
         // In a cluster the catalog change waits for the metadata group, whose apply takes
         // the manifest lock to install files: not held across it there. The dropped table's
         // files stay on the shared store (each node only forgets them).
-        let mut m = match self.clustered() {
+        let m = match self.clustered() {
             true => None,
             false => Some(self.manifest.lock().await),
         };
@@ -501,9 +501,8 @@ impl Engine {
             return Ok(());
         };
         self.shared.tables.remove(def.id);
-        let mut m = match m.take() {
-            Some(m) => m,
-            None => return Ok(()),
+        let Some(mut m) = m else {
+            return Ok(());
         };
         if let Some(parts) = m.tables.get(&def.id) {
             let files: Vec<String> = parts
