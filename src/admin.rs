@@ -3,7 +3,7 @@
 //! `DELETE /v1/bridges/{name}`, `POST /v1/bridges/{name}/restart`), the cluster routes
 //! ([`cluster_routes`]) and the broker's users as the HTTP API's logins.
 
-use crate::cluster::{Cluster, MoveError};
+use crate::cluster::{Cluster, MoveError, NodeError};
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -80,14 +80,97 @@ async fn restart(
 }
 
 /// The cluster routes: `GET /v1/cluster` (this node's view: `system.nodes` and
-/// `system.shards` as JSON) and `POST /v1/cluster/shards/{shard}/leader` with
+/// `system.shards` as JSON), `POST /v1/cluster/shards/{shard}/leader` with
 /// `{"node": N}` (make N the shard's preferred leader and wait, up to 10 s, for the
-/// leadership to move there).
+/// leadership to move there), `POST /v1/cluster/nodes` with `{"node": N, "address":
+/// "host:port"}` (add a node) and `DELETE /v1/cluster/nodes/{node}` (remove one); both wait
+/// up to `?wait_secs=` (default 60) for the shards to have moved.
 pub(crate) fn cluster_routes(cluster: Arc<Cluster>) -> Router {
     Router::new()
         .route("/v1/cluster", get(cluster_state))
         .route("/v1/cluster/shards/{shard}/leader", post(move_leader))
+        .route("/v1/cluster/nodes", post(add_node))
+        .route("/v1/cluster/nodes/{node}", delete(remove_node))
         .with_state(cluster)
+}
+
+#[derive(serde::Deserialize)]
+struct NewNode {
+    node: u64,
+    address: String,
+}
+
+#[derive(serde::Deserialize)]
+struct Wait {
+    wait_secs: Option<u64>,
+}
+
+async fn add_node(
+    State(c): State<Arc<Cluster>>,
+    axum::extract::Query(w): axum::extract::Query<Wait>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", m);
+    let n: NewNode = serde_json::from_slice(&body).map_err(|e| {
+        bad(format!(
+            "expected {{\"node\": <id>, \"address\": \"host:port\"}}: {e}"
+        ))
+    })?;
+    if n.node == 0 {
+        return Err(bad("a node id is a positive integer".into()));
+    }
+    match n.address.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+        _ => return Err(bad(format!("{:?}: expected host:port", n.address))),
+    }
+    change_node(c, n.node, Some(n.address), w).await
+}
+
+async fn remove_node(
+    State(c): State<Arc<Cluster>>,
+    Path(node): Path<u64>,
+    axum::extract::Query(w): axum::extract::Query<Wait>,
+) -> Result<impl IntoResponse, ApiError> {
+    let t = c.node_ids();
+    if !t.contains(&node) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_node",
+            format!("node {node} is not a member (members: {t:?})"),
+        ));
+    }
+    change_node(c, node, None, w).await
+}
+
+/// Commits a node's addition or removal and waits for the shards to move (the move goes on
+/// if the client goes away, or past the wait).
+async fn change_node(
+    c: Arc<Cluster>,
+    node: u64,
+    address: Option<String>,
+    w: Wait,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    let wait = std::time::Duration::from_secs(w.wait_secs.unwrap_or(60).min(600));
+    let added = address.is_some();
+    let changed = tokio::spawn(async move { c.change_node(node, address, wait).await })
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    match changed {
+        Ok((topology, done)) => Ok(axum::Json(serde_json::json!({
+            "node": node,
+            "added": added,
+            "done": done,
+            "topology": topology,
+        }))),
+        Err(e) => {
+            let (status, code) = match &e {
+                NodeError::Conflict(_) => (StatusCode::CONFLICT, "node_conflict"),
+                NodeError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+                NodeError::Failed(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_committed"),
+            };
+            Err(ApiError::new(status, code, e.to_string()))
+        }
+    }
 }
 
 fn rows_json(batch: &arrow::record_batch::RecordBatch) -> Result<serde_json::Value, ApiError> {

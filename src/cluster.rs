@@ -10,6 +10,12 @@
 //! in that group's order ([`MetaApply`]) and then snapshots the shards, which purges their
 //! logs. A shard's snapshot ([`ShardSnapshot`]) is a log position whose rows are all in
 //! files, so a node that missed purged entries catches up from the shared store.
+//!
+//! Nodes join and leave through the metadata group: a [`Topology`] (nodes, each shard's
+//! placed replicas, each shard's committed voters) is committed there, and every node
+//! brings its part in line with it ([`Cluster::reconcile`]): group leaders add learners,
+//! promote them once caught up and drop replicas no longer placed; nodes open and close
+//! their replicas.
 
 use anyhow::Context;
 use arrow::array::{ArrayRef, BooleanArray, StringArray, UInt64Array};
@@ -50,11 +56,103 @@ const FLUSH_CHECK: Duration = Duration::from_millis(500);
 const MAX_BATCH_BYTES: usize = 1 << 20;
 /// Entries a node has in flight per shard; writes queued meanwhile form the next one.
 const BATCHES_IN_FLIGHT: usize = 4;
+/// A learner this close to its leader's last entry is made a voter.
+const CAUGHT_UP: u64 = 64;
+
+/// The cluster's nodes and shard placement, as the metadata group applied them: every node
+/// holds the same one at the same metadata index. Before any node was added or removed it is
+/// the one the config gives ([`Topology::initial`]); a joining node has none until its
+/// metadata group brings the first change.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Topology {
+    /// Changes applied (topologies and shard memberships): a proposal names the next, so
+    /// one made from a stale view is refused.
+    version: u64,
+    /// The cluster's nodes and their node-to-node addresses.
+    nodes: BTreeMap<u64, String>,
+    shards: u32,
+    replication_factor: usize,
+    /// Where each shard's replicas should be, the preferred leader first.
+    placement: Vec<ShardPlacement>,
+    /// Each shard's voters as its group last committed them ([`Command::Members`]).
+    members: BTreeMap<u32, Vec<u64>>,
+    /// Nodes removed from the cluster: their ids are not used again.
+    #[serde(default)]
+    removed: BTreeSet<u64>,
+}
+
+impl Topology {
+    /// The topology of a cluster formed from `cfg`'s peers.
+    fn initial(cfg: &ClusterConfig) -> Self {
+        let nodes = cfg.nodes();
+        let ids: BTreeSet<u64> = nodes.keys().copied().collect();
+        let placement = sluice_cluster::place(&ids, cfg.shard_count(), cfg.replication_factor);
+        Self {
+            version: 0,
+            members: (placement.iter())
+                .map(|p| (p.shard, p.replicas.clone()))
+                .collect(),
+            nodes,
+            shards: cfg.shard_count(),
+            replication_factor: cfg.replication_factor,
+            placement,
+            removed: BTreeSet::new(),
+        }
+    }
+
+    /// The next topology with `nodes` as the cluster's nodes.
+    fn with_nodes(&self, nodes: BTreeMap<u64, String>) -> Self {
+        let ids: BTreeSet<u64> = nodes.keys().copied().collect();
+        let mut removed = self.removed.clone();
+        removed.extend(self.nodes.keys().filter(|n| !ids.contains(n)));
+        Self {
+            version: self.version + 1,
+            placement: sluice_cluster::rebalance(&self.placement, &ids, self.replication_factor),
+            nodes,
+            removed,
+            ..self.clone()
+        }
+    }
+
+    /// Whether `node` keeps a replica of `shard`: every node of the cluster does (a voter
+    /// where the placement puts one, else a learner, so that every node's SQL sees every
+    /// shard's unflushed rows), and so does a node that left while it is still a voter.
+    fn keeps(&self, shard: u32, node: u64) -> bool {
+        self.nodes.contains_key(&node) || self.holders(shard).contains(&node)
+    }
+
+    /// The nodes that are or should be `shard`'s voters (the committed ones first): where
+    /// its leader is.
+    fn holders(&self, shard: u32) -> Vec<u64> {
+        let mut out = self.members.get(&shard).cloned().unwrap_or_default();
+        if let Some(p) = self.placement.get(shard as usize) {
+            for r in &p.replicas {
+                if !out.contains(r) {
+                    out.push(*r);
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether every shard's voters are where the placement wants them.
+    fn settled(&self) -> bool {
+        let set = |v: &[u64]| v.iter().copied().collect::<BTreeSet<u64>>();
+        (self.placement.iter())
+            .all(|p| self.members.get(&p.shard).map(|m| set(m)) == Some(set(&p.replicas)))
+    }
+}
+
+/// The topology, shared by the metadata group's apply and the node.
+type SharedTopology = Arc<Mutex<Option<Topology>>>;
 
 /// This node of the cluster.
 pub(crate) struct Cluster {
     node: Arc<Node>,
-    placement: Vec<ShardPlacement>,
+    engine: Weak<Engine>,
+    /// Data shards (fixed for the cluster's life).
+    shards: u32,
+    topology: SharedTopology,
     /// This process's start, in microseconds: with the node id it tells this run's writes
     /// from an earlier run's.
     incarnation: u64,
@@ -100,7 +198,7 @@ impl Cluster {
     /// Opens this node's groups under `<data_dir>/cluster`, starts answering peers on
     /// `cfg.listen`, and joins `engine` to the cluster. Returns once the metadata group has
     /// applied what this node's log had committed (so the catalog is current before any
-    /// shard applies rows).
+    /// shard applies rows). A joining node (`cfg.join`) first waits until a member adds it.
     pub(crate) async fn start(
         cfg: &ClusterConfig,
         data_dir: &std::path::Path,
@@ -122,30 +220,60 @@ impl Cluster {
         ));
 
         let preferred = Arc::new(Mutex::new(BTreeMap::new()));
+        let topology: SharedTopology =
+            Arc::new(Mutex::new((!cfg.join).then(|| Topology::initial(cfg))));
         let meta_apply = MetaApply {
             engine: Arc::downgrade(engine),
             node: Arc::downgrade(&node),
             preferred: preferred.clone(),
+            topology: topology.clone(),
         };
         let meta = node
             .open_group(GroupId::Meta, Arc::new(meta_apply))
             .await
             .context("opening the metadata group")?;
-        if cfg.node_id == ids[0] {
+        if !cfg.join && cfg.node_id == ids[0] {
             initialize(&meta, members(&ids, &peers)).await?;
         }
-        let set: BTreeSet<u64> = ids.iter().copied().collect();
-        let placement = sluice_cluster::place(&set, cfg.shard_count(), cfg.replication_factor);
-        let queues = (placement.iter())
-            .map(|p| {
+        let mut waited = Instant::now();
+        while cfg.join
+            && !(topology.lock().as_ref()).is_some_and(|t| t.nodes.contains_key(&cfg.node_id))
+        {
+            if waited.elapsed() > Duration::from_secs(10) {
+                waited = Instant::now();
+                tracing::info!(
+                    "node {} waits to be added: POST /v1/cluster/nodes \
+                     {{\"node\": {}, \"address\": \"{}\"}} on a member",
+                    cfg.node_id,
+                    cfg.node_id,
+                    cfg.listen
+                );
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => anyhow::bail!("stopped before joining the cluster"),
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+        }
+        wait_applied(&meta, "metadata").await;
+        if !(topology.lock().as_ref()).is_some_and(|t| t.nodes.contains_key(&cfg.node_id)) {
+            anyhow::bail!(
+                "node {} was removed from the cluster (a node id is not used again)",
+                cfg.node_id
+            );
+        }
+        let shards = (topology.lock().as_ref()).map_or(cfg.shard_count(), |t| t.shards);
+        let queues = (0..shards)
+            .map(|shard| {
                 let (tx, rx) = mpsc::unbounded_channel();
-                tokio::spawn(ship(node.clone(), p.shard, p.replicas.clone(), rx));
+                tokio::spawn(ship(node.clone(), shard, topology.clone(), rx));
                 tx
             })
             .collect();
         let cluster = Arc::new(Self {
             node: node.clone(),
-            placement: placement.clone(),
+            engine: Arc::downgrade(engine),
+            shards,
+            topology,
             incarnation: sluice_engine::now_micros() as u64,
             seq: AtomicU64::new(0),
             queues,
@@ -158,27 +286,39 @@ impl Cluster {
                 engine: Arc::downgrade(engine),
             }),
         );
-        wait_applied(&meta, "metadata").await;
-        for p in &placement {
-            if !p.replicas.contains(&cfg.node_id) {
+        let t = cluster.topology();
+        for p in &t.placement {
+            if !t.keeps(p.shard, cfg.node_id) {
                 continue;
             }
-            let apply = Arc::new(ShardApply::new(p.shard, Arc::downgrade(engine)));
-            let raft = node
-                .open_group(GroupId::Shard(p.shard), apply)
+            let raft = cluster
+                .open_shard(p.shard)
                 .await
                 .with_context(|| format!("opening shard {}", p.shard))?;
-            if p.replicas[0] == cfg.node_id {
+            // Groups of the cluster's first placement are formed by their preferred leader;
+            // later ones exist already and take new replicas as learners.
+            if t.version == 0 && p.replicas[0] == cfg.node_id {
                 initialize(&raft, members(&p.replicas, &peers)).await?;
             }
         }
-        tokio::spawn(cluster.clone().keep_preferred_leaders(cancel.clone()));
+        tokio::spawn(cluster.clone().reconcile(cancel.clone()));
         tokio::spawn(
             cluster
                 .clone()
                 .flush_led_shards(Arc::downgrade(engine), cancel),
         );
         Ok(cluster)
+    }
+
+    /// The topology (set before [`Cluster::start`] returns).
+    fn topology(&self) -> Topology {
+        (self.topology.lock().clone()).expect("the topology is known once the node started")
+    }
+
+    /// Opens this node's replica of `shard`.
+    async fn open_shard(&self, shard: u32) -> io::Result<GroupRaft> {
+        let apply = Arc::new(ShardApply::new(shard, self.engine.clone()));
+        self.node.open_group(GroupId::Shard(shard), apply).await
     }
 
     /// Writes the due rows of the shards this node leads as Parquet on the shared store and
@@ -200,8 +340,7 @@ impl Cluster {
                     r.metrics().borrow_watched().current_leader == Some(self.node.id())
                 })
             };
-            let led: Vec<u32> = (self.placement.iter())
-                .map(|p| p.shard)
+            let led: Vec<u32> = (0..self.shards)
                 .filter(|s| leads(GroupId::Shard(*s)))
                 .collect();
             if !led.is_empty() {
@@ -237,7 +376,7 @@ impl Cluster {
                 return engine.discard_files(&change).await;
             }
         };
-        let all: Vec<u64> = self.node.peers().keys().copied().collect();
+        let all = self.node_ids();
         match (self.node)
             .write(GroupId::Meta, Command::Files(text), &all)
             .await
@@ -253,19 +392,28 @@ impl Cluster {
         }
     }
 
-    /// Every group this node has, with its replicas.
+    /// The cluster's nodes.
+    pub(crate) fn node_ids(&self) -> Vec<u64> {
+        (self.topology.lock().as_ref())
+            .map(|t| t.nodes.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Every group this node has, with the replicas it should have.
     fn groups(&self) -> Vec<(GroupId, Vec<u64>, GroupRaft)> {
-        let all: Vec<u64> = self.node.peers().keys().copied().collect();
-        std::iter::once((GroupId::Meta, all))
-            .chain((self.placement.iter()).map(|p| (GroupId::Shard(p.shard), p.replicas.clone())))
+        let t = self.topology();
+        std::iter::once((GroupId::Meta, t.nodes.keys().copied().collect()))
+            .chain((t.placement.iter()).map(|p| (GroupId::Shard(p.shard), p.replicas.clone())))
             .filter_map(|(g, r)| Some((g, r, self.node.group(g)?)))
             .collect()
     }
 
-    /// The replica that should lead `shard`: the one an operator chose, else the
-    /// placement's first.
+    /// The replica that should lead `shard`: the one an operator chose if it still holds
+    /// one, else the placement's first.
     fn preferred_leader(&self, p: &ShardPlacement) -> u64 {
-        (self.preferred.lock().get(&p.shard).copied()).unwrap_or(p.replicas[0])
+        (self.preferred.lock().get(&p.shard).copied())
+            .filter(|n| p.replicas.contains(n))
+            .unwrap_or(p.replicas[0])
     }
 
     /// Makes `node` the preferred leader of data shard `shard` (committed through the
@@ -278,8 +426,9 @@ impl Cluster {
         node: u64,
         wait: Duration,
     ) -> Result<Option<u64>, MoveError> {
-        let p = (self.placement.iter().find(|p| p.shard == shard))
-            .ok_or(MoveError::NoShard(shard, self.placement.len()))?;
+        let t = self.topology();
+        let p = (t.placement.iter().find(|p| p.shard == shard))
+            .ok_or(MoveError::NoShard(shard, t.placement.len()))?;
         if !p.replicas.contains(&node) {
             return Err(MoveError::NotReplica {
                 shard,
@@ -287,7 +436,7 @@ impl Cluster {
                 replicas: p.replicas.clone(),
             });
         }
-        let all: Vec<u64> = self.node.peers().keys().copied().collect();
+        let all = self.node_ids();
         let committed = (self.node)
             .write(GroupId::Meta, Command::Leader { shard, node }, &all)
             .await
@@ -327,24 +476,269 @@ impl Cluster {
         }
     }
 
-    /// Hands a shard's leadership back to its preferred replica once that one has caught up
-    /// (after a failover, or at start when another replica won the first election).
-    async fn keep_preferred_leaders(self: Arc<Self>, cancel: CancellationToken) {
+    /// Brings this node's part of the cluster in line with the topology, every second:
+    /// opens the shards placed here and closes those that left; on a shard's leader, adds
+    /// the new replicas as learners, makes them voters once they have caught up (dropping
+    /// the replicas that are no longer placed) and commits the result to the metadata group;
+    /// on that group's leader, the same for the nodes. Hands leaderships to their preferred
+    /// replicas (after a failover, or at start when another replica won the first election).
+    /// Each step is decided from the state at that moment, so a step interrupted by a crash
+    /// or a leader change is taken again by whoever leads next.
+    async fn reconcile(self: Arc<Self>, cancel: CancellationToken) {
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
-            for p in &self.placement {
-                let Some(raft) = self.node.group(GroupId::Shard(p.shard)) else {
-                    continue;
-                };
-                let leader = raft.metrics().borrow_watched().current_leader;
-                let preferred = self.preferred_leader(p);
-                if leader == Some(self.node.id()) && preferred != self.node.id() {
-                    self.hand_over(p.shard, &raft, preferred).await;
+            let t = self.topology();
+            let me = self.node.id();
+            if let Some(meta) = self.node.group(GroupId::Meta)
+                && meta.metrics().borrow_watched().current_leader == Some(me)
+            {
+                self.lead_meta(&t, &meta).await;
+            }
+            for p in &t.placement {
+                let wanted = t.keeps(p.shard, me);
+                match self.node.group(GroupId::Shard(p.shard)) {
+                    None if wanted => {
+                        tracing::info!(shard = p.shard, "a replica of the shard is placed here");
+                        if let Err(e) = self.open_shard(p.shard).await {
+                            tracing::warn!(shard = p.shard, error = %e, "opening a shard");
+                        }
+                    }
+                    Some(_) if !wanted => self.close_shard(p.shard).await,
+                    Some(raft) if raft.metrics().borrow_watched().current_leader == Some(me) => {
+                        self.lead_shard(&t, p, &raft).await;
+                    }
+                    _ => {}
                 }
             }
+        }
+    }
+
+    /// On the leader of a group: moves its voters toward `target` by one step, with
+    /// `learners` (not in `target`) as learners. New nodes are added as learners; once every
+    /// new voter has caught up, the voters become `target`. Returns whether the voters are
+    /// `target`.
+    async fn change_voters(
+        &self,
+        group: GroupId,
+        raft: &GroupRaft,
+        target: &BTreeSet<u64>,
+        wanted_learners: &BTreeSet<u64>,
+        addresses: &BTreeMap<u64, String>,
+    ) -> bool {
+        let m = raft.metrics().borrow_watched().clone();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let learners: BTreeSet<u64> = membership.learner_ids().collect();
+        for n in wanted_learners.difference(&voters) {
+            if !learners.contains(n) && !target.contains(n) {
+                self.add_learner(group, raft, *n, addresses).await;
+            }
+        }
+        if voters == *target && membership.get_joint_config().len() == 1 {
+            let stale: BTreeSet<u64> = (learners.iter())
+                .filter(|l| !target.contains(l) && !wanted_learners.contains(l))
+                .copied()
+                .collect();
+            if !stale.is_empty()
+                && let Err(e) = raft
+                    .change_membership(openraft::ChangeMembers::RemoveNodes(stale), false)
+                    .await
+            {
+                tracing::warn!(%group, error = %e, "removing learners");
+            }
+            return true;
+        }
+        let mut behind = false;
+        for n in target.difference(&voters) {
+            if !learners.contains(n) {
+                if !self.add_learner(group, raft, *n, addresses).await {
+                    return false;
+                }
+                behind = true;
+                continue;
+            }
+            let matched = (m.replication.as_ref())
+                .and_then(|r| r.get(n).cloned().flatten())
+                .map(|l| l.index);
+            let last = m.last_log_index.unwrap_or(0);
+            behind |= matched.is_none_or(|i| last.saturating_sub(i) > CAUGHT_UP);
+        }
+        if behind {
+            return false;
+        }
+        tracing::info!(%group, from = ?voters, to = ?target, "changing the voters");
+        match raft.change_membership(target.clone(), false).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(%group, error = %e, "changing the voters");
+                false
+            }
+        }
+    }
+
+    /// Adds `node` to `group` as a learner (its log follows the leader's); whether it was.
+    async fn add_learner(
+        &self,
+        group: GroupId,
+        raft: &GroupRaft,
+        node: u64,
+        addresses: &BTreeMap<u64, String>,
+    ) -> bool {
+        let addr = (addresses.get(&node).cloned())
+            .or_else(|| self.node.peers().get(&node).cloned())
+            .unwrap_or_default();
+        tracing::info!(%group, node, "adding a replica (a learner)");
+        match raft.add_learner(node, BasicNode::new(addr), false).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(%group, node, error = %e, "adding a learner");
+                false
+            }
+        }
+    }
+
+    /// On a shard's leader: its voters toward the placement, the result committed to the
+    /// metadata group; its leadership to the preferred replica.
+    async fn lead_shard(&self, t: &Topology, p: &ShardPlacement, raft: &GroupRaft) {
+        let target: BTreeSet<u64> = p.replicas.iter().copied().collect();
+        let group = GroupId::Shard(p.shard);
+        let learners: BTreeSet<u64> = t.nodes.keys().copied().collect();
+        if !self
+            .change_voters(group, raft, &target, &learners, &t.nodes)
+            .await
+        {
+            return;
+        }
+        let committed: Option<BTreeSet<u64>> =
+            (t.members.get(&p.shard)).map(|m| m.iter().copied().collect());
+        if committed.as_ref() != Some(&target) {
+            let command = Command::Members {
+                shard: p.shard,
+                replicas: p.replicas.clone(),
+            };
+            match (self.node)
+                .write(GroupId::Meta, command, &self.node_ids())
+                .await
+            {
+                Ok(_) => tracing::info!(shard = p.shard, replicas = ?p.replicas, "shard moved"),
+                Err(e) => {
+                    tracing::warn!(shard = p.shard, error = %e, "committing a shard's voters")
+                }
+            }
+            return;
+        }
+        let preferred = self.preferred_leader(p);
+        if preferred != self.node.id() {
+            self.hand_over(p.shard, raft, preferred).await;
+        }
+    }
+
+    /// On the metadata group's leader: its voters toward the cluster's nodes. A node that
+    /// left stays a voter until no shard has it among its voters, so that it learns of its
+    /// shards' moves.
+    async fn lead_meta(&self, t: &Topology, meta: &GroupRaft) {
+        let held = |n: &u64| t.members.values().any(|m| m.contains(n));
+        let voters: BTreeSet<u64> = (meta.metrics().borrow_watched())
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
+        let target: BTreeSet<u64> = (t.nodes.keys().copied())
+            .chain(voters.iter().copied().filter(held))
+            .collect();
+        (self.change_voters(GroupId::Meta, meta, &target, &BTreeSet::new(), &t.nodes)).await;
+    }
+
+    /// Closes this node's replica of a shard that left it: the group stops, its log is
+    /// deleted and its rows leave this node's buffers (files keep them).
+    async fn close_shard(&self, shard: u32) {
+        tracing::info!(shard, "the shard's replica left this node; closing it");
+        if let Err(e) = self.node.close_group(GroupId::Shard(shard)).await {
+            tracing::warn!(shard, error = %e, "removing a closed shard's log");
+        }
+        if let Some(engine) = self.engine.upgrade() {
+            engine.forget_shard(shard);
+        }
+    }
+
+    /// Adds node `id` at `address` (`Some`) or removes it (`None`): commits the new
+    /// topology through the metadata group, then waits up to `wait` for the shards and the
+    /// metadata group to have moved (the move goes on after that; `system.shards` shows
+    /// it). Returns the topology seen at the end and whether it has settled.
+    pub(crate) async fn change_node(
+        &self,
+        id: u64,
+        address: Option<String>,
+        wait: Duration,
+    ) -> Result<(Topology, bool), NodeError> {
+        let mut tries = 0;
+        loop {
+            let t = self.topology();
+            let mut nodes = t.nodes.clone();
+            match (&address, nodes.get(&id)) {
+                (Some(a), Some(known)) if a != known => {
+                    return Err(NodeError::Conflict(format!(
+                        "node {id} is already a member, at {known}"
+                    )));
+                }
+                (Some(_), Some(_)) | (None, None) => break,
+                (Some(a), None) => {
+                    if t.removed.contains(&id) {
+                        return Err(NodeError::Conflict(format!(
+                            "node {id} was a member and was removed; a node id is not used again"
+                        )));
+                    }
+                    nodes.insert(id, a.clone());
+                }
+                (None, Some(_)) if nodes.len() == 1 => {
+                    return Err(NodeError::Invalid(
+                        "the last node of a cluster cannot be removed".into(),
+                    ));
+                }
+                (None, Some(_)) => {
+                    nodes.remove(&id);
+                }
+            }
+            let next = t.with_nodes(nodes);
+            let text =
+                serde_json::to_string(&next).map_err(|e| NodeError::Failed(e.to_string()))?;
+            let r = (self.node)
+                .write(GroupId::Meta, Command::Topology(text), &self.node_ids())
+                .await
+                .map_err(|e| NodeError::Failed(e.to_string()))?;
+            match r.error {
+                None => {
+                    tracing::info!(node = id, added = address.is_some(), "topology changed");
+                    break;
+                }
+                Some(e) if tries < 5 => {
+                    tries += 1;
+                    tracing::info!(reason = %e, "topology proposal refused; trying again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Some(e) => return Err(NodeError::Failed(e)),
+            }
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let t = self.topology();
+            let voters: BTreeSet<u64> = (self.node.group(GroupId::Meta))
+                .map(|m| {
+                    (m.metrics().borrow_watched())
+                        .membership_config
+                        .membership()
+                        .voter_ids()
+                        .collect()
+                })
+                .unwrap_or_default();
+            let done = t.settled() && voters.iter().eq(t.nodes.keys());
+            if done || tokio::time::Instant::now() >= deadline {
+                return Ok((t, done));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -359,18 +753,47 @@ impl Cluster {
         let leaders: Vec<Option<u64>> = (groups.iter())
             .map(|(_, _, r)| r.metrics().borrow_watched().current_leader)
             .collect();
+        let t = self.topology();
+        let meta_voters: BTreeSet<u64> = (self.node.group(GroupId::Meta))
+            .map(|m| {
+                (m.metrics().borrow_watched())
+                    .membership_config
+                    .membership()
+                    .voter_ids()
+                    .collect()
+            })
+            .unwrap_or_default();
+        // Members, and nodes that left but still hold replicas.
+        let ids: BTreeSet<u64> = (t.nodes.keys().copied())
+            .chain(t.members.values().flatten().copied())
+            .collect();
         let peers = self.node.peers();
         let (mut id, mut addr, mut this, mut led) = (vec![], vec![], vec![], vec![]);
-        for (n, a) in &peers {
-            id.push(*n);
-            addr.push(a.clone());
-            this.push(*n == self.node.id());
-            led.push(leaders.iter().filter(|l| **l == Some(*n)).count() as u64);
+        let (mut state, mut replicas) = (vec![], vec![]);
+        for n in ids {
+            id.push(n);
+            addr.push((t.nodes.get(&n).or(peers.get(&n)).cloned()).unwrap_or_default());
+            this.push(n == self.node.id());
+            led.push(leaders.iter().filter(|l| **l == Some(n)).count() as u64);
+            let holds = t.members.values().filter(|m| m.contains(&n)).count() as u64;
+            let placed = (t.placement.iter())
+                .filter(|p| p.replicas.contains(&n))
+                .count() as u64;
+            replicas.push(holds);
+            state.push(if !t.nodes.contains_key(&n) {
+                "leaving"
+            } else if !meta_voters.contains(&n) || holds != placed {
+                "joining"
+            } else {
+                "member"
+            });
         }
         batch(vec![
             ("node_id", Arc::new(UInt64Array::from(id)) as ArrayRef),
             ("address", Arc::new(StringArray::from(addr))),
             ("this_node", Arc::new(BooleanArray::from(this))),
+            ("state", Arc::new(StringArray::from(state))),
+            ("replicas", Arc::new(UInt64Array::from(replicas))),
             ("groups_led", Arc::new(UInt64Array::from(led))),
         ])
     }
@@ -378,6 +801,7 @@ impl Cluster {
     /// `system.shards`: every group this node has a replica of, as this node sees it.
     pub(crate) fn shards_table(&self) -> RecordBatch {
         type Row = (String, String, RaftMetrics<Tc>, Option<u64>);
+        let t = self.topology();
         let rows: Vec<Row> = (self.groups().into_iter())
             .map(|(g, replicas, raft)| {
                 let m = raft.metrics().borrow_watched().clone();
@@ -402,13 +826,21 @@ impl Cluster {
         batch(vec![
             ("shard", text(|r| &r.0)),
             ("replicas", text(|r| &r.1)),
+            (
+                "voters",
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| {
+                    let v: Vec<String> = (r.2.membership_config.membership().voter_ids())
+                        .map(|v| v.to_string())
+                        .collect();
+                    v.join(",")
+                }))),
+            ),
             ("leader", index(&|m| m.current_leader)),
             (
                 "preferred_leader",
                 Arc::new(UInt64Array::from_iter(rows.iter().map(|r| {
                     let shard = r.0.strip_prefix("shard-")?.parse::<u32>().ok()?;
-                    let p = self.placement.iter().find(|p| p.shard == shard)?;
-                    Some(self.preferred_leader(p))
+                    Some(self.preferred_leader(t.placement.get(shard as usize)?))
                 }))),
             ),
             ("term", index(&|m| Some(m.current_term))),
@@ -543,7 +975,7 @@ impl Replicator for Cluster {
         def: &TableDef,
         records: Vec<Arc<WriteRecord>>,
     ) -> sluice_engine::Result<()> {
-        let shards = self.placement.len() as u32;
+        let shards = self.shards;
         let column = shard_key_column(def);
         let mut key = Vec::new();
         let mut waiting = Vec::with_capacity(records.len());
@@ -585,9 +1017,18 @@ impl Replicator for Cluster {
     }
 
     async fn read_barrier(&self) -> sluice_engine::Result<()> {
-        let shards = (self.placement.iter())
-            .filter(|p| p.replicas.contains(&self.node.id()))
-            .map(|p| GroupId::Shard(p.shard));
+        // Every shard this node keeps a replica of (a voter or a learner; not one whose
+        // leader has not added this node yet).
+        let me = self.node.id();
+        let shards: Vec<GroupId> = (0..self.shards)
+            .map(GroupId::Shard)
+            .filter(|g| {
+                (self.node.group(*g)).is_some_and(|r| {
+                    let m = r.metrics().borrow_watched().membership_config.clone();
+                    m.membership().nodes().any(|(id, _)| *id == me)
+                })
+            })
+            .collect();
         let groups = std::iter::once(GroupId::Meta).chain(shards);
         futures::future::try_join_all(groups.map(|g| self.node.read_barrier(g)))
             .await
@@ -607,7 +1048,7 @@ type Queued = (Vec<u8>, oneshot::Sender<Result<(), String>>);
 async fn ship(
     node: Arc<Node>,
     shard: u32,
-    replicas: Vec<u64>,
+    topology: SharedTopology,
     mut rx: mpsc::UnboundedReceiver<Queued>,
 ) {
     let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
@@ -625,7 +1066,8 @@ async fn ship(
                 next = rx.try_recv().ok();
             }
         }
-        let (node, replicas) = (node.clone(), replicas.clone());
+        let node = node.clone();
+        let replicas = (topology.lock().as_ref()).map_or_else(Vec::new, |t| t.holders(shard));
         tokio::spawn(async move {
             let command = Command::Write(Bytes::from(body));
             let out = match node.write(GroupId::Shard(shard), command, &replicas).await {
@@ -653,7 +1095,7 @@ impl CatalogLog for MetaLog {
             return Err(Error::ShuttingDown);
         };
         let text = serde_json::to_string(next).map_err(replication)?;
-        let all: Vec<u64> = cluster.node.peers().keys().copied().collect();
+        let all = cluster.node_ids();
         let r = block_on(
             cluster
                 .node
@@ -674,6 +1116,26 @@ impl CatalogLog for MetaLog {
             block_on(tokio::time::sleep(Duration::from_millis(2)));
         }
         Ok(())
+    }
+}
+
+/// Why a node could not be added or removed.
+#[derive(Debug)]
+pub(crate) enum NodeError {
+    /// The request contradicts the cluster (an id taken, or used before).
+    Conflict(String),
+    /// The request cannot be done (the last node).
+    Invalid(String),
+    /// The metadata group did not commit the change.
+    Failed(String),
+}
+
+impl std::fmt::Display for NodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Conflict(e) | Self::Invalid(e) => f.write_str(e),
+            Self::Failed(e) => write!(f, "the metadata group did not commit the change: {e}"),
+        }
     }
 }
 
@@ -715,6 +1177,7 @@ struct MetaApply {
     engine: Weak<Engine>,
     node: Weak<Node>,
     preferred: Arc<Mutex<BTreeMap<u32, u64>>>,
+    topology: SharedTopology,
 }
 
 fn refused(e: impl std::fmt::Display) -> Response {
@@ -750,6 +1213,32 @@ impl Apply for MetaApply {
             }
             Command::Leader { shard, node } => {
                 self.preferred.lock().insert(*shard, *node);
+                Response::default()
+            }
+            Command::Topology(text) => {
+                let next: Topology = match serde_json::from_str(text) {
+                    Ok(t) => t,
+                    Err(e) => return refused(format!("a topology that does not decode: {e}")),
+                };
+                let mut topology = self.topology.lock();
+                let version = topology.as_ref().map_or(0, |t| t.version);
+                if next.version != version + 1 {
+                    return refused(format!(
+                        "the topology changed meanwhile (version {version}, not {})",
+                        next.version.saturating_sub(1)
+                    ));
+                }
+                if let Some(node) = self.node.upgrade() {
+                    node.add_peers(&next.nodes);
+                }
+                *topology = Some(next);
+                Response::default()
+            }
+            Command::Members { shard, replicas } => {
+                if let Some(t) = self.topology.lock().as_mut() {
+                    t.members.insert(*shard, replicas.clone());
+                    t.version += 1;
+                }
                 Response::default()
             }
             Command::Write(_) => Response::default(),

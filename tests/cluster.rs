@@ -44,17 +44,9 @@ impl Cluster {
         for (id, port) in &ports {
             let dir = root.join(format!("n{id}"));
             std::fs::create_dir_all(&dir).unwrap();
-            // Buffers are written as Parquet after a second and small files merged every
-            // two, so files, merges, snapshots and log purges happen while the test runs.
-            let config = format!(
-                "[buffer]\nmax_age = \"1s\"\n[compaction]\nmin_files = 3\ninterval = \"2s\"\n\
-                 [cluster]\nnode_id = {id}\nlisten = \"127.0.0.1:{port}\"\n\
-                 shared_store = \"file://{}\"\npeers = {{ {} }}\n",
-                shared.display(),
-                peers.join(", ")
-            );
             c.dirs.insert(*id, dir);
-            c.configs.insert(*id, config);
+            c.configs
+                .insert(*id, node_config(*id, *port, &shared, &peers.join(", "), ""));
         }
         for id in 1..=3 {
             c.restart(id);
@@ -85,14 +77,27 @@ impl Cluster {
     }
 }
 
-/// Publishes `{"ts", "device", "seq"}` for seq = 0, 1, ... to `port` one at a time, each
-/// after the PUBACK of the one before, until `stop`; sends each acknowledged seq on `acked`.
+/// A node's config. Buffers are written as Parquet after a second and small files merged
+/// every two, so files, merges, snapshots and log purges happen while the test runs.
+fn node_config(id: u64, port: u16, shared: &Path, peers: &str, extra: &str) -> String {
+    format!(
+        "[buffer]\nmax_age = \"1s\"\n[compaction]\nmin_files = 3\ninterval = \"2s\"\n\
+         [cluster]\nnode_id = {id}\nlisten = \"127.0.0.1:{port}\"\n{extra}\
+         shared_store = \"file://{}\"\npeers = {{ {peers} }}\n",
+        shared.display(),
+    )
+}
+
+/// Publishes `{"ts", "device", "seq"}` for seq = first, first + 1, ... to `port` one at a
+/// time, each after the PUBACK of the one before, until `stop`; sends each acknowledged seq
+/// on `acked`.
 async fn device(
     port: u16,
+    first: u64,
     acked: tokio::sync::mpsc::UnboundedSender<u64>,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    let mut o = MqttOptions::new("cluster-device", "127.0.0.1", port);
+    let mut o = MqttOptions::new(format!("cluster-device-{first}"), "127.0.0.1", port);
     o.set_keep_alive(Duration::from_secs(30));
     let (client, mut el) = AsyncClient::new(o, 10);
     let (tx, mut acks) = tokio::sync::mpsc::unbounded_channel();
@@ -105,7 +110,7 @@ async fn device(
             }
         }
     });
-    let mut seq = 0u64;
+    let mut seq = first;
     while !stop.is_cancelled() {
         let payload = format!(
             r#"{{"ts": "2026-11-23T10:00:00Z", "device": "d{}", "seq": {seq}}}"#,
@@ -166,7 +171,7 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     // The device publishes to node 2 throughout.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let stop = tokio_util::sync::CancellationToken::new();
-    let publisher = tokio::spawn(device(c.node(2).mqtt_port(), tx, stop.clone()));
+    let publisher = tokio::spawn(device(c.node(2).mqtt_port(), 0, tx, stop.clone()));
     let mut acked = Vec::new();
     until_acked(&mut rx, &mut acked, 100).await;
 
@@ -312,6 +317,7 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
 
     catch_up_from_the_shared_store(&mut c, root.path()).await;
     move_a_shard_leader(&c).await;
+    add_and_remove_a_node(&mut c, root.path()).await;
 
     for (_, s) in std::mem::take(&mut c.nodes) {
         assert_eq!(s.terminate(), 0);
@@ -535,4 +541,187 @@ async fn rows_once(s: &Server, want: u64, secs: u64, what: &str) {
         (r[0]["n"].as_u64().unwrap(), r[0]["d"].as_u64().unwrap())
     })
     .await;
+}
+
+/// Sends `method path` with a JSON body to `s`: the status and the body's text.
+async fn call(s: &Server, method: reqwest::Method, path: &str, body: &str) -> (u16, String) {
+    let r = (s.client().request(method, s.url(path)))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// While a device publishes through node 2, a fourth node joins (started with `join = true`,
+/// added through node 1's admin API): it gets its share of the shards' replicas (learners
+/// that catch up, then voters) and of their leaderships. Then node 1 leaves (removed through
+/// node 4): its replicas move to the others and it leaves the metadata group. No
+/// acknowledged row is lost or doubled on any remaining node; bad requests are refused.
+async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
+    let before = c.node(2).count("SELECT count(*) FROM iot.r").await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let publisher = tokio::spawn(device(c.node(2).mqtt_port(), 10_000_000, tx, stop.clone()));
+    let mut acked = Vec::new();
+    until_acked(&mut rx, &mut acked, 30).await;
+
+    let one = c
+        .node(1)
+        .rows("SELECT address FROM system.nodes WHERE node_id = 1")
+        .await;
+    let one = one[0]["address"].as_str().unwrap().to_string();
+    let port = free_port();
+    let address = format!("127.0.0.1:{port}");
+    let dir = root.join("n4");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = node_config(
+        4,
+        port,
+        &root.join("shared"),
+        &format!("1 = \"{one}\", 4 = \"{address}\""),
+        "join = true\n",
+    );
+    // The new node waits to be added before it serves anything.
+    let starting = std::thread::spawn(move || Server::start_with_config(&dir, &config));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (status, text) = call(
+        c.node(1),
+        reqwest::Method::POST,
+        "/v1/cluster/nodes",
+        "{\"node\": 4}",
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    let (status, text) = call(
+        c.node(1),
+        reqwest::Method::POST,
+        "/v1/cluster/nodes",
+        "{\"node\": 4, \"address\": \"nowhere\"}",
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    let body = format!("{{\"node\": 4, \"address\": \"{address}\"}}");
+    let (status, text) = call(
+        c.node(1),
+        reqwest::Method::POST,
+        "/v1/cluster/nodes?wait_secs=120",
+        &body,
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let added: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(added["done"], true, "{text}");
+    let s4 = tokio::task::spawn_blocking(move || starting.join().unwrap())
+        .await
+        .unwrap();
+    c.nodes.insert(4, s4);
+    until_acked(&mut rx, &mut acked, 60).await;
+
+    // Every node knows four members; node 4 is a voter of 4 or 5 shards (of 18 voters),
+    // each shard has 3 voters, and node 4 is the preferred leader of one or two shards and
+    // leads them. It keeps the other shards as a learner, so its SQL sees every row.
+    for id in 1..=4 {
+        let s = c.node(id);
+        eventually_eq(&format!("node {id} sees 4 members"), 30, &4, || {
+            s.count("SELECT count(*) FROM system.nodes WHERE state = 'member'")
+        })
+        .await;
+    }
+    let all = c
+        .node(4)
+        .rows("SELECT shard, voters, preferred_leader FROM system.shards WHERE shard <> 'meta'")
+        .await;
+    assert_eq!(all.len(), GROUPS - 1, "{all:?}");
+    let voters = |r: &serde_json::Value| -> Vec<String> {
+        (r["voters"].as_str().unwrap().split(','))
+            .map(str::to_string)
+            .collect()
+    };
+    assert!(all.iter().all(|r| voters(r).len() == 3), "{all:?}");
+    let mine: Vec<_> = all
+        .iter()
+        .filter(|r| voters(r).contains(&"4".to_string()))
+        .collect();
+    assert!((4..=5).contains(&mine.len()), "{all:?}");
+    let prefers_4 = mine.iter().filter(|r| r["preferred_leader"] == 4).count() as u64;
+    assert!((1..=2).contains(&prefers_4), "{mine:?}");
+    eventually_eq("node 4 leads the shards it should", 30, &prefers_4, || {
+        c.node(4)
+            .count("SELECT count(*) FROM system.shards WHERE leader = 4 AND shard <> 'meta'")
+    })
+    .await;
+    // Rows up to the last acknowledged seq are exactly the acknowledged ones (the device
+    // sends the next only after the PUBACK); node 4 reads them all, flushed or not.
+    let q = format!(
+        "SELECT count(*) FROM iot.r WHERE seq <= {}",
+        acked.iter().max().unwrap()
+    );
+    assert_eq!(c.node(4).count(&q).await, before + acked.len() as u64);
+
+    // Node 1 leaves, removed through node 4 while the device goes on.
+    let (status, text) = call(
+        c.node(4),
+        reqwest::Method::DELETE,
+        "/v1/cluster/nodes/9",
+        "",
+    )
+    .await;
+    assert_eq!(status, 404, "{text}");
+    let (status, text) = call(
+        c.node(4),
+        reqwest::Method::DELETE,
+        "/v1/cluster/nodes/1?wait_secs=120",
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let removed: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(removed["done"], true, "{text}");
+    until_acked(&mut rx, &mut acked, 90).await;
+    // A removed node's id is not used again.
+    let again = format!("{{\"node\": 1, \"address\": \"{one}\"}}");
+    let (status, text) = call(
+        c.node(2),
+        reqwest::Method::POST,
+        "/v1/cluster/nodes",
+        &again,
+    )
+    .await;
+    assert_eq!(status, 409, "{text}");
+    c.nodes.remove(&1).unwrap().kill9();
+    until_acked(&mut rx, &mut acked, 120).await;
+    stop.cancel();
+    publisher.await.unwrap();
+    while let Ok(seq) = rx.try_recv() {
+        acked.push(seq);
+    }
+
+    // Three nodes again, with a replica of every shard each (replication factor 3), none
+    // on node 1; every row acknowledged before and during the moves is there once.
+    let want = before + acked.len() as u64;
+    for id in 2..=4 {
+        let s = c.node(id);
+        eventually_eq(&format!("node {id} sees 3 members"), 30, &3, || {
+            s.count("SELECT count(*) FROM system.nodes")
+        })
+        .await;
+        eventually_eq(
+            &format!("node {id} holds every shard"),
+            30,
+            &(GROUPS as u64),
+            || s.count("SELECT count(*) FROM system.shards WHERE voters NOT LIKE '%1%'"),
+        )
+        .await;
+        rows_once(
+            s,
+            want,
+            60,
+            &format!("node {id} has every row once after the moves"),
+        )
+        .await;
+        let q = "SELECT count(*) FROM iot.r WHERE seq >= 10000000";
+        assert_eq!(s.count(q).await, acked.len() as u64, "node {id}");
+    }
 }

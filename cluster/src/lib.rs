@@ -9,7 +9,8 @@
 //! the state machine ([`StateMachine`] over an [`Apply`]), the node-to-node network (one
 //! multiplexed TCP connection per peer for every group: [`Pool`], [`serve`]), a node's
 //! groups ([`Node`], with [`Node::write`] committing a command through its group's leader
-//! wherever it is) and shard placement ([`place`], [`shard_of`]). The server wires them to
+//! wherever it is) and shard placement ([`place`], [`rebalance`] when nodes come and go,
+//! [`shard_of`]). The server wires them to
 //! the engine (`src/cluster.rs`). A snapshot may stand for fewer entries than were applied
 //! ([`Apply::snapshot`]): a data shard's snapshot is the position up to which its rows are
 //! in Parquet files on the shared store, and the log is purged behind it.
@@ -40,6 +41,6 @@ pub use node::{
     DynApply, GroupMachine, GroupRaft, LOG_KEPT_BEHIND_SNAPSHOT, Node, WRITE_DEADLINE, WriteError,
     raft_config,
 };
-pub use placement::{ShardPlacement, place, shard_of};
+pub use placement::{ShardPlacement, place, rebalance, shard_of};
 pub use sm::{Apply, StateMachine};
 pub use types::{Command, GroupId, Response, Tc, from_cbor, to_cbor};

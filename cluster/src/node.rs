@@ -154,6 +154,14 @@ impl Node {
         *self.peers.write() = peers;
     }
 
+    /// Learns the addresses of `nodes` (a node added to the cluster).
+    pub fn add_peers(&self, nodes: &BTreeMap<u64, String>) {
+        let mut peers = self.peers.write();
+        for (id, addr) in nodes {
+            peers.insert(*id, addr.clone());
+        }
+    }
+
     /// Every node's address, by id.
     pub fn peers(&self) -> BTreeMap<u64, String> {
         self.peers.read().clone()
@@ -352,6 +360,20 @@ impl Node {
     /// The raft of `group`, if this node has it.
     pub fn group(&self, group: GroupId) -> Option<GroupRaft> {
         self.groups.read().get(&group).cloned()
+    }
+
+    /// Stops `group` here and deletes its log and state (its replica left this node).
+    pub async fn close_group(&self, group: GroupId) -> io::Result<()> {
+        let raft = self.groups.write().remove(&group);
+        if let Some(raft) = raft
+            && let Err(e) = raft.shutdown().await
+        {
+            tracing::warn!(%group, error = %e, "stopping a raft group");
+        }
+        match std::fs::remove_dir_all(self.dir.join(group.to_string())) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Stops every group (their logs stay on disk).

@@ -32,6 +32,17 @@ pub enum Command {
         /// The node, one of the shard's replicas.
         node: u64,
     },
+    /// The cluster's nodes and where each shard's replicas should be (the metadata group),
+    /// as JSON: set when a node is added or removed.
+    Topology(String),
+    /// A data shard's voters are now these nodes (the metadata group): its leader committed
+    /// the membership change that the topology asked for.
+    Members {
+        /// The data shard.
+        shard: u32,
+        /// Its voters, the preferred leader first.
+        replicas: Vec<u64>,
+    },
 }
 
 impl fmt::Display for Command {
@@ -41,6 +52,10 @@ impl fmt::Display for Command {
             Command::Catalog(s) => write!(f, "catalog({s})"),
             Command::Files(s) => write!(f, "files({} bytes)", s.len()),
             Command::Leader { shard, node } => write!(f, "leader(shard {shard}: node {node})"),
+            Command::Topology(s) => write!(f, "topology({s})"),
+            Command::Members { shard, replicas } => {
+                write!(f, "members(shard {shard}: {replicas:?})")
+            }
         }
     }
 }

@@ -100,6 +100,11 @@ pub struct ClusterConfig {
     /// Data shards; 0: twice the node count.
     #[serde(default)]
     pub shards: u32,
+    /// This node joins a running cluster (`POST /v1/cluster/nodes` on a member adds it):
+    /// it forms no group itself and takes the cluster's shards and replication factor from
+    /// the metadata group. `peers` must name at least one member.
+    #[serde(default)]
+    pub join: bool,
 }
 
 fn three() -> usize {
@@ -163,6 +168,12 @@ impl ClusterConfig {
                     "node {} is listed at {own} but listens on {}",
                     self.node_id, self.listen
                 ),
+            ));
+        }
+        if self.join && !self.nodes().keys().any(|id| *id != self.node_id) {
+            return Err(bad(
+                "peers",
+                "a joining node must name at least one member of the cluster".into(),
             ));
         }
         if self.replication_factor == 0 {

@@ -435,6 +435,12 @@ impl Engine {
         Ok(())
     }
 
+    /// Drops every buffered row of `shard`: this node's replica of it left (the shard's
+    /// files stay, and its rows are on its other replicas).
+    pub fn forget_shard(&self, shard: u32) {
+        self.shared.tables.drop_shard_through(shard, u64::MAX);
+    }
+
     /// Installs a catalog change committed at `raft_index` of the metadata group, bringing
     /// the live table states and the alerts in line with it. `Ok(false)`: already installed.
     pub fn install_catalog(&self, raft_index: u64, next: &[u8]) -> Result<bool> {
