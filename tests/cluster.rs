@@ -583,6 +583,8 @@ async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
         &format!("1 = \"{one}\", 4 = \"{address}\""),
         "join = true\n",
     );
+    c.dirs.insert(4, dir.clone());
+    c.configs.insert(4, config.clone());
     // The new node waits to be added before it serves anything.
     let starting = std::thread::spawn(move || Server::start_with_config(&dir, &config));
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -697,6 +699,10 @@ async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
     while let Ok(seq) = rx.try_recv() {
         acked.push(seq);
     }
+
+    // The joined node restarts as any member does (its topology comes back from its log).
+    assert_eq!(c.nodes.remove(&4).unwrap().terminate(), 0);
+    c.restart(4);
 
     // Three nodes again, with a replica of every shard each (replication factor 3), none
     // on node 1; every row acknowledged before and during the moves is there once.
