@@ -1212,6 +1212,7 @@ impl Apply for MetaApply {
                 }
             }
             Command::Leader { shard, node } => {
+                tracing::info!(index, shard, node, "preferred leader set");
                 self.preferred.lock().insert(*shard, *node);
                 Response::default()
             }

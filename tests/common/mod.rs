@@ -2,6 +2,8 @@
 //! HTTP, as a user would.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod browser;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

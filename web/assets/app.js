@@ -1,4 +1,4 @@
-// Entry module: session check, login form, hash routing between the four pages.
+// Entry module: session check, login form, hash routing between the pages.
 
 import * as api from './api.js';
 import { h } from './api.js';
@@ -6,12 +6,14 @@ import * as sqlPage from './sql.js';
 import * as catalogPage from './catalog.js';
 import * as livePage from './live.js';
 import * as alertsPage from './alerts.js';
+import * as clusterPage from './cluster.js';
 
 const ROUTES = {
   sql: { title: 'SQL', page: sqlPage },
   catalog: { title: 'Catalog', page: catalogPage },
   live: { title: 'Live', page: livePage },
   alerts: { title: 'Alerts', page: alertsPage },
+  cluster: { title: 'Cluster', page: clusterPage },
 };
 const DEFAULT_ROUTE = 'sql';
 

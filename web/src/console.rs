@@ -27,6 +27,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("catalog.js", JS, include_str!("../assets/catalog.js")),
     ("live.js", JS, include_str!("../assets/live.js")),
     ("alerts.js", JS, include_str!("../assets/alerts.js")),
+    ("cluster.js", JS, include_str!("../assets/cluster.js")),
 ];
 
 const JS: &str = "text/javascript; charset=utf-8";
