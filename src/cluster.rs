@@ -641,13 +641,8 @@ impl Cluster {
     /// shards' moves.
     async fn lead_meta(&self, t: &Topology, meta: &GroupRaft) {
         let held = |n: &u64| t.members.values().any(|m| m.contains(n));
-        let voters: BTreeSet<u64> = (meta.metrics().borrow_watched())
-            .membership_config
-            .membership()
-            .voter_ids()
-            .collect();
         let target: BTreeSet<u64> = (t.nodes.keys().copied())
-            .chain(voters.iter().copied().filter(held))
+            .chain(voters(meta).into_iter().filter(held))
             .collect();
         (self.change_voters(GroupId::Meta, meta, &target, &BTreeSet::new(), &t.nodes)).await;
     }
@@ -725,21 +720,18 @@ impl Cluster {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let t = self.topology();
-            let voters: BTreeSet<u64> = (self.node.group(GroupId::Meta))
-                .map(|m| {
-                    (m.metrics().borrow_watched())
-                        .membership_config
-                        .membership()
-                        .voter_ids()
-                        .collect()
-                })
-                .unwrap_or_default();
+            let voters = self.meta_voters();
             let done = t.settled() && voters.iter().eq(t.nodes.keys());
             if done || tokio::time::Instant::now() >= deadline {
                 return Ok((t, done));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The metadata group's voters, as this node knows them.
+    fn meta_voters(&self) -> BTreeSet<u64> {
+        (self.node.group(GroupId::Meta)).map_or_else(BTreeSet::new, |m| voters(&m))
     }
 
     /// This node's id.
@@ -754,15 +746,7 @@ impl Cluster {
             .map(|(_, _, r)| r.metrics().borrow_watched().current_leader)
             .collect();
         let t = self.topology();
-        let meta_voters: BTreeSet<u64> = (self.node.group(GroupId::Meta))
-            .map(|m| {
-                (m.metrics().borrow_watched())
-                    .membership_config
-                    .membership()
-                    .voter_ids()
-                    .collect()
-            })
-            .unwrap_or_default();
+        let meta_voters = self.meta_voters();
         // Members, and nodes that left but still hold replicas.
         let ids: BTreeSet<u64> = (t.nodes.keys().copied())
             .chain(t.members.values().flatten().copied())
@@ -905,6 +889,15 @@ fn batch(cols: Vec<(&str, ArrayRef)>) -> RecordBatch {
             true,
         )])))
     })
+}
+
+/// A group's voters, as this node knows them.
+fn voters(raft: &GroupRaft) -> BTreeSet<u64> {
+    (raft.metrics().borrow_watched())
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect()
 }
 
 async fn initialize(raft: &GroupRaft, members: BTreeMap<u64, BasicNode>) -> anyhow::Result<()> {
