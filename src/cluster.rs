@@ -65,8 +65,8 @@ const CAUGHT_UP: u64 = 64;
 /// metadata group brings the first change.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Topology {
-    /// Changes applied (topologies and shard memberships): a proposal names the next, so
-    /// one made from a stale view is refused.
+    /// Topologies applied: a proposal names the next, so one made from a stale view is
+    /// refused.
     version: u64,
     /// The cluster's nodes and their node-to-node addresses.
     nodes: BTreeMap<u64, String>,
@@ -76,6 +76,9 @@ pub(crate) struct Topology {
     placement: Vec<ShardPlacement>,
     /// Each shard's voters as its group last committed them ([`Command::Members`]).
     members: BTreeMap<u32, Vec<u64>>,
+    /// The shard group's log index of the membership `members` reports.
+    #[serde(default)]
+    members_at: BTreeMap<u32, u64>,
     /// Nodes removed from the cluster: their ids are not used again.
     #[serde(default)]
     removed: BTreeSet<u64>,
@@ -96,6 +99,7 @@ impl Topology {
             shards: cfg.shard_count(),
             replication_factor: cfg.replication_factor,
             placement,
+            members_at: BTreeMap::new(),
             removed: BTreeSet::new(),
         }
     }
@@ -239,6 +243,12 @@ impl Cluster {
         while cfg.join
             && !(topology.lock().as_ref()).is_some_and(|t| t.nodes.contains_key(&cfg.node_id))
         {
+            if (topology.lock().as_ref()).is_some_and(|t| t.removed.contains(&cfg.node_id)) {
+                anyhow::bail!(
+                    "node {} was removed from the cluster (a node id is not used again)",
+                    cfg.node_id
+                );
+            }
             if waited.elapsed() > Duration::from_secs(10) {
                 waited = Instant::now();
                 tracing::info!(
@@ -429,11 +439,16 @@ impl Cluster {
         let t = self.topology();
         let p = (t.placement.iter().find(|p| p.shard == shard))
             .ok_or(MoveError::NoShard(shard, t.placement.len()))?;
-        if !p.replicas.contains(&node) {
+        // A replica placed there that is not a voter yet (a move under way) cannot lead.
+        let voters = t.members.get(&shard).cloned().unwrap_or_default();
+        if !p.replicas.contains(&node) || !voters.contains(&node) {
             return Err(MoveError::NotReplica {
                 shard,
                 node,
-                replicas: p.replicas.clone(),
+                replicas: (p.replicas.iter())
+                    .filter(|r| voters.contains(r))
+                    .copied()
+                    .collect(),
             });
         }
         let all = self.node_ids();
@@ -518,8 +533,9 @@ impl Cluster {
 
     /// On the leader of a group: moves its voters toward `target` by one step, with
     /// `learners` (not in `target`) as learners. New nodes are added as learners; once every
-    /// new voter has caught up, the voters become `target`. Returns whether the voters are
-    /// `target`.
+    /// new voter has caught up, the voters become `target` (voters that leave stay learners
+    /// until they are neither wanted nor placed). Returns the log index of the membership
+    /// once the voters are `target` and that membership is committed and applied here.
     async fn change_voters(
         &self,
         group: GroupId,
@@ -527,7 +543,7 @@ impl Cluster {
         target: &BTreeSet<u64>,
         wanted_learners: &BTreeSet<u64>,
         addresses: &BTreeMap<u64, String>,
-    ) -> bool {
+    ) -> Option<u64> {
         let m = raft.metrics().borrow_watched().clone();
         let membership = m.membership_config.membership();
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
@@ -542,20 +558,22 @@ impl Cluster {
                 .filter(|l| !target.contains(l) && !wanted_learners.contains(l))
                 .copied()
                 .collect();
-            if !stale.is_empty()
-                && let Err(e) = raft
-                    .change_membership(openraft::ChangeMembers::RemoveNodes(stale), false)
-                    .await
-            {
-                tracing::warn!(%group, error = %e, "removing learners");
+            if !stale.is_empty() {
+                let remove =
+                    raft.change_membership(openraft::ChangeMembers::RemoveNodes(stale), false);
+                within(group, "removing learners", remove).await;
             }
-            return true;
+            // Committed: applied here (metrics show the effective membership, which may be
+            // an uncommitted entry a new leader inherited).
+            let at = m.membership_config.log_id().as_ref().map_or(0, |l| l.index);
+            let applied = m.last_applied.map_or(0, |l| l.index);
+            return (at <= applied).then_some(at);
         }
         let mut behind = false;
         for n in target.difference(&voters) {
             if !learners.contains(n) {
                 if !self.add_learner(group, raft, *n, addresses).await {
-                    return false;
+                    return None;
                 }
                 behind = true;
                 continue;
@@ -567,16 +585,13 @@ impl Cluster {
             behind |= matched.is_none_or(|i| last.saturating_sub(i) > CAUGHT_UP);
         }
         if behind {
-            return false;
+            return None;
         }
         tracing::info!(%group, from = ?voters, to = ?target, "changing the voters");
-        match raft.change_membership(target.clone(), false).await {
-            Ok(_) => true,
-            Err(e) => {
-                tracing::warn!(%group, error = %e, "changing the voters");
-                false
-            }
-        }
+        let change = raft.change_membership(target.clone(), true);
+        within(group, "changing the voters", change).await?;
+        // The next round reports it, once applied here.
+        None
     }
 
     /// Adds `node` to `group` as a learner (its log follows the leader's); whether it was.
@@ -591,13 +606,8 @@ impl Cluster {
             .or_else(|| self.node.peers().get(&node).cloned())
             .unwrap_or_default();
         tracing::info!(%group, node, "adding a replica (a learner)");
-        match raft.add_learner(node, BasicNode::new(addr), false).await {
-            Ok(_) => true,
-            Err(e) => {
-                tracing::warn!(%group, node, error = %e, "adding a learner");
-                false
-            }
-        }
+        let add = raft.add_learner(node, BasicNode::new(addr), false);
+        within(group, "adding a learner", add).await.is_some()
     }
 
     /// On a shard's leader: its voters toward the placement, the result committed to the
@@ -606,27 +616,22 @@ impl Cluster {
         let target: BTreeSet<u64> = p.replicas.iter().copied().collect();
         let group = GroupId::Shard(p.shard);
         let learners: BTreeSet<u64> = t.nodes.keys().copied().collect();
-        if !self
-            .change_voters(group, raft, &target, &learners, &t.nodes)
-            .await
-        {
+        let Some(at) = (self.change_voters(group, raft, &target, &learners, &t.nodes)).await else {
             return;
-        }
+        };
         let committed: Option<BTreeSet<u64>> =
             (t.members.get(&p.shard)).map(|m| m.iter().copied().collect());
         if committed.as_ref() != Some(&target) {
             let command = Command::Members {
                 shard: p.shard,
                 replicas: p.replicas.clone(),
+                at,
             };
-            match (self.node)
-                .write(GroupId::Meta, command, &self.node_ids())
-                .await
-            {
-                Ok(_) => tracing::info!(shard = p.shard, replicas = ?p.replicas, "shard moved"),
-                Err(e) => {
-                    tracing::warn!(shard = p.shard, error = %e, "committing a shard's voters")
-                }
+            let all = self.node_ids();
+            let write = (self.node).write(GroupId::Meta, command, &all);
+            if let Some(r) = within(GroupId::Meta, "committing a shard's voters", write).await {
+                let refused = r.error;
+                tracing::info!(shard = p.shard, replicas = ?p.replicas, ?refused, "shard moved");
             }
             return;
         }
@@ -681,6 +686,11 @@ impl Cluster {
                 }
                 (Some(_), Some(_)) | (None, None) => break,
                 (Some(a), None) => {
+                    if let Some((other, _)) = t.nodes.iter().find(|(_, addr)| *addr == a) {
+                        return Err(NodeError::Conflict(format!(
+                            "node {other} is at {a} already"
+                        )));
+                    }
                     if t.removed.contains(&id) {
                         return Err(NodeError::Conflict(format!(
                             "node {id} was a member and was removed; a node id is not used again"
@@ -889,6 +899,30 @@ fn batch(cols: Vec<(&str, ArrayRef)>) -> RecordBatch {
             true,
         )])))
     })
+}
+
+/// How long one step of [`Cluster::reconcile`] may wait (a leader cut off from its
+/// quorum would otherwise hold the loop).
+const RECONCILE_STEP: Duration = Duration::from_secs(10);
+
+/// Runs one step of the reconciliation: its value, or `None` (logged) if it failed or
+/// took longer than [`RECONCILE_STEP`].
+async fn within<T, E: std::fmt::Display>(
+    group: GroupId,
+    what: &str,
+    step: impl std::future::Future<Output = Result<T, E>>,
+) -> Option<T> {
+    match tokio::time::timeout(RECONCILE_STEP, step).await {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) => {
+            tracing::warn!(%group, error = %e, "{what}");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(%group, secs = RECONCILE_STEP.as_secs(), "{what}: no answer in time");
+            None
+        }
+    }
 }
 
 /// A group's voters, as this node knows them.
@@ -1225,14 +1259,30 @@ impl Apply for MetaApply {
                 if let Some(node) = self.node.upgrade() {
                     node.add_peers(&next.nodes);
                 }
+                let mut next = next;
+                if let Some(current) = topology.take() {
+                    // The voters are facts the shards reported, not part of the proposal.
+                    next.members = current.members;
+                    next.members_at = current.members_at;
+                }
                 *topology = Some(next);
                 Response::default()
             }
-            Command::Members { shard, replicas } => {
-                if let Some(t) = self.topology.lock().as_mut() {
-                    t.members.insert(*shard, replicas.clone());
-                    t.version += 1;
+            Command::Members {
+                shard,
+                replicas,
+                at,
+            } => {
+                let mut topology = self.topology.lock();
+                let Some(t) = topology.as_mut() else {
+                    return refused("no topology yet");
+                };
+                // A late copy from a former leader must not undo a later change.
+                if t.members_at.get(shard).is_some_and(|a| a >= at) {
+                    return refused(format!("shard {shard}'s voters changed after entry {at}"));
                 }
+                t.members.insert(*shard, replicas.clone());
+                t.members_at.insert(*shard, *at);
                 Response::default()
             }
             Command::Write(_) => Response::default(),

@@ -42,6 +42,8 @@ pub enum Command {
         shard: u32,
         /// Its voters, the preferred leader first.
         replicas: Vec<u64>,
+        /// The shard group's log index of that membership (a later one wins).
+        at: u64,
     },
 }
 
@@ -53,8 +55,12 @@ impl fmt::Display for Command {
             Command::Files(s) => write!(f, "files({} bytes)", s.len()),
             Command::Leader { shard, node } => write!(f, "leader(shard {shard}: node {node})"),
             Command::Topology(s) => write!(f, "topology({s})"),
-            Command::Members { shard, replicas } => {
-                write!(f, "members(shard {shard}: {replicas:?})")
+            Command::Members {
+                shard,
+                replicas,
+                at,
+            } => {
+                write!(f, "members(shard {shard}: {replicas:?} at {at})")
             }
         }
     }

@@ -2,6 +2,7 @@
 //! JSON), for the console tests. Screenshots go to `<target>/tmp/console/`.
 
 use serde_json::{Value, json};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -48,8 +49,11 @@ impl Browser {
             .local_addr()
             .unwrap()
             .port();
+        // Its own process group: the browsers it starts are in it too, so that dropping the
+        // Browser (even when a test fails before ending the session) stops them all.
         let driver = Command::new(chromedriver)
             .arg(format!("--port={port}"))
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -215,7 +219,8 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        let _ = self.driver.kill();
+        // chromedriver, and every Chromium process it started (same process group).
+        unsafe { libc::kill(-(self.driver.id() as i32), libc::SIGKILL) };
         let _ = self.driver.wait();
     }
 }
