@@ -47,27 +47,32 @@ async fn add(
             format!("expected a bridge as JSON ({{\"name\", \"address\", \"topics\": [{{\"filter\", \"qos\"}}], ...}}): {e}"),
         )
     })?;
-    to_the_end(async move { b.add(config).await }).await?;
+    to_the_end("adding a bridge", async move { b.add(config).await })
+        .await?
+        .map_err(api_error)?;
     Ok(StatusCode::CREATED)
 }
 
-/// Runs a change to the bridges to its end even if the client goes away meanwhile (axum
-/// drops a handler whose connection closed, which would leave a bridge half stopped).
-async fn to_the_end<F>(change: F) -> Result<(), ApiError>
+/// Runs a change to its end even if the client goes away meanwhile (axum drops a handler
+/// whose connection closed, which would leave a bridge half stopped or a cluster change
+/// half waited for); `what` names it in the error if the task itself fails.
+async fn to_the_end<F, T>(what: &str, change: F) -> Result<T, ApiError>
 where
-    F: std::future::Future<Output = Result<(), BridgeError>> + Send + 'static,
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
 {
     tokio::spawn(change)
         .await
-        .map_err(|e| ApiError::internal(format!("changing a bridge: {e}")))?
-        .map_err(api_error)
+        .map_err(|e| ApiError::internal(format!("{what}: {e}")))
 }
 
 async fn remove(
     State(b): State<Arc<Bridges>>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    to_the_end(async move { b.remove(&name).await }).await?;
+    to_the_end("removing a bridge", async move { b.remove(&name).await })
+        .await?
+        .map_err(api_error)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -75,7 +80,9 @@ async fn restart(
     State(b): State<Arc<Bridges>>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    to_the_end(async move { b.restart(&name).await }).await?;
+    to_the_end("restarting a bridge", async move { b.restart(&name).await })
+        .await?
+        .map_err(api_error)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -119,9 +126,8 @@ async fn add_node(
     if n.node == 0 {
         return Err(bad("a node id is a positive integer".into()));
     }
-    match n.address.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
-        _ => return Err(bad(format!("{:?}: expected host:port", n.address))),
+    if !sluice_conf::is_host_port(&n.address) {
+        return Err(bad(format!("address {:?}: expected host:port", n.address)));
     }
     change_node(c, n.node, Some(n.address), w).await
 }
@@ -152,9 +158,10 @@ async fn change_node(
 ) -> Result<axum::Json<serde_json::Value>, ApiError> {
     let wait = std::time::Duration::from_secs(w.wait_secs.unwrap_or(60).min(600));
     let added = address.is_some();
-    let changed = tokio::spawn(async move { c.change_node(node, address, wait).await })
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    let changed = to_the_end("changing the nodes", async move {
+        c.change_node(node, address, wait).await
+    })
+    .await?;
     match changed {
         Ok((topology, done)) => Ok(axum::Json(serde_json::json!({
             "node": node,
@@ -211,9 +218,10 @@ async fn move_leader(
         )
     })?;
     let wait = std::time::Duration::from_secs(10);
-    let moved = tokio::spawn(async move { c.move_leader(shard, to.node, wait).await })
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    let moved = to_the_end("moving a leadership", async move {
+        c.move_leader(shard, to.node, wait).await
+    })
+    .await?;
     match moved {
         Ok(leader) => Ok(axum::Json(serde_json::json!({
             "shard": shard,

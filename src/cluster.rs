@@ -70,7 +70,6 @@ pub(crate) struct Topology {
     version: u64,
     /// The cluster's nodes and their node-to-node addresses.
     nodes: BTreeMap<u64, String>,
-    shards: u32,
     replication_factor: usize,
     /// Where each shard's replicas should be, the preferred leader first.
     placement: Vec<ShardPlacement>,
@@ -96,7 +95,6 @@ impl Topology {
                 .map(|p| (p.shard, p.replicas.clone()))
                 .collect(),
             nodes,
-            shards: cfg.shard_count(),
             replication_factor: cfg.replication_factor,
             placement,
             members_at: BTreeMap::new(),
@@ -271,7 +269,9 @@ impl Cluster {
                 cfg.node_id
             );
         }
-        let shards = (topology.lock().as_ref()).map_or(cfg.shard_count(), |t| t.shards);
+        // The cluster's shards: a joining node learns their number from the topology.
+        let shards =
+            (topology.lock().as_ref()).map_or(cfg.shard_count(), |t| t.placement.len() as u32);
         let queues = (0..shards)
             .map(|shard| {
                 let (tx, rx) = mpsc::unbounded_channel();
@@ -312,11 +312,7 @@ impl Cluster {
             }
         }
         tokio::spawn(cluster.clone().reconcile(cancel.clone()));
-        tokio::spawn(
-            cluster
-                .clone()
-                .flush_led_shards(Arc::downgrade(engine), cancel),
-        );
+        tokio::spawn(cluster.clone().flush_led_shards(cancel));
         Ok(cluster)
     }
 
@@ -335,21 +331,17 @@ impl Cluster {
     /// commits the files through the metadata group; every node then installs them, drops
     /// those rows from its buffers and snapshots the shards ([`MetaApply`]). On the metadata
     /// group's leader, also merges small files now and then (`[compaction]`).
-    async fn flush_led_shards(self: Arc<Self>, engine: Weak<Engine>, cancel: CancellationToken) {
+    async fn flush_led_shards(self: Arc<Self>, cancel: CancellationToken) {
         let mut last_compact = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(FLUSH_CHECK) => {}
             }
-            let Some(engine) = engine.upgrade() else {
+            let Some(engine) = self.engine.upgrade() else {
                 return;
             };
-            let leads = |g: GroupId| {
-                (self.node.group(g)).is_some_and(|r| {
-                    r.metrics().borrow_watched().current_leader == Some(self.node.id())
-                })
-            };
+            let leads = |g: GroupId| self.node.group(g).is_some_and(|r| self.leads(&r));
             let led: Vec<u32> = (0..self.shards)
                 .filter(|s| leads(GroupId::Shard(*s)))
                 .collect();
@@ -475,12 +467,15 @@ impl Cluster {
         }
     }
 
+    /// Whether this node leads the group of `raft`.
+    fn leads(&self, raft: &GroupRaft) -> bool {
+        raft.metrics().borrow_watched().current_leader == Some(self.node.id())
+    }
+
     /// Hands a shard's leadership (held here) to `to` once it has every entry.
     async fn hand_over(&self, shard: u32, raft: &GroupRaft, to: u64) {
         let m = raft.metrics().borrow_watched().clone();
-        let matched = (m.replication.as_ref())
-            .and_then(|r| r.get(&to).cloned().flatten())
-            .map(|l| l.index);
+        let matched = matched(&m, to);
         if matched.is_some() && matched == m.last_log_index {
             tracing::info!(
                 shard,
@@ -508,7 +503,7 @@ impl Cluster {
             let t = self.topology();
             let me = self.node.id();
             if let Some(meta) = self.node.group(GroupId::Meta)
-                && meta.metrics().borrow_watched().current_leader == Some(me)
+                && self.leads(&meta)
             {
                 self.lead_meta(&t, &meta).await;
             }
@@ -522,7 +517,7 @@ impl Cluster {
                         }
                     }
                     Some(_) if !wanted => self.close_shard(p.shard).await,
-                    Some(raft) if raft.metrics().borrow_watched().current_leader == Some(me) => {
+                    Some(raft) if self.leads(&raft) => {
                         self.lead_shard(&t, p, &raft).await;
                     }
                     _ => {}
@@ -578,11 +573,8 @@ impl Cluster {
                 behind = true;
                 continue;
             }
-            let matched = (m.replication.as_ref())
-                .and_then(|r| r.get(n).cloned().flatten())
-                .map(|l| l.index);
             let last = m.last_log_index.unwrap_or(0);
-            behind |= matched.is_none_or(|i| last.saturating_sub(i) > CAUGHT_UP);
+            behind |= matched(&m, *n).is_none_or(|i| last.saturating_sub(i) > CAUGHT_UP);
         }
         if behind {
             return None;
@@ -925,6 +917,14 @@ async fn within<T, E: std::fmt::Display>(
     }
 }
 
+/// On a group's leader: the last log index `node` is known to have (from the replication
+/// metrics).
+fn matched(m: &RaftMetrics<Tc>, node: u64) -> Option<u64> {
+    (m.replication.as_ref())
+        .and_then(|r| r.get(&node).cloned().flatten())
+        .map(|l| l.index)
+}
+
 /// A group's voters, as this node knows them.
 fn voters(raft: &GroupRaft) -> BTreeSet<u64> {
     (raft.metrics().borrow_watched())
@@ -1039,8 +1039,7 @@ impl Replicator for Cluster {
     }
 
     fn evaluates_alerts(&self) -> bool {
-        (self.node.group(GroupId::Meta))
-            .is_some_and(|m| m.metrics().borrow_watched().current_leader == Some(self.node.id()))
+        (self.node.group(GroupId::Meta)).is_some_and(|m| self.leads(&m))
     }
 
     async fn read_barrier(&self) -> sluice_engine::Result<()> {

@@ -421,21 +421,14 @@ async fn catch_up_from_the_shared_store(c: &mut Cluster, root: &Path) {
         "no merge of small files was installed"
     );
     let files = "SELECT sum(files) FROM system.partitions WHERE table_name = 'r'";
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually("every node names the same files", 30, || async {
         let mut on = Vec::new();
         for id in 1..=3 {
             on.push(c.node(id).count(files).await);
         }
-        if on.iter().all(|n| *n == on[0]) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the nodes name different files: {on:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        on.iter().all(|n| *n == on[0])
+    })
+    .await;
 }
 
 /// An operator moves a shard's leadership through the HTTP admin API of a node that is not
@@ -587,9 +580,15 @@ async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
     );
     c.dirs.insert(4, dir.clone());
     c.configs.insert(4, config.clone());
-    // The new node waits to be added before it serves anything.
+    // The new node waits to be added before it serves anything (but its node-to-node
+    // listener, which the members will reach it on).
     let starting = std::thread::spawn(move || Server::start_with_config(&dir, &config));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    eventually("node 4 listens for its peers", 30, || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
     let (status, text) = call(
         c.node(1),
         reqwest::Method::POST,

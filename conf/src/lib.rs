@@ -12,6 +12,13 @@ mod env;
 mod error;
 
 pub use duration::parse_duration;
+
+/// Whether `addr` is `host:port` (a non-empty host, a port number): the form of every
+/// network address in the config (peers, bridges) and the admin API.
+pub fn is_host_port(addr: &str) -> bool {
+    addr.rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+}
 pub use error::{Error, Result};
 
 use serde::{Deserialize, Serialize};
@@ -149,14 +156,11 @@ impl ClusterConfig {
                     ));
                 }
             }
-            match addr.rsplit_once(':') {
-                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
-                _ => {
-                    return Err(bad(
-                        &format!("peers.{id}"),
-                        format!("{addr:?}: expected host:port"),
-                    ));
-                }
+            if !is_host_port(addr) {
+                return Err(bad(
+                    &format!("peers.{id}"),
+                    format!("{addr:?}: expected host:port"),
+                ));
             }
         }
         if let Some(own) = self.peers.get(&self.node_id.to_string())
@@ -545,14 +549,11 @@ impl BridgeConfig {
                 format!("{:?}: use letters, digits, - and _", self.name),
             ));
         }
-        match self.address.rsplit_once(':') {
-            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
-            _ => {
-                return Err(bad(
-                    "address",
-                    format!("{:?}: expected host:port", self.address),
-                ));
-            }
+        if !is_host_port(&self.address) {
+            return Err(bad(
+                "address",
+                format!("{:?}: expected host:port", self.address),
+            ));
         }
         if !matches!(self.version.as_str(), "3.1.1" | "5" | "5.0") {
             return Err(bad(

@@ -35,28 +35,21 @@ export function mount(root) {
     ),
   );
 
-  let stopped = false;
-  let timer = 0;
-  let inFlight = false;
   let loadedOnce = false;
 
-  async function refresh() {
-    if (stopped || inFlight) return;
-    inFlight = true;
+  async function load(live) {
     try {
       const list = await api.getJson('/v1/alerts');
-      if (stopped) return;
+      if (!live()) return;
       renderList(listWrap, Array.isArray(list) ? list : [], remove);
       listStatus.textContent = `updated ${new Date().toLocaleTimeString()}`;
       listStatus.classList.remove('text-error');
       loadedOnce = true;
     } catch (e) {
-      if (stopped) return;
+      if (!live()) return;
       listStatus.textContent = `Cannot load alerts: ${e.message}`;
       listStatus.classList.add('text-error');
       if (!loadedOnce) listWrap.replaceChildren(h('div', { class: 'empty' }, 'Alerts are not available.'));
-    } finally {
-      inFlight = false;
     }
   }
 
@@ -66,7 +59,7 @@ export function mount(root) {
       await api.del(`/v1/alerts/${encodeURIComponent(name)}`);
       const row = listWrap.querySelector(`tr[data-alert="${CSS.escape(name)}"]`);
       if (row) row.remove();
-      refresh();
+      poller.now();
     } catch (e) {
       button.disabled = false;
       listStatus.textContent = `Cannot delete ${name}: ${e.message}`;
@@ -74,15 +67,13 @@ export function mount(root) {
     }
   }
 
-  form.onCreated = () => refresh();
   listWrap.append(h('div', { class: 'empty' }, 'Loading…'));
-  refresh();
-  timer = setInterval(refresh, REFRESH_MS);
+  const poller = api.poll(REFRESH_MS, load);
+  form.onCreated = () => poller.now();
 
   return {
     unmount() {
-      stopped = true;
-      clearInterval(timer);
+      poller.stop();
     },
   };
 }

@@ -110,6 +110,35 @@ export async function del(path, opts = {}) {
   return jsonBody(await request('DELETE', path, opts));
 }
 
+/**
+ * Runs `load` now and every `ms` milliseconds until `stop()`, never two at once (a slow
+ * answer is not overtaken). `load(live)` gets a function that says whether the poller still
+ * runs, so an answer arriving after `stop()` is dropped. `now()` runs it at once.
+ */
+export function poll(ms, load) {
+  let stopped = false;
+  let inFlight = false;
+  const live = () => !stopped;
+  const now = async () => {
+    if (stopped || inFlight) return;
+    inFlight = true;
+    try {
+      await load(live);
+    } finally {
+      inFlight = false;
+    }
+  };
+  const timer = setInterval(now, ms);
+  now();
+  return {
+    now,
+    stop() {
+      stopped = true;
+      clearInterval(timer);
+    },
+  };
+}
+
 // ---------------------------------------------------------------------------------------------
 // Session
 

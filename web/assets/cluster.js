@@ -44,9 +44,6 @@ export function mount(root) {
     ),
   );
 
-  let stopped = false;
-  let timer = 0;
-  let inFlight = false;
   let busy = false; // a change is under way: its buttons stay disabled
 
   function say(text, error = false) {
@@ -54,18 +51,16 @@ export function mount(root) {
     message.classList.toggle('text-error', error);
   }
 
-  async function refresh() {
-    if (stopped || inFlight) return;
-    inFlight = true;
+  async function load(live) {
     try {
       const view = await api.getJson('/v1/cluster');
-      if (stopped) return;
+      if (!live()) return;
       renderNodes(view.nodes || []);
       renderShards(view.shards || []);
       status.textContent = `node ${view.node_id} · updated ${new Date().toLocaleTimeString()}`;
       status.classList.remove('text-error');
     } catch (e) {
-      if (stopped) return;
+      if (!live()) return;
       if (e.status === 404) {
         nodesWrap.replaceChildren(h('div', { class: 'empty' }, 'This server is a single node (no [cluster] section).'));
         shardsWrap.replaceChildren();
@@ -74,8 +69,6 @@ export function mount(root) {
         status.textContent = `Cannot read the cluster state: ${e.message}`;
         status.classList.add('text-error');
       }
-    } finally {
-      inFlight = false;
     }
   }
 
@@ -94,7 +87,7 @@ export function mount(root) {
       if (document.activeElement && document.activeElement.tagName === 'SELECT') document.activeElement.blur();
       busy = false;
       for (const b of root.querySelectorAll('button')) b.disabled = false;
-      refresh();
+      poller.now();
     }
   }
 
@@ -162,12 +155,10 @@ export function mount(root) {
     });
   });
 
-  refresh();
-  timer = setInterval(refresh, REFRESH_MS);
+  const poller = api.poll(REFRESH_MS, load);
   return {
     unmount() {
-      stopped = true;
-      clearInterval(timer);
+      poller.stop();
     },
   };
 }
