@@ -37,10 +37,7 @@ mod types;
 
 pub use log::{LogStore, LogWriter};
 pub use net::{CallError, GroupNetwork, GroupPeer, Handler, Pool, serve};
-pub use node::{
-    DynApply, GroupMachine, GroupRaft, LOG_KEPT_BEHIND_SNAPSHOT, Node, WRITE_DEADLINE, WriteError,
-    raft_config,
-};
+pub use node::{DynApply, GroupMachine, GroupRaft, Node, WRITE_DEADLINE, WriteError, raft_config};
 pub use placement::{ShardPlacement, place, rebalance, shard_of};
 pub use sm::{Apply, StateMachine};
 pub use types::{Command, GroupId, Response, Tc, from_cbor, to_cbor};

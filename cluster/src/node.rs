@@ -68,7 +68,7 @@ pub fn raft_config(name: &str) -> io::Result<Config> {
 }
 
 /// Entries a group keeps in its log behind its snapshot.
-pub const LOG_KEPT_BEHIND_SNAPSHOT: u64 = 256;
+pub(crate) const LOG_KEPT_BEHIND_SNAPSHOT: u64 = 256;
 
 /// This node's groups.
 pub struct Node {

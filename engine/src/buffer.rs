@@ -150,10 +150,11 @@ pub struct PartitionBuffer {
     pub since: Option<Instant>,
     /// Time range of the rows (microseconds), when the table has a time column.
     pub time_range: Option<(i64, i64)>,
-    /// Where each LSN's rows start, `(lsn, rows before it)`, kept only by buffers made with
-    /// [`PartitionBuffer::with_marks`]: what lets [`PartitionBuffer::drop_through`] remove
-    /// the rows a shard's flush persisted while later ones stay.
-    marks: Option<std::collections::VecDeque<(u64, usize)>>,
+    /// Where each LSN's rows start, `(lsn, rows before it, arrival)`, kept only by buffers
+    /// made with [`PartitionBuffer::with_marks`]: what lets [`PartitionBuffer::drop_through`]
+    /// remove the rows a shard's flush persisted while later ones stay (and their age go
+    /// with them).
+    marks: Option<std::collections::VecDeque<(u64, usize, Instant)>>,
 }
 
 impl PartitionBuffer {
@@ -193,7 +194,7 @@ impl PartitionBuffer {
         }
         let keep_from = match &mut self.marks {
             Some(marks) => {
-                let cut = marks.partition_point(|(l, _)| *l <= lsn);
+                let cut = marks.partition_point(|(l, ..)| *l <= lsn);
                 let first_kept = marks.get(cut).map_or(self.rows, |m| m.1);
                 marks.drain(..cut);
                 for m in marks.iter_mut() {
@@ -209,7 +210,9 @@ impl PartitionBuffer {
         }
         if keep_from == self.rows {
             let bytes = self.bytes;
-            self.take();
+            self.seal();
+            self.sealed.clear();
+            self.reset();
             return bytes;
         }
         self.seal();
@@ -229,9 +232,12 @@ impl PartitionBuffer {
         let bytes = self.bytes * keep_from / self.rows;
         self.bytes -= bytes;
         self.rows -= keep_from;
-        self.min_lsn = (self.marks.as_ref())
-            .and_then(|m| m.front().map(|m| m.0))
-            .unwrap_or(self.max_lsn);
+        let first = self.marks.as_ref().and_then(|m| m.front().copied());
+        self.min_lsn = first.map_or(self.max_lsn, |m| m.0);
+        // The buffer is as old as its oldest kept row, not the dropped ones.
+        if let Some((_, _, arrived)) = first {
+            self.since = Some(arrived);
+        }
         bytes
     }
 
@@ -269,7 +275,7 @@ impl PartitionBuffer {
         if let Some(marks) = &mut self.marks
             && marks.back().is_none_or(|m| m.0 != lsn)
         {
-            marks.push_back((lsn, self.rows));
+            marks.push_back((lsn, self.rows, Instant::now()));
         }
         self.max_lsn = lsn;
         if let Some(t) = time_col.and_then(|i| row.get(i)).and_then(Value::as_micros) {
@@ -338,6 +344,12 @@ impl PartitionBuffer {
         self.seal();
         let schema = self.schema.clone();
         let sealed = std::mem::take(&mut self.sealed);
+        self.reset();
+        sealed.into_iter().map(|b| widen(&b, &schema)).collect()
+    }
+
+    /// Empty again (the sealed batches already taken or dropped).
+    fn reset(&mut self) {
         self.rows = 0;
         self.bytes = 0;
         self.min_lsn = 0;
@@ -346,7 +358,6 @@ impl PartitionBuffer {
         if let Some(m) = &mut self.marks {
             m.clear();
         }
-        sealed.into_iter().map(|b| widen(&b, &schema)).collect()
     }
 
     /// True when no rows are held.
@@ -432,9 +443,11 @@ mod tests {
         let schema = Arc::new(Schema::new(vec![Field::new("v", types[0].arrow(), true)]));
         let mut b = PartitionBuffer::with_marks(schema.clone(), &types);
         // LSN 10 adds rows 0..5000, LSN 11 rows 5000..9000 (crossing a seal), LSN 12 one row.
-        let rows = (0..5000)
-            .map(|i| (10, i))
-            .chain((5000..9000).map(|i| (11, i)));
+        for i in 0..5000 {
+            b.push(10, &[Value::Int(i)], None);
+        }
+        let eleven = Instant::now();
+        let rows = (5000..9000).map(|i| (11, i));
         for (lsn, i) in rows.chain([(12, 9000)]) {
             b.push(lsn, &[Value::Int(i)], None);
         }
@@ -451,6 +464,10 @@ mod tests {
         assert!(b.drop_through(10) > 0);
         assert_eq!(values(&b), (5000..=9000).collect::<Vec<_>>());
         assert_eq!((b.rows, b.min_lsn), (4001, 11));
+        assert!(
+            b.since.is_some_and(|t| t >= eleven),
+            "the buffer's age is its oldest kept row's"
+        );
         b.push(13, &[Value::Int(9001)], None);
         b.drop_through(12);
         assert_eq!(values(&b), vec![9001]);

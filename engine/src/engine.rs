@@ -135,13 +135,14 @@ impl Engine {
             .flat_map(|t| t.values())
             .flat_map(|p| p.files.iter().map(|f| f.path.as_str()))
             .collect();
-        let orphans: Vec<String> = storage
-            .list("tables")
-            .await?
-            .into_iter()
-            .filter(|p| !live.contains(p.as_str()))
-            .collect();
-        if !orphans.is_empty() && config.cluster.is_none() {
+        let orphans: Vec<String> = match config.cluster {
+            None => (storage.list("tables").await?.into_iter())
+                .filter(|p| !live.contains(p.as_str()))
+                .collect(),
+            // The shared store holds every node's files: none is this node's to remove.
+            Some(_) => Vec::new(),
+        };
+        if !orphans.is_empty() {
             tracing::info!(files = orphans.len(), "removing files no manifest names");
             storage.delete(&orphans).await?;
         }

@@ -248,15 +248,13 @@ impl Tables {
 
     /// The smallest LSN still needed by some unpersisted row.
     pub fn min_unpersisted_lsn(&self) -> Option<u64> {
-        self.all()
-            .iter()
-            .filter_map(|t| {
-                t.parts
-                    .read()
-                    .values()
-                    .filter_map(Partition::unpersisted_lsn)
-                    .min()
-            })
+        self.min_over_partitions(Partition::unpersisted_lsn)
+    }
+
+    /// The smallest value `f` gives over every partition of every table.
+    fn min_over_partitions(&self, f: impl Fn(&Partition) -> Option<u64>) -> Option<u64> {
+        (self.all().iter())
+            .filter_map(|t| t.parts.read().values().filter_map(&f).min())
             .min()
     }
 }
@@ -328,15 +326,11 @@ impl Tables {
     /// buffers tell: one before the oldest buffered row's, or `None` when the shard has no
     /// rows buffered (everything applied is persisted).
     pub fn shard_persisted_through(&self, shard: u32) -> Option<u64> {
-        (self.all().iter())
-            .filter_map(|t| {
-                (t.parts.read().values())
-                    .filter_map(|p| p.shards.get(&shard))
-                    .filter(|s| !s.buffer.is_empty())
-                    .map(|s| s.buffer.min_lsn - 1)
-                    .min()
-            })
-            .min()
+        self.min_over_partitions(|p| {
+            (p.shards.get(&shard))
+                .filter(|s| !s.buffer.is_empty())
+                .map(|s| s.buffer.min_lsn - 1)
+        })
     }
 }
 

@@ -17,7 +17,7 @@ const GRAVE_TIME: Duration = Duration::from_secs(60);
 impl Engine {
     pub(super) async fn background(self: Arc<Self>, cancel: CancellationToken) {
         let tick = Config::duration(&self.config.buffer.check_interval);
-        let compact_every = Config::duration(&self.config.compaction.interval);
+        let compact_every = self.compaction_every();
         let retain_every = Config::duration(&self.config.retention.interval);
         let (mut last_compact, mut last_retain) = (Instant::now(), Instant::now());
         loop {
@@ -34,7 +34,7 @@ impl Engine {
             if let Err(e) = self.flush_due().await {
                 tracing::warn!(error = %e, "flush failed; rows stay in the log and will be retried");
             }
-            if self.config.compaction.enabled && last_compact.elapsed() >= compact_every {
+            if compact_every.is_some_and(|e| last_compact.elapsed() >= e) {
                 last_compact = Instant::now();
                 if let Err(e) = self.compact_all().await {
                     tracing::warn!(error = %e, "compaction failed");
@@ -166,23 +166,9 @@ impl Engine {
         };
         // Encoded against the current schema, the one `time_column` indexes (frozen rows
         // may predate an ALTER).
-        let schema = t.schema();
-        let storage = self.shared.storage.clone();
-        let time_col = def.time_column();
-        let f2 = frozen.clone();
-        let encoded =
-            blocking(move || storage.encode_parquet(&schema, &f2.batches, time_col)).await?;
-        let rows = encoded.rows;
-        let batch = encoded.batch.clone();
-        let meta = self
-            .shared
-            .storage
-            .put_file(
-                file_path(def.id, key, &format!("{:020}", frozen.max_lsn)),
-                encoded,
-            )
-            .await?;
-        self.shared.hot.insert(&meta.path, &batch);
+        let stem = format!("{:020}", frozen.max_lsn);
+        let meta = (self.write_file(t, key, &stem, frozen.batches.clone())).await?;
+        let rows = meta.rows;
         self.change_manifest(m, |next| {
             let pm = next.partition(def.id, key);
             pm.files.push(meta.clone());
@@ -277,12 +263,25 @@ impl Engine {
         files: &[FileMeta],
         stem: &str,
     ) -> Result<FileMeta> {
-        let def = t.def();
         let mut batches = Vec::new();
         for f in files {
             let bytes = self.shared.storage.get(&f.path).await?;
             batches.extend(blocking(move || Storage::decode_parquet(bytes)).await?);
         }
+        self.write_file(t, key, stem, batches).await
+    }
+
+    /// Writes `batches` (rows of partition `key` of `t`) as a Parquet file named with `stem`,
+    /// encoded against the table's current schema (the one `time_column` indexes: older
+    /// rows may predate an ALTER), and keeps its decoded rows in the hot cache.
+    pub(super) async fn write_file(
+        &self,
+        t: &TableState,
+        key: u64,
+        stem: &str,
+        batches: Vec<datafusion::arrow::record_batch::RecordBatch>,
+    ) -> Result<FileMeta> {
+        let def = t.def();
         let schema = t.schema();
         let storage = self.shared.storage.clone();
         let time_col = def.time_column();

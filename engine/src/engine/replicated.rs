@@ -227,37 +227,51 @@ impl Engine {
         }
         let mut out = Vec::new();
         for (t, key, shard) in due {
-            let def = t.def();
-            let schema = t.schema();
-            let taken = {
-                let parts = t.parts.read();
-                (parts.get(&key).and_then(|p| p.shards.get(&shard)))
-                    .map(|r| (r.flushed, r.buffer.max_lsn, r.buffer.snapshot(&schema)))
-            };
-            let Some((after, through, batches)) = taken else {
-                continue;
-            };
-            let storage = self.shared.storage.clone();
-            let time_col = def.time_column();
-            let encoded = super::maintenance::blocking(move || {
-                storage.encode_parquet(&schema, &batches, time_col)
-            })
-            .await?;
-            let batch = encoded.batch.clone();
-            let path =
-                super::maintenance::file_path(def.id, key, &format!("s{shard}-{through:020}"));
-            let file = self.shared.storage.put_file(path, encoded).await?;
-            self.shared.hot.insert(&file.path, &batch);
-            out.push(ShardFile {
-                table_id: def.id,
-                partition: key,
-                shard,
-                after,
-                through,
-                file,
-            });
+            // One partition failing (the store, say) does not hold back the others; its rows
+            // stay buffered and in the log, and are tried again on the next round.
+            match self.flush_shard_rows(&t, key, shard).await {
+                Ok(Some(f)) => out.push(f),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(
+                    table = %t.def().name,
+                    partition = key,
+                    shard,
+                    error = %e,
+                    "writing a shard's rows failed; they stay buffered"
+                ),
+            }
         }
         Ok(out)
+    }
+
+    /// Writes one partition's buffered rows of one shard as a Parquet file on the shared
+    /// store (`None`: nothing buffered there any more).
+    async fn flush_shard_rows(
+        &self,
+        t: &Arc<TableState>,
+        key: u64,
+        shard: u32,
+    ) -> Result<Option<ShardFile>> {
+        let def = t.def();
+        let schema = t.schema();
+        let taken = {
+            let parts = t.parts.read();
+            (parts.get(&key).and_then(|p| p.shards.get(&shard)))
+                .map(|r| (r.flushed, r.buffer.max_lsn, r.buffer.snapshot(&schema)))
+        };
+        let Some((after, through, batches)) = taken else {
+            return Ok(None);
+        };
+        let stem = format!("s{shard}-{through:020}");
+        let file = self.write_file(t, key, &stem, batches).await?;
+        Ok(Some(ShardFile {
+            table_id: def.id,
+            partition: key,
+            shard,
+            after,
+            through,
+            file,
+        }))
     }
 
     /// How often to look for files to merge; `None` when compaction is off.
