@@ -1,10 +1,12 @@
 //! In-memory partition buffers: rows applied from the log, as Arrow columns.
 //!
-//! Rows go into typed Arrow builders; every [`SEAL_ROWS`] rows the builders are sealed into an
-//! immutable `RecordBatch`, so a query's snapshot costs a few `Arc` clones plus a copy of at
-//! most one small unsealed chunk. A buffer remembers the LSN range it holds so that a flush
+//! Rows go into typed Arrow builders; every [`TAIL_ROWS`] rows the builders are sealed into an
+//! immutable chunk, and every [`SEAL_ROWS`] rows those small chunks are merged into one, so a
+//! query's snapshot costs a few `Arc` clones plus a copy of fewer than [`TAIL_ROWS`] unsealed
+//! rows, and scans see few, large chunks ([`Chunk`], indexed on demand). A buffer remembers the LSN range it holds so that a flush
 //! can say exactly which log records are persisted for its partition.
 
+use crate::chunk::Chunk;
 use crate::types::{ColumnType, Value};
 use datafusion::arrow::array::{
     ArrayRef, BinaryBuilder, BooleanBuilder, Date32Builder, Float32Builder, Float64Builder,
@@ -19,6 +21,8 @@ use std::time::Instant;
 
 /// Rows per sealed chunk.
 pub const SEAL_ROWS: usize = 8192;
+/// Rows per small chunk: the most a scan copies of a buffer's unsealed rows, plus one.
+pub const TAIL_ROWS: usize = 1024;
 
 #[derive(Debug)]
 enum Col {
@@ -137,7 +141,9 @@ pub struct PartitionBuffer {
     schema: SchemaRef,
     cols: Vec<Col>,
     active_rows: usize,
-    sealed: Vec<RecordBatch>,
+    sealed: Vec<Chunk>,
+    /// How many of the last sealed chunks are small ones, to be merged.
+    small: usize,
     /// Rows held (sealed and active).
     pub rows: usize,
     /// Approximate bytes held.
@@ -166,6 +172,7 @@ impl PartitionBuffer {
             cols: types.iter().map(|t| Col::new(*t)).collect(),
             active_rows: 0,
             sealed: Vec::new(),
+            small: 0,
             rows: 0,
             bytes: 0,
             min_lsn: 0,
@@ -218,16 +225,21 @@ impl PartitionBuffer {
         self.seal();
         let mut skip = keep_from;
         let mut kept = Vec::with_capacity(self.sealed.len());
-        for b in self.sealed.drain(..) {
-            let n = b.num_rows();
+        for c in self.sealed.drain(..) {
+            let n = c.batch.num_rows();
             if skip >= n {
                 skip -= n;
                 continue;
             }
-            kept.push(b.slice(skip, n - skip));
+            kept.push(match skip {
+                0 => c,
+                // Positions shift: the rest is indexed afresh.
+                _ => Chunk::sealed(c.batch.slice(skip, n - skip)),
+            });
             skip = 0;
         }
         self.sealed = kept;
+        self.small = 0;
         // Bytes are kept per buffer, not per row: the dropped rows' share.
         let bytes = self.bytes * keep_from / self.rows;
         self.bytes -= bytes;
@@ -286,7 +298,7 @@ impl PartitionBuffer {
         }
         self.rows += 1;
         self.active_rows += 1;
-        if self.active_rows >= SEAL_ROWS {
+        if self.active_rows >= TAIL_ROWS {
             self.seal();
         }
         size
@@ -299,16 +311,36 @@ impl PartitionBuffer {
         let arrays = self.cols.iter_mut().map(|c| c.finish()).collect();
         let batch =
             RecordBatch::try_new(self.schema.clone(), arrays).expect("builders match schema");
-        self.sealed.push(batch);
+        self.sealed.push(Chunk::sealed(batch));
         self.active_rows = 0;
+        self.small += 1;
+        if self.small == SEAL_ROWS / TAIL_ROWS {
+            let at = self.sealed.len() - self.small;
+            // Widened: an ADD COLUMN may have come between them.
+            let smalls: Vec<RecordBatch> = (self.sealed.drain(at..))
+                .map(|c| widen(&c.batch, &self.schema))
+                .collect();
+            let merged = datafusion::arrow::compute::concat_batches(&self.schema, &smalls)
+                .expect("chunks of one schema");
+            self.sealed.push(Chunk::sealed(merged));
+            self.small = 0;
+        }
     }
 
     /// The rows as batches of `schema` (the table's current schema), without taking them.
     pub fn snapshot(&self, schema: &SchemaRef) -> Vec<RecordBatch> {
-        let mut out: Vec<RecordBatch> = self.sealed.iter().map(|b| widen(b, schema)).collect();
+        self.chunks(schema).into_iter().map(|c| c.batch).collect()
+    }
+
+    /// The rows as chunks of `schema`, for a scan: the sealed ones with their indexes, the
+    /// unsealed tail copied.
+    pub fn chunks(&self, schema: &SchemaRef) -> Vec<Chunk> {
+        let mut out: Vec<Chunk> = (self.sealed.iter())
+            .map(|c| c.with_batch(widen(&c.batch, schema)))
+            .collect();
         if self.active_rows > 0 {
             let batch = self.active_clone();
-            out.push(widen(&batch, schema));
+            out.push(Chunk::plain(widen(&batch, schema)));
         }
         out
     }
@@ -345,11 +377,15 @@ impl PartitionBuffer {
         let schema = self.schema.clone();
         let sealed = std::mem::take(&mut self.sealed);
         self.reset();
-        sealed.into_iter().map(|b| widen(&b, &schema)).collect()
+        sealed
+            .into_iter()
+            .map(|c| widen(&c.batch, &schema))
+            .collect()
     }
 
     /// Empty again (the sealed batches already taken or dropped).
     fn reset(&mut self) {
+        self.small = 0;
         self.rows = 0;
         self.bytes = 0;
         self.min_lsn = 0;
@@ -408,6 +444,11 @@ mod tests {
             SEAL_ROWS + 10
         );
         assert_eq!(b.time_range, Some((0, SEAL_ROWS as i64 + 9)));
+        // Small chunks were merged into one; only the last 10 rows are copied by a scan.
+        let sizes = |b: &PartitionBuffer, s: &SchemaRef| -> Vec<usize> {
+            b.chunks(s).iter().map(|c| c.batch.num_rows()).collect()
+        };
+        assert_eq!(sizes(&b, &schema), vec![SEAL_ROWS, 10]);
         let types3 = [
             ColumnType::Timestamp,
             ColumnType::Float64,
@@ -435,6 +476,27 @@ mod tests {
             SEAL_ROWS + 11
         );
         assert!(b.is_empty() && b.snapshot(&schema3).is_empty());
+
+        // An ADD COLUMN between small chunks: they merge widened.
+        let mut b = PartitionBuffer::new(schema.clone(), &types);
+        let row = |i: i64| {
+            [
+                Value::Timestamp(i),
+                Value::Float(0.0),
+                Value::Str("y".into()),
+            ]
+        };
+        for i in 0..TAIL_ROWS as i64 {
+            b.push(i as u64 + 1, &row(i)[..2], Some(0));
+        }
+        b.widen(schema3.clone(), &types3);
+        for i in TAIL_ROWS as i64..SEAL_ROWS as i64 + 1 {
+            b.push(i as u64 + 1, &row(i), Some(0));
+        }
+        assert_eq!(sizes(&b, &schema3), vec![SEAL_ROWS, 1]);
+        let chunks = b.chunks(&schema3);
+        let s = chunks[0].batch.column(2);
+        assert_eq!((s.null_count(), s.len()), (TAIL_ROWS, SEAL_ROWS));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! least recently used file leaves when the budget (`query.hot_cache_bytes`) is exceeded, and a
 //! file leaves at once when compaction, retention or DROP replaces it.
 
+use crate::chunk::Chunk;
 use datafusion::arrow::record_batch::RecordBatch;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -14,7 +15,9 @@ const SLICE_ROWS: usize = 65_536;
 
 #[derive(Debug)]
 struct Entry {
-    batches: Vec<RecordBatch>,
+    /// Slices of the file, each indexed as queries ask ([`Chunk`]; the indexes, at most 4
+    /// bytes a row for each string column queried by value, are not counted in the budget).
+    batches: Vec<Chunk>,
     bytes: usize,
     used: u64,
 }
@@ -51,7 +54,7 @@ impl HotCache {
         }
         let batches = (0..batch.num_rows())
             .step_by(SLICE_ROWS)
-            .map(|at| batch.slice(at, SLICE_ROWS.min(batch.num_rows() - at)))
+            .map(|at| Chunk::sealed(batch.slice(at, SLICE_ROWS.min(batch.num_rows() - at))))
             .collect();
         let mut g = self.inner.lock();
         g.loading.remove(path);
@@ -84,7 +87,7 @@ impl HotCache {
     }
 
     /// A file's rows, if cached.
-    pub fn get(&self, path: &str) -> Option<Vec<RecordBatch>> {
+    pub fn get(&self, path: &str) -> Option<Vec<Chunk>> {
         let mut g = self.inner.lock();
         g.clock += 1;
         let now = g.clock;
@@ -154,7 +157,10 @@ mod tests {
         slices.insert("big", &big);
         let got = slices.get("big").unwrap();
         assert_eq!(got.len(), 4);
-        assert_eq!(got.iter().map(|b| b.num_rows()).sum::<usize>(), 200_000);
+        assert_eq!(
+            got.iter().map(|c| c.batch.num_rows()).sum::<usize>(),
+            200_000
+        );
         assert!(!cache.claim("x", one * 2), "no room");
         assert!(cache.claim("x", 1));
         assert!(!cache.claim("x", 1), "already loading");

@@ -20,6 +20,7 @@ pub mod alerts;
 pub mod api;
 pub mod buffer;
 pub mod catalog;
+pub mod chunk;
 pub mod ddl;
 pub mod dead_letter;
 pub mod decode;

@@ -1,11 +1,15 @@
 //! Answers from synopses: an aggregate without GROUP BY whose functions are `count`, `sum`,
 //! `min`, `max` and `avg` over plain columns of one Sluice table, scanned whole partitions at a
-//! time (no row filter; `WHERE PARTS` is fine), is replaced by its one-row answer, computed
-//! from the files' synopses and the buffered rows ([`crate::synopsis`]). Anything else (a
-//! filter, DISTINCT, a file written before synopses, an integer sum past i64) is left to
-//! DataFusion, so the answer is always the one a scan would give.
+//! time (`WHERE PARTS` is fine) or filtered only by bounds on its time partition column
+//! (`ts >= '...'`, `ts > now() - INTERVAL '30 seconds'`), is replaced by its one-row answer,
+//! computed from the synopses of the files and buffer chunks wholly inside the bounds
+//! ([`crate::synopsis`]) plus the filtered rows of those that straddle one. Anything else (another
+//! filter, DISTINCT, a file written before synopses, a straddling file not in the hot cache,
+//! an integer sum past i64) is left to DataFusion, so the answer is always the one a scan
+//! would give.
 
-use crate::provider::SluiceTable;
+use crate::catalog::TableDef;
+use crate::provider::{SluiceTable, row_filter};
 use crate::synopsis::{ColumnSynopsis, Num};
 use datafusion::arrow::datatypes::{DataType, SchemaRef, TimeUnit};
 use datafusion::common::ScalarValue;
@@ -13,6 +17,7 @@ use datafusion::common::tree_node::Transformed;
 use datafusion::datasource::source_as_provider;
 use datafusion::error::Result as DfResult;
 use datafusion::logical_expr::expr::AggregateFunction;
+use datafusion::logical_expr::utils::split_conjunction;
 use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, Values};
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
@@ -84,11 +89,16 @@ fn answer(agg: &Aggregate) -> Option<LogicalPlan> {
         return None;
     }
     let mut input = agg.input.as_ref();
+    let mut filter = None;
     loop {
         input = match input {
             LogicalPlan::SubqueryAlias(a) => a.input.as_ref(),
             LogicalPlan::Projection(p) if p.expr.iter().all(|e| matches!(e, Expr::Column(_))) => {
                 p.input.as_ref()
+            }
+            LogicalPlan::Filter(f) if filter.is_none() => {
+                filter = Some(&f.predicate);
+                f.input.as_ref()
             }
             _ => break,
         };
@@ -96,12 +106,17 @@ fn answer(agg: &Aggregate) -> Option<LogicalPlan> {
     let LogicalPlan::TableScan(scan) = input else {
         return None;
     };
-    if !scan.filters.is_empty() || scan.fetch.is_some() {
+    if scan.fetch.is_some() {
         return None;
     }
     let provider = source_as_provider(&scan.source).ok()?;
     let table = provider.downcast_ref::<SluiceTable>()?;
     let def = table.def();
+    let filters = filter.into_iter().chain(&scan.filters);
+    let bounds = match filter.is_none() && scan.filters.is_empty() {
+        true => None,
+        false => Some(time_bounds(&def, filters)?),
+    };
     let schema = datafusion::datasource::TableProvider::schema(table);
     let mut wants = Vec::new();
     let mut columns: Vec<usize> = Vec::new();
@@ -139,7 +154,10 @@ fn answer(agg: &Aggregate) -> Option<LogicalPlan> {
             _ => return None,
         });
     }
-    let (rows, syn) = table.synopsis(&columns)?;
+    let (rows, syn) = match bounds {
+        Some((lo, hi)) => table.synopsis_within(&columns, lo, hi)?,
+        None => table.synopsis(&columns)?,
+    };
     let fields = agg.schema.fields();
     let mut row = Vec::with_capacity(wants.len());
     for (want, field) in wants.iter().zip(fields.iter()) {
@@ -161,6 +179,24 @@ fn answer(agg: &Aggregate) -> Option<LogicalPlan> {
         schema: agg.schema.clone(),
         values: vec![row],
     }))
+}
+
+/// The bounds `[lo, hi]` (microseconds) that `filters` put on the table's partition column,
+/// when they are nothing but such bounds (`ts >= '...'`, `ts > now() - INTERVAL '1 minute'`).
+fn time_bounds<'a>(def: &TableDef, filters: impl Iterator<Item = &'a Expr>) -> Option<(i64, i64)> {
+    let (mut lo, mut hi) = (i64::MIN, i64::MAX);
+    for e in filters.flat_map(split_conjunction) {
+        let f = row_filter(def, std::slice::from_ref(e));
+        let [(col, a, b)] = f.time[..] else {
+            return None;
+        };
+        if !f.equal.is_empty() || col != def.partition_column {
+            return None;
+        }
+        lo = lo.max(a);
+        hi = hi.min(b);
+    }
+    Some((lo, hi))
 }
 
 fn null(ty: &DataType) -> Option<ScalarValue> {

@@ -3,13 +3,14 @@
 //! in-memory buffers, skipping partitions that the filters rule out.
 
 use crate::catalog::{CatalogData, DEFAULT_DATABASE, SYSTEM_DATABASE, TableDef};
+use crate::chunk::RowFilter;
 use crate::parts::PartsSpec;
 use crate::state::{Partition, TableState, Tables};
 use crate::storage::Storage;
 use crate::synopsis::ColumnSynopsis;
 use crate::types::Value;
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::{CatalogProvider, SchemaProvider, Session};
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -23,10 +24,18 @@ use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
+use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::union::UnionExec;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, PlanProperties};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, Partitioning, PlanProperties};
+use futures::StreamExt;
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -151,7 +160,7 @@ pub fn resolve<'a>(cat: &'a CatalogData, database: &str, table: &str) -> Option<
 }
 
 /// One table as DataFusion sees it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SluiceTable {
     def: Arc<TableDef>,
     schema: SchemaRef,
@@ -243,6 +252,88 @@ pub fn key_filter(def: &TableDef, filters: &[Expr]) -> KeyFilter {
     f
 }
 
+/// The predicates among `filters` that chunk indexes answer ([`RowFilter`]): a string
+/// column equal to a literal or in a list of literals, and a timestamp column compared with
+/// one (also through the cast the planner adds to compare with `now()`).
+pub fn row_filter(def: &TableDef, filters: &[Expr]) -> RowFilter {
+    use crate::types::ColumnType;
+    let mut f = RowFilter::default();
+    let column = |e: &Expr| -> Option<(usize, ColumnType)> {
+        let name = match e {
+            Expr::Column(c) => c.name.as_str(),
+            Expr::Cast(c) if matches!(c.field.data_type(), DataType::Timestamp(..)) => {
+                column_of(&c.expr)?
+            }
+            _ => return None,
+        };
+        let i = def.columns.iter().position(|c| c.name == name)?;
+        Some((i, def.columns[i].ty))
+    };
+    let text = |e: &Expr| match e {
+        Expr::Literal(ScalarValue::Utf8(Some(s)) | ScalarValue::Utf8View(Some(s)), _) => {
+            Some(s.clone())
+        }
+        _ => None,
+    };
+    for e in filters.iter().flat_map(split_conjunction) {
+        match e {
+            Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+                let (c, op, lit) = match (column(left), column(right)) {
+                    (Some(c), None) => (c, *op, right.as_ref()),
+                    (None, Some(c)) => match op.swap() {
+                        Some(op) => (c, op, left.as_ref()),
+                        None => continue,
+                    },
+                    _ => continue,
+                };
+                match c.1 {
+                    ColumnType::String if op == Operator::Eq => {
+                        if let Some(v) = text(lit) {
+                            f.equal.push((c.0, vec![v]));
+                        }
+                    }
+                    ColumnType::Timestamp => {
+                        // The literal in whole microseconds, rounded down, and whether that
+                        // was exact: the bounds below are then exact in microseconds.
+                        let (t, exact) = match lit {
+                            Expr::Literal(ScalarValue::TimestampNanosecond(Some(v), _), _) => {
+                                (v.div_euclid(1_000), v.rem_euclid(1_000) == 0)
+                            }
+                            _ => match literal_value(lit, c.1).and_then(|v| v.as_micros()) {
+                                Some(t) => (t, true),
+                                None => continue,
+                            },
+                        };
+                        let up = |t: i64| t.saturating_add(1);
+                        let (lo, hi) = match op {
+                            Operator::Eq if exact => (t, t),
+                            // Between two microseconds: no stored time equals it.
+                            Operator::Eq => (i64::MAX, i64::MIN),
+                            Operator::Gt => (up(t), i64::MAX),
+                            Operator::GtEq => (if exact { t } else { up(t) }, i64::MAX),
+                            Operator::Lt => (i64::MIN, if exact { t.saturating_sub(1) } else { t }),
+                            Operator::LtEq => (i64::MIN, t),
+                            _ => continue,
+                        };
+                        f.time.push((c.0, lo, hi));
+                    }
+                    _ => {}
+                }
+            }
+            Expr::InList(l) if !l.negated => {
+                let Some((i, ColumnType::String)) = column(&l.expr) else {
+                    continue;
+                };
+                if let Some(values) = l.list.iter().map(text).collect::<Option<Vec<_>>>() {
+                    f.equal.push((i, values));
+                }
+            }
+            _ => {}
+        }
+    }
+    f
+}
+
 /// The value one unit (1 microsecond, 1) after (`delta` 1) or before (-1) `v`; `None` past
 /// the end of its type.
 fn step(v: &Value, delta: i64) -> Option<Value> {
@@ -309,10 +400,6 @@ fn literal_value(e: &Expr, ty: crate::types::ColumnType) -> Option<Value> {
 /// What a scan reads, taken under the partition lock.
 #[derive(Debug, Default)]
 pub struct ScanSet {
-    /// Keys of the partitions scanned.
-    pub keys: Vec<u64>,
-    /// Partitions the table has.
-    pub of: usize,
     /// Parquet files not in the hot cache: path and size.
     pub files: Vec<(String, u64)>,
     /// In-memory rows.
@@ -353,27 +440,92 @@ impl SluiceTable {
     }
 
     /// Collects the files and buffered rows of the partitions that `filter` admits.
-    pub fn scan_set(&self, filter: &KeyFilter) -> ScanSet {
+    /// In-memory rows (hot files and buffers) are narrowed by `rows`: chunks that cannot
+    /// match are skipped, indexed ones give only their matching rows.
+    /// In-memory rows come with the columns of `projection` only.
+    pub fn scan_set(
+        &self,
+        filter: &KeyFilter,
+        rows: &RowFilter,
+        projection: Option<&[usize]>,
+    ) -> ScanSet {
         let parts = self.state.parts.read();
-        let mut set = ScanSet {
-            of: parts.len(),
-            ..ScanSet::default()
-        };
-        for (k, p) in self.selected(&parts, filter) {
-            set.keys.push(k);
+        let mut set = ScanSet::default();
+        for (_, p) in self.selected(&parts, filter) {
             for f in &p.files {
                 match self.shared.hot.get(&f.path) {
-                    Some(batches) => set.batches.extend(
-                        batches
-                            .iter()
-                            .map(|b| crate::buffer::widen(b, &self.schema)),
-                    ),
+                    Some(chunks) => set.batches.extend(chunks.iter().filter_map(|c| {
+                        let widened = crate::buffer::widen(&c.batch, &self.schema);
+                        rows.narrow(&c.with_batch(widened), projection)
+                    })),
                     None => set.files.push((f.path.clone(), f.bytes)),
                 }
             }
-            set.batches.extend(p.unflushed_batches(&self.schema));
+            let chunks = p.unflushed_chunks(&self.schema);
+            set.batches
+                .extend(chunks.iter().filter_map(|c| rows.narrow(c, projection)));
         }
         set
+    }
+
+    /// Like [`SluiceTable::synopsis`], over the rows whose partition column (a timestamp)
+    /// lies in `[lo, hi]` (microseconds, inclusive): files and chunks wholly inside from
+    /// their synopses, those wholly outside skipped, the rows of the others filtered (such a
+    /// file must be in the hot cache). `None` when that cannot be done: a file without
+    /// synopsis or time range, or one that straddles a bound and is not hot.
+    pub fn synopsis_within(
+        &self,
+        columns: &[usize],
+        lo: i64,
+        hi: i64,
+    ) -> Option<(u64, Vec<ColumnSynopsis>)> {
+        let col = self.def.partition_column;
+        let key = |t: i64| self.def.partition.key(&Value::Timestamp(t));
+        let keys = match self.def.partition.is_monotonic() && lo <= hi {
+            true => KeyFilter {
+                lo: if lo == i64::MIN { 0 } else { key(lo) },
+                hi: if hi == i64::MAX { u64::MAX } else { key(hi) },
+                only: None,
+            },
+            false => KeyFilter::all(),
+        };
+        let parts = self.state.parts.read();
+        let mut rows = 0;
+        let mut out = vec![ColumnSynopsis::default(); columns.len()];
+        let mut add = |n: u64, syn: &[ColumnSynopsis]| {
+            rows += n;
+            for (o, s) in out.iter_mut().zip(syn) {
+                o.merge(s);
+            }
+        };
+        for (_, p) in self.selected(&parts, &keys) {
+            for f in &p.files {
+                let (a, b) = (f.min_time?, f.max_time?);
+                if b < lo || a > hi {
+                    continue;
+                }
+                if lo <= a && b <= hi {
+                    let syn = f.synopsis.as_ref()?;
+                    // Files older than an ADD COLUMN lack it: all NULL there.
+                    let none = ColumnSynopsis::default();
+                    let syn: Vec<_> = (columns.iter())
+                        .map(|c| syn.get(*c).cloned().unwrap_or_else(|| none.clone()))
+                        .collect();
+                    add(f.rows, &syn);
+                    continue;
+                }
+                for c in self.shared.hot.get(&f.path)? {
+                    let widened = c.with_batch(crate::buffer::widen(&c.batch, &self.schema));
+                    let (n, syn) = widened.synopsis_within(columns, col, lo, hi)?;
+                    add(n, &syn);
+                }
+            }
+            for c in p.unflushed_chunks(&self.schema) {
+                let (n, syn) = c.synopsis_within(columns, col, lo, hi)?;
+                add(n, &syn);
+            }
+        }
+        Some((rows, out))
     }
 
     /// Row count and the synopses of `columns` over every partition the `WHERE PARTS` list
@@ -394,12 +546,10 @@ impl SluiceTable {
                     }
                 }
             }
-            for b in p.unflushed_batches(&self.schema) {
-                rows += b.num_rows() as u64;
+            for chunk in p.unflushed_chunks(&self.schema) {
+                rows += chunk.batch.num_rows() as u64;
                 for (o, c) in out.iter_mut().zip(columns) {
-                    if let Some(a) = b.columns().get(*c) {
-                        o.merge(&ColumnSynopsis::of(a));
-                    }
+                    o.merge(&chunk.synopsis(*c));
                 }
             }
         }
@@ -432,22 +582,93 @@ impl TableProvider for SluiceTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let filter = key_filter(&self.def, filters);
-        let mut set = self.scan_set(&filter);
-        let keys = std::mem::take(&mut set.keys);
-        let of = set.of;
-        for (path, bytes) in &set.files {
-            self.warm(path, *bytes);
-        }
+        let keys = key_filter(&self.def, filters);
+        // What EXPLAIN shows: the partitions as planned (a run reads them afresh).
+        let (shown, of) = {
+            let parts = self.state.parts.read();
+            let shown = self
+                .selected(&parts, &keys)
+                .iter()
+                .map(|(k, _)| *k)
+                .collect();
+            (shown, parts.len())
+        };
+        let predicate = match conjunction(filters.to_vec()) {
+            Some(expr) => {
+                let df_schema = DFSchema::try_from(self.schema.clone())?;
+                Some(state.create_physical_expr(expr, &df_schema)?)
+            }
+            None => None,
+        };
         let lanes = state.config().target_partitions().max(1);
+        let projected = match projection {
+            Some(p) => Arc::new(self.schema.project(p)?),
+            None => self.schema.clone(),
+        };
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(projected),
+            Partitioning::UnknownPartitioning(lanes),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        let scan = Arc::new(Scan {
+            table: self.clone(),
+            keys,
+            rows: row_filter(&self.def, filters),
+            predicate,
+            projection: projection.cloned(),
+            limit,
+            lanes,
+        });
+        let metrics = ExecutionPlanMetricsSet::new();
+        Ok(Arc::new(ScanExec {
+            planned: Some(scan.input(&ScanMetrics::new(&metrics))?),
+            scan,
+            shown,
+            of,
+            properties: Arc::new(properties),
+            input: Mutex::new(None),
+            metrics,
+        }))
+    }
+}
+
+/// What a scan reads, decided when it is planned; the rows are taken when it runs.
+#[derive(Debug)]
+struct Scan {
+    table: SluiceTable,
+    keys: KeyFilter,
+    rows: RowFilter,
+    /// The filters, for Parquet's statistics and page index.
+    predicate: Option<Arc<dyn PhysicalExpr>>,
+    projection: Option<Vec<usize>>,
+    limit: Option<usize>,
+    /// Output partitions.
+    lanes: usize,
+}
+
+impl Scan {
+    /// The plan reading what the table holds now: its Parquet files and its in-memory rows
+    /// (hot files and buffers, narrowed by the chunk indexes). Each output partition of the
+    /// scan is one or more of this plan's partitions.
+    fn input(&self, metrics: &ScanMetrics) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let t = &self.table;
+        let set = t.scan_set(&self.keys, &self.rows, self.projection.as_deref());
+        for (path, bytes) in &set.files {
+            t.warm(path, *bytes);
+        }
+        metrics.files.add(set.files.len());
+        metrics
+            .memory_rows
+            .add(set.batches.iter().map(|b| b.num_rows()).sum());
+        let lanes = self.lanes;
         let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
         if !set.files.is_empty() {
-            let mut source = ParquetSource::new(self.schema.clone())
+            let mut source = ParquetSource::new(t.schema.clone())
                 .with_enable_page_index(true)
                 .with_pushdown_filters(false);
-            if let Some(expr) = conjunction(filters.to_vec()) {
-                let df_schema = DFSchema::try_from(self.schema.clone())?;
-                source = source.with_predicate(state.create_physical_expr(expr, &df_schema)?);
+            if let Some(p) = &self.predicate {
+                source = source.with_predicate(p.clone());
             }
             let mut groups: Vec<Vec<PartitionedFile>> =
                 vec![Vec::new(); lanes.min(set.files.len())];
@@ -455,12 +676,11 @@ impl TableProvider for SluiceTable {
             for (i, (path, size)) in set.files.into_iter().enumerate() {
                 groups[i % n].push(PartitionedFile::new(path, size));
             }
-            let conf =
-                FileScanConfigBuilder::new(self.shared.storage.url.clone(), Arc::new(source))
-                    .with_file_groups(groups.into_iter().map(FileGroup::new).collect())
-                    .with_projection_indices(projection.cloned())?
-                    .with_limit(limit)
-                    .build();
+            let conf = FileScanConfigBuilder::new(t.shared.storage.url.clone(), Arc::new(source))
+                .with_file_groups(groups.into_iter().map(FileGroup::new).collect())
+                .with_projection_indices(self.projection.clone())?
+                .with_limit(self.limit)
+                .build();
             inputs.push(DataSourceExec::from_data_source(conf));
         }
         if !set.batches.is_empty() || inputs.is_empty() {
@@ -469,18 +689,32 @@ impl TableProvider for SluiceTable {
             for (i, b) in set.batches.into_iter().enumerate() {
                 parts[i % n].push(b);
             }
-            inputs.push(MemorySourceConfig::try_new_exec(
-                &parts,
-                self.schema.clone(),
-                projection.cloned(),
-            )?);
+            let schema = match &self.projection {
+                Some(p) => Arc::new(t.schema.project(p)?),
+                None => t.schema.clone(),
+            };
+            // The batches have the projected columns already.
+            inputs.push(MemorySourceConfig::try_new_exec(&parts, schema, None)?);
         }
-        Ok(Arc::new(ScanExec {
-            table: format!("{}.{}", self.def.database, self.def.name),
-            keys,
-            of,
-            input: UnionExec::try_new(inputs)?,
-        }))
+        UnionExec::try_new(inputs)
+    }
+}
+
+/// A scan's counters, shown by `EXPLAIN ANALYZE`.
+#[derive(Debug)]
+struct ScanMetrics {
+    /// Parquet files read from the object store (not in the hot cache).
+    files: Count,
+    /// In-memory rows passed on after the chunk indexes narrowed them.
+    memory_rows: Count,
+}
+
+impl ScanMetrics {
+    fn new(set: &ExecutionPlanMetricsSet) -> Self {
+        Self {
+            files: MetricBuilder::new(set).global_counter("files_read"),
+            memory_rows: MetricBuilder::new(set).global_counter("memory_rows"),
+        }
     }
 }
 
@@ -524,34 +758,44 @@ impl SluiceTable {
     }
 }
 
-/// The root of a table's scan: shows in `EXPLAIN` which partitions it reads, and runs its
-/// input unchanged.
+/// A table's scan. Its first run reads the table as it was when planned (the input `EXPLAIN`
+/// shows: partitions, files, pruning); [`ExecutionPlan::reset_state`] readies it for another
+/// run, which reads the table as it is then, so a plan kept for a repeated query (an alert)
+/// sees every row applied since. Each run takes one snapshot, shared by its output
+/// partitions.
 #[derive(Debug)]
 pub struct ScanExec {
-    table: String,
-    keys: Vec<u64>,
+    scan: Arc<Scan>,
+    shown: Vec<u64>,
     of: usize,
-    input: Arc<dyn ExecutionPlan>,
+    properties: Arc<PlanProperties>,
+    /// The input made when planned, for the first run.
+    planned: Option<Arc<dyn ExecutionPlan>>,
+    /// A later run's input, made by the first partition executed.
+    input: Mutex<Option<Arc<dyn ExecutionPlan>>>,
+    metrics: ExecutionPlanMetricsSet,
 }
 
 impl DisplayAs for ScanExec {
     fn fmt_as(&self, _: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         const SHOWN: usize = 16;
+        let def = &self.scan.table.def;
         write!(
             f,
-            "SluiceScan: {} partitions={} of {} [",
-            self.table,
-            self.keys.len(),
+            "SluiceScan: {}.{} partitions={} of {} [",
+            def.database,
+            def.name,
+            self.shown.len(),
             self.of
         )?;
-        for (i, k) in self.keys.iter().take(SHOWN).enumerate() {
+        for (i, k) in self.shown.iter().take(SHOWN).enumerate() {
             if i > 0 {
                 f.write_str(", ")?;
             }
             write!(f, "{k}")?;
         }
-        if self.keys.len() > SHOWN {
-            write!(f, ", ... {} more", self.keys.len() - SHOWN)?;
+        if self.shown.len() > SHOWN {
+            write!(f, ", ... {} more", self.shown.len() - SHOWN)?;
         }
         f.write_str("]")
     }
@@ -563,15 +807,11 @@ impl ExecutionPlan for ScanExec {
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
+        &self.properties
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
+        self.planned.iter().collect()
     }
 
     fn apply_expressions(
@@ -585,17 +825,36 @@ impl ExecutionPlan for ScanExec {
         self: Arc<Self>,
         mut children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        if children.len() != 1 {
+        if children.len() != self.planned.iter().len() {
             return Err(DataFusionError::Internal(
-                "SluiceScan takes one input".into(),
+                "SluiceScan keeps the inputs it was planned with".into(),
             ));
         }
         Ok(Arc::new(Self {
-            table: self.table.clone(),
-            keys: self.keys.clone(),
+            scan: self.scan.clone(),
+            shown: self.shown.clone(),
             of: self.of,
-            input: children.swap_remove(0),
+            properties: self.properties.clone(),
+            planned: children.pop(),
+            input: Mutex::new(None),
+            metrics: self.metrics.clone(),
         }))
+    }
+
+    fn reset_state(self: Arc<Self>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self {
+            scan: self.scan.clone(),
+            shown: self.shown.clone(),
+            of: self.of,
+            properties: self.properties.clone(),
+            planned: None,
+            input: Mutex::new(None),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
     }
 
     fn execute(
@@ -603,7 +862,28 @@ impl ExecutionPlan for ScanExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        self.input.execute(partition, context)
+        let input = {
+            let mut input = self.input.lock();
+            match self.planned.as_ref().or(input.as_ref()) {
+                Some(i) => i.clone(),
+                None => {
+                    let made = self.scan.input(&ScanMetrics::new(&self.metrics))?;
+                    *input = Some(made.clone());
+                    made
+                }
+            }
+        };
+        let n = input.properties().partitioning.partition_count();
+        let lanes = self.scan.lanes;
+        let streams = (partition..n)
+            .step_by(lanes)
+            .map(|j| input.execute(j, context.clone()))
+            .collect::<DfResult<Vec<_>>>()?;
+        let schema = self.properties.eq_properties.schema().clone();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::iter(streams).flatten(),
+        )))
     }
 }
 

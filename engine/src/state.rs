@@ -4,6 +4,7 @@
 
 use crate::buffer::PartitionBuffer;
 use crate::catalog::TableDef;
+use crate::chunk::Chunk;
 use crate::storage::FileMeta;
 use crate::wal::Applier;
 use crate::wal::record::WriteRecord;
@@ -78,11 +79,19 @@ impl Partition {
     /// The rows only in memory (frozen, buffered, and every shard's), as batches of
     /// `schema`.
     pub fn unflushed_batches(&self, schema: &SchemaRef) -> Vec<RecordBatch> {
+        let chunks = self.unflushed_chunks(schema).into_iter();
+        chunks.map(|c| c.batch).collect()
+    }
+
+    /// The same rows as [`Partition::unflushed_batches`], as chunks (for a scan, which can
+    /// use the sealed chunks' indexes).
+    pub fn unflushed_chunks(&self, schema: &SchemaRef) -> Vec<Chunk> {
         let frozen = self.frozen.iter().flat_map(|f| f.batches.iter());
-        let mut out: Vec<RecordBatch> = frozen.map(|b| crate::buffer::widen(b, schema)).collect();
-        out.extend(self.buffer.snapshot(schema));
+        let widened = frozen.map(|b| Chunk::plain(crate::buffer::widen(b, schema)));
+        let mut out: Vec<Chunk> = widened.collect();
+        out.extend(self.buffer.chunks(schema));
         for s in self.shards.values() {
-            out.extend(s.buffer.snapshot(schema));
+            out.extend(s.buffer.chunks(schema));
         }
         out
     }

@@ -35,6 +35,10 @@ struct Args {
     /// Devices the readings (and per-device alerts) spread over.
     #[arg(long, default_value_t = 200)]
     devices: usize,
+    /// Only alerts of this kind (`device`, `fleet` or `cold`), to see what each costs;
+    /// default the mix.
+    #[arg(long)]
+    only: Option<String>,
     /// The sluice binary (default: next to this runner).
     #[arg(long)]
     sluice: Option<PathBuf>,
@@ -76,7 +80,14 @@ async fn run(bin: &std::path::Path, dir: &std::path::Path, args: &Args) -> Resul
     let rows_before = count(&sluice, "SELECT count(*) AS n FROM plant.readings").await?;
 
     for i in 0..args.alerts {
-        let sql = alert_sql(i, args.devices);
+        let kind = match args.only.as_deref() {
+            None => i % 4,
+            Some("device") => 0,
+            Some("fleet") => 2,
+            Some("cold") => 3,
+            Some(other) => anyhow::bail!("--only takes device, fleet or cold, not {other}"),
+        };
+        let sql = alert_sql(i, kind, args.devices);
         sluice.sql(&sql).await?;
     }
     // Every alert runs once before measuring.
@@ -136,10 +147,11 @@ async fn run(bin: &std::path::Path, dir: &std::path::Path, args: &Args) -> Resul
     Ok(())
 }
 
-/// The i-th alert: a mix of the kinds people write, every query text distinct.
-fn alert_sql(i: usize, devices: usize) -> String {
+/// The i-th alert, of `kind` (0 and 1 per device, 2 fleet, 3 cold; `i % 4` makes the mix), every
+/// query text distinct.
+fn alert_sql(i: usize, kind: usize, devices: usize) -> String {
     let d = i % devices;
-    match i % 4 {
+    match kind {
         // Per-device threshold on the newest partition.
         0 | 1 => format!(
             "CREATE ALERT dev_{i} WHEN t > {} AS SELECT max(temp) AS t FROM plant.readings WHERE PARTS last WHERE device = 'dev-{d}'",

@@ -1,0 +1,408 @@
+//! Chunks: immutable slices of a table's in-memory rows (a buffer's sealed chunk, a slice of
+//! a hot-cache file) with an index built on first use, so that the queries run most often on
+//! recent data, one device's readings (`device = 'd-17'`) or the last seconds
+//! (`ts > now() - INTERVAL '30 seconds'`), read only the rows they need instead of filtering
+//! every buffered row.
+//!
+//! For each string column a chunk keeps, once a query asks, where each value occurs (when
+//! the column has few distinct values: tags such as device, site or sensor kind; an id column
+//! is not indexed); for each timestamp column its range. A scan then skips the chunks that
+//! cannot match and takes only the matching rows of the others. The filters stay on the
+//! rows too (pushdown is inexact), so an index only ever removes rows that could not match.
+
+use crate::synopsis::ColumnSynopsis;
+use datafusion::arrow::array::BooleanArray;
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions, UInt32Array,
+};
+use datafusion::arrow::compute::{filter, take_record_batch};
+use datafusion::arrow::datatypes::{DataType, TimeUnit, TimestampMicrosecondType};
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+/// A column is indexed only while it has at most one distinct value per this many rows (and
+/// at least [`MIN_DISTINCT`] are allowed): beyond that a lookup saves little and the index
+/// costs more than it gives.
+const ROWS_PER_VALUE: usize = 8;
+/// Distinct values always allowed, whatever the chunk's size.
+const MIN_DISTINCT: usize = 1024;
+
+/// Where each value of a string column occurs in a chunk (row positions, ascending).
+#[derive(Debug)]
+struct ValueIndex(HashMap<Box<str>, Vec<u32>>);
+
+impl ValueIndex {
+    /// The index of `array`, or `None` when it is not a string column or has too many
+    /// distinct values.
+    fn build(array: &ArrayRef) -> Option<Self> {
+        if array.data_type() != &DataType::Utf8 {
+            return None;
+        }
+        let strings = array.as_string::<i32>();
+        let limit = MIN_DISTINCT.max(strings.len() / ROWS_PER_VALUE);
+        let mut map: HashMap<&str, Vec<u32>> = HashMap::new();
+        for (i, v) in strings.iter().enumerate() {
+            let Some(v) = v else { continue };
+            let distinct = map.len();
+            match map.entry(v) {
+                std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().push(i as u32),
+                std::collections::hash_map::Entry::Vacant(_) if distinct >= limit => return None,
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(vec![i as u32]);
+                }
+            }
+        }
+        Some(Self(
+            map.into_iter()
+                .map(|(k, rows)| (Box::from(k), rows))
+                .collect(),
+        ))
+    }
+
+    /// Positions of rows holding any of `values`, ascending.
+    fn rows(&self, values: &[String]) -> Vec<u32> {
+        let mut out: Vec<u32> = Vec::new();
+        for v in values {
+            if let Some(rows) = self.0.get(v.as_str()) {
+                out.extend_from_slice(rows);
+            }
+        }
+        if values.len() > 1 {
+            out.sort_unstable();
+            out.dedup();
+        }
+        out
+    }
+}
+
+/// What is known of one column of a chunk, computed on first use.
+#[derive(Debug, Default)]
+struct ColumnIndex {
+    values: OnceLock<Option<ValueIndex>>,
+    range: OnceLock<Option<(i64, i64)>>,
+    synopsis: OnceLock<ColumnSynopsis>,
+}
+
+/// Rows kept in memory, immutable, with their index.
+#[derive(Debug, Clone)]
+pub struct Chunk {
+    /// The rows.
+    pub batch: RecordBatch,
+    /// Built column by column as queries ask; `None` for rows still changing (a buffer's
+    /// unsealed tail), which are always read whole.
+    index: Option<Arc<Vec<ColumnIndex>>>,
+}
+
+impl Chunk {
+    /// Rows that will not change: indexed on demand.
+    pub fn sealed(batch: RecordBatch) -> Self {
+        let index = (0..batch.num_columns())
+            .map(|_| ColumnIndex::default())
+            .collect();
+        Self {
+            batch,
+            index: Some(Arc::new(index)),
+        }
+    }
+
+    /// Rows read whole, never indexed.
+    pub fn plain(batch: RecordBatch) -> Self {
+        Self { batch, index: None }
+    }
+
+    /// The same rows with `batch`'s columns (a chunk widened or narrowed to a query's
+    /// schema: columns keep their positions, so the index still holds).
+    pub fn with_batch(&self, batch: RecordBatch) -> Self {
+        Self {
+            batch,
+            index: self.index.clone(),
+        }
+    }
+
+    fn column(&self, col: usize) -> Option<(&ColumnIndex, &ArrayRef)> {
+        let index = self.index.as_ref()?.get(col)?;
+        Some((index, self.batch.columns().get(col)?))
+    }
+
+    /// Range of a microsecond timestamp column (`None` if not one, or all NULL).
+    fn range(&self, col: usize) -> Option<(i64, i64)> {
+        let (index, array) = self.column(col)?;
+        *index.range.get_or_init(|| {
+            let DataType::Timestamp(TimeUnit::Microsecond, _) = array.data_type() else {
+                return None;
+            };
+            let ts = array.as_primitive::<TimestampMicrosecondType>();
+            let lo = datafusion::arrow::compute::min(ts)?;
+            let hi = datafusion::arrow::compute::max(ts)?;
+            Some((lo, hi))
+        })
+    }
+
+    /// The synopsis of column `col` (kept for a sealed chunk).
+    pub fn synopsis(&self, col: usize) -> ColumnSynopsis {
+        match self.column(col) {
+            Some((index, array)) => index
+                .synopsis
+                .get_or_init(|| ColumnSynopsis::of(array))
+                .clone(),
+            None => self
+                .batch
+                .columns()
+                .get(col)
+                .map(ColumnSynopsis::of)
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Row count and the synopses of `columns` over the rows whose microsecond timestamp
+    /// column `col` lies in `[lo, hi]`: a chunk wholly inside gives its kept synopses, one
+    /// wholly outside nothing, the others their rows filtered. `None` if `col` is not such
+    /// a column.
+    pub fn synopsis_within(
+        &self,
+        columns: &[usize],
+        col: usize,
+        lo: i64,
+        hi: i64,
+    ) -> Option<(u64, Vec<ColumnSynopsis>)> {
+        let array = self.batch.columns().get(col)?;
+        let DataType::Timestamp(TimeUnit::Microsecond, _) = array.data_type() else {
+            return None;
+        };
+        let ts = array.as_primitive::<TimestampMicrosecondType>();
+        let range = match self.index {
+            Some(_) => self.range(col),
+            None => datafusion::arrow::compute::min(ts).zip(datafusion::arrow::compute::max(ts)),
+        };
+        let none = || vec![ColumnSynopsis::default(); columns.len()];
+        let Some((min, max)) = range else {
+            // Every time NULL: no row compares true.
+            return Some((0, none()));
+        };
+        if max < lo || min > hi {
+            return Some((0, none()));
+        }
+        if lo <= min && max <= hi && ts.null_count() == 0 {
+            let syn = columns.iter().map(|c| self.synopsis(*c)).collect();
+            return Some((self.batch.num_rows() as u64, syn));
+        }
+        let inside = BooleanArray::from_unary(ts, |t| lo <= t && t <= hi);
+        let inside = match ts.nulls() {
+            Some(n) => BooleanArray::new(inside.values() & n.inner(), None),
+            None => inside,
+        };
+        let rows = inside.true_count() as u64;
+        let syn = columns
+            .iter()
+            .map(|c| match self.batch.columns().get(*c) {
+                Some(a) => ColumnSynopsis::of(&filter(a, &inside).expect("mask fits")),
+                None => ColumnSynopsis::default(),
+            })
+            .collect();
+        Some((rows, syn))
+    }
+
+    /// Positions of the rows whose `col` is one of `values`, or `None` when that column is
+    /// not indexed.
+    fn rows(&self, col: usize, values: &[String]) -> Option<Vec<u32>> {
+        let (index, array) = self.column(col)?;
+        let values_index = index.values.get_or_init(|| ValueIndex::build(array));
+        Some(values_index.as_ref()?.rows(values))
+    }
+}
+
+/// Predicates a scan can answer from chunk indexes: string columns equal to one of a few
+/// values, and bounds on timestamp columns. Taken from the conjunction of a query's filters,
+/// so each narrows the rows on its own.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct RowFilter {
+    /// `(column, values)`: the column equals one of the values.
+    pub equal: Vec<(usize, Vec<String>)>,
+    /// `(column, lo, hi)`: microseconds, inclusive.
+    pub time: Vec<(usize, i64, i64)>,
+}
+
+impl RowFilter {
+    /// True when the filter admits every row.
+    pub fn is_empty(&self) -> bool {
+        self.equal.is_empty() && self.time.is_empty()
+    }
+
+    /// The rows of `chunk` that may match, with the columns of `projection` (all when
+    /// `None`); `None` when no row can match. Rows still changing, and columns without an
+    /// index, are passed on whole.
+    pub fn narrow(&self, chunk: &Chunk, projection: Option<&[usize]>) -> Option<RecordBatch> {
+        let projected = || match projection {
+            Some(p) => chunk
+                .batch
+                .project(p)
+                .expect("projection within the schema"),
+            None => chunk.batch.clone(),
+        };
+        if self.is_empty() || chunk.index.is_none() {
+            return Some(projected());
+        }
+        for &(col, lo, hi) in &self.time {
+            if let Some((min, max)) = chunk.range(col)
+                && (max < lo || min > hi)
+            {
+                return None;
+            }
+        }
+        let mut rows: Option<Vec<u32>> = None;
+        for (col, values) in &self.equal {
+            let Some(found) = chunk.rows(*col, values) else {
+                continue;
+            };
+            rows = Some(match rows {
+                None => found,
+                Some(before) => intersect(&before, &found),
+            });
+            if rows.as_ref().is_some_and(Vec::is_empty) {
+                return None;
+            }
+        }
+        match rows {
+            Some(rows) if rows.len() < chunk.batch.num_rows() => {
+                let batch = projected();
+                let taken = match batch.num_columns() {
+                    // No column asked for (only a count): just as many rows.
+                    0 => RecordBatch::try_new_with_options(
+                        batch.schema(),
+                        vec![],
+                        &RecordBatchOptions::new().with_row_count(Some(rows.len())),
+                    ),
+                    _ => take_record_batch(&batch, &UInt32Array::from(rows)),
+                };
+                Some(taken.expect("positions come from this batch"))
+            }
+            _ => Some(projected()),
+        }
+    }
+}
+
+/// The positions in both ascending lists.
+fn intersect(a: &[u32], b: &[u32]) -> Vec<u32> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                out.push(a[i]);
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Float64Array, StringArray, TimestampMicrosecondArray};
+    use datafusion::arrow::datatypes::{Field, Schema};
+
+    fn chunk(devices: &[Option<&str>], ts: &[i64]) -> Chunk {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("ts", DataType::Timestamp(TimeUnit::Microsecond, None), true),
+            Field::new("device", DataType::Utf8, true),
+            Field::new("temp", DataType::Float64, true),
+        ]));
+        let temps: Vec<f64> = (0..ts.len()).map(|i| i as f64).collect();
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(TimestampMicrosecondArray::from(ts.to_vec())),
+                Arc::new(StringArray::from(devices.to_vec())),
+                Arc::new(Float64Array::from(temps)),
+            ],
+        )
+        .unwrap();
+        Chunk::sealed(batch)
+    }
+
+    fn temps_of(b: &RecordBatch, col: usize) -> Vec<f64> {
+        let a = b
+            .column(col)
+            .as_primitive::<datafusion::arrow::datatypes::Float64Type>();
+        a.values().to_vec()
+    }
+
+    fn temps(b: &RecordBatch) -> Vec<f64> {
+        temps_of(b, 2)
+    }
+
+    #[test]
+    fn equality_takes_only_the_matching_rows() {
+        let c = chunk(
+            &[Some("a"), Some("b"), None, Some("a"), Some("c")],
+            &[1, 2, 3, 4, 5],
+        );
+        let f = |values: &[&str]| RowFilter {
+            equal: vec![(1, values.iter().map(|v| v.to_string()).collect())],
+            time: vec![],
+        };
+        assert_eq!(temps(&f(&["a"]).narrow(&c, None).unwrap()), vec![0.0, 3.0]);
+        assert_eq!(
+            temps(&f(&["c", "a"]).narrow(&c, None).unwrap()),
+            vec![0.0, 3.0, 4.0]
+        );
+        assert!(f(&["z"]).narrow(&c, None).is_none());
+        // Projected, down to no column at all (a count): still the matching rows.
+        let only_temp = f(&["a"]).narrow(&c, Some(&[2])).unwrap();
+        assert_eq!(
+            (only_temp.num_columns(), temps_of(&only_temp, 0)),
+            (1, vec![0.0, 3.0])
+        );
+        assert_eq!(f(&["a"]).narrow(&c, Some(&[])).unwrap().num_rows(), 2);
+        // A non-string column is not indexed: the chunk is read whole.
+        let on_temp = RowFilter {
+            equal: vec![(2, vec!["1".into()])],
+            time: vec![],
+        };
+        assert_eq!(on_temp.narrow(&c, None).unwrap().num_rows(), 5);
+        // Rows still changing are never narrowed.
+        let plain = Chunk::plain(c.batch.clone());
+        assert_eq!(f(&["z"]).narrow(&plain, None).unwrap().num_rows(), 5);
+    }
+
+    #[test]
+    fn time_bounds_skip_chunks_outside_them() {
+        let c = chunk(&[Some("a"), Some("b")], &[100, 200]);
+        let f = |lo, hi| RowFilter {
+            equal: vec![],
+            time: vec![(0, lo, hi)],
+        };
+        assert!(f(201, i64::MAX).narrow(&c, None).is_none());
+        assert!(f(i64::MIN, 99).narrow(&c, None).is_none());
+        assert_eq!(f(200, 300).narrow(&c, None).unwrap().num_rows(), 2);
+        // Both kinds together: in range, then the device.
+        let both = RowFilter {
+            equal: vec![(1, vec!["b".into()])],
+            time: vec![(0, 150, 250)],
+        };
+        assert_eq!(temps(&both.narrow(&c, None).unwrap()), vec![1.0]);
+    }
+
+    #[test]
+    fn many_distinct_values_are_not_indexed() {
+        let names: Vec<String> = (0..MIN_DISTINCT + 1).map(|i| format!("id-{i}")).collect();
+        let devices: Vec<Option<&str>> = names.iter().map(|s| Some(s.as_str())).collect();
+        let ts: Vec<i64> = (0..devices.len() as i64).collect();
+        let c = chunk(&devices, &ts);
+        let f = RowFilter {
+            equal: vec![(1, vec!["id-3".into()])],
+            time: vec![],
+        };
+        // Not indexed: all rows pass on, the filter above the scan picks.
+        assert_eq!(f.narrow(&c, None).unwrap().num_rows(), devices.len());
+    }
+
+    #[test]
+    fn intersection_of_ascending_lists() {
+        assert_eq!(intersect(&[1, 3, 5, 7], &[2, 3, 7, 9]), vec![3, 7]);
+        assert!(intersect(&[], &[1]).is_empty());
+    }
+}
