@@ -12,10 +12,8 @@
 
 use crate::synopsis::ColumnSynopsis;
 use datafusion::arrow::array::BooleanArray;
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions, UInt32Array,
-};
-use datafusion::arrow::compute::{filter, take_record_batch};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
+use datafusion::arrow::compute::{filter, interleave_record_batch};
 use datafusion::arrow::datatypes::{DataType, TimeUnit, TimestampMicrosecondType};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -228,25 +226,23 @@ impl RowFilter {
         self.equal.is_empty() && self.time.is_empty()
     }
 
-    /// The rows of `chunk` that may match, with the columns of `projection` (all when
-    /// `None`); `None` when no row can match. Rows still changing, and columns without an
-    /// index, are passed on whole.
-    pub fn narrow(&self, chunk: &Chunk, projection: Option<&[usize]>) -> Option<RecordBatch> {
+    /// Which rows of `chunk` may match, with the columns of `projection` (all when `None`).
+    /// Rows still changing, and columns without an index, are passed on whole.
+    pub fn pick(&self, chunk: &Chunk, projection: Option<&[usize]>) -> Pick {
         let projected = || match projection {
-            Some(p) => chunk
-                .batch
+            Some(p) => (chunk.batch)
                 .project(p)
                 .expect("projection within the schema"),
             None => chunk.batch.clone(),
         };
         if self.is_empty() || chunk.index.is_none() {
-            return Some(projected());
+            return Pick::Whole(projected());
         }
         for &(col, lo, hi) in &self.time {
             if let Some((min, max)) = chunk.range(col)
                 && (max < lo || min > hi)
             {
-                return None;
+                return Pick::Nothing;
             }
         }
         let mut rows: Option<Vec<u32>> = None;
@@ -259,26 +255,54 @@ impl RowFilter {
                 Some(before) => intersect(&before, &found),
             });
             if rows.as_ref().is_some_and(Vec::is_empty) {
-                return None;
+                return Pick::Nothing;
             }
         }
         match rows {
-            Some(rows) if rows.len() < chunk.batch.num_rows() => {
-                let batch = projected();
-                let taken = match batch.num_columns() {
-                    // No column asked for (only a count): just as many rows.
-                    0 => RecordBatch::try_new_with_options(
-                        batch.schema(),
-                        vec![],
-                        &RecordBatchOptions::new().with_row_count(Some(rows.len())),
-                    ),
-                    _ => take_record_batch(&batch, &UInt32Array::from(rows)),
-                };
-                Some(taken.expect("positions come from this batch"))
-            }
-            _ => Some(projected()),
+            Some(rows) if rows.len() < chunk.batch.num_rows() => Pick::Rows(projected(), rows),
+            _ => Pick::Whole(projected()),
         }
     }
+
+    /// The rows of `chunk` that may match ([`RowFilter::pick`]) as one batch; `None` when no
+    /// row can match.
+    pub fn narrow(&self, chunk: &Chunk, projection: Option<&[usize]>) -> Option<RecordBatch> {
+        match self.pick(chunk, projection) {
+            Pick::Nothing => None,
+            Pick::Whole(b) => Some(b),
+            Pick::Rows(b, rows) => {
+                let rows: Vec<(usize, usize)> = rows.iter().map(|r| (0, *r as usize)).collect();
+                Some(gather(&[b], &rows))
+            }
+        }
+    }
+}
+
+/// What [`RowFilter::pick`] found in a chunk.
+#[derive(Debug)]
+pub enum Pick {
+    /// No row can match.
+    Nothing,
+    /// Every row may match.
+    Whole(RecordBatch),
+    /// These rows (ascending positions) of the batch may match.
+    Rows(RecordBatch, Vec<u32>),
+}
+
+/// One batch of the given `(batch, row)` rows of `batches` (all of one schema), copied once:
+/// a scan gathers the rows it picked from many chunks with a single allocation per column.
+pub fn gather(batches: &[RecordBatch], rows: &[(usize, usize)]) -> RecordBatch {
+    let schema = batches[0].schema();
+    let gathered = match schema.fields().len() {
+        // No column asked for (only a count): just as many rows.
+        0 => RecordBatch::try_new_with_options(
+            schema,
+            vec![],
+            &RecordBatchOptions::new().with_row_count(Some(rows.len())),
+        ),
+        _ => interleave_record_batch(&batches.iter().collect::<Vec<_>>(), rows),
+    };
+    gathered.expect("rows come from these batches")
 }
 
 /// The positions in both ascending lists.

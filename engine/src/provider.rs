@@ -3,7 +3,7 @@
 //! in-memory buffers, skipping partitions that the filters rule out.
 
 use crate::catalog::{CatalogData, DEFAULT_DATABASE, SYSTEM_DATABASE, TableDef};
-use crate::chunk::RowFilter;
+use crate::chunk::{Pick, RowFilter};
 use crate::parts::PartsSpec;
 use crate::state::{Partition, TableState, Tables};
 use crate::storage::Storage;
@@ -451,19 +451,37 @@ impl SluiceTable {
     ) -> ScanSet {
         let parts = self.state.parts.read();
         let mut set = ScanSet::default();
+        // Rows picked from indexed chunks, gathered into one batch at the end.
+        let (mut picked, mut at) = (Vec::new(), Vec::new());
+        let mut take = |pick: Pick, batches: &mut Vec<RecordBatch>| match pick {
+            Pick::Nothing => {}
+            Pick::Whole(b) => batches.push(b),
+            Pick::Rows(b, rows) => {
+                at.extend(rows.iter().map(|r| (picked.len(), *r as usize)));
+                picked.push(b);
+            }
+        };
         for (_, p) in self.selected(&parts, filter) {
             for f in &p.files {
                 match self.shared.hot.get(&f.path) {
-                    Some(chunks) => set.batches.extend(chunks.iter().filter_map(|c| {
-                        let widened = crate::buffer::widen(&c.batch, &self.schema);
-                        rows.narrow(&c.with_batch(widened), projection)
-                    })),
+                    Some(chunks) => {
+                        for c in chunks {
+                            let widened = crate::buffer::widen(&c.batch, &self.schema);
+                            take(
+                                rows.pick(&c.with_batch(widened), projection),
+                                &mut set.batches,
+                            );
+                        }
+                    }
                     None => set.files.push((f.path.clone(), f.bytes)),
                 }
             }
-            let chunks = p.unflushed_chunks(&self.schema);
-            set.batches
-                .extend(chunks.iter().filter_map(|c| rows.narrow(c, projection)));
+            for c in p.unflushed_chunks(&self.schema) {
+                take(rows.pick(&c, projection), &mut set.batches);
+            }
+        }
+        if !picked.is_empty() {
+            set.batches.push(crate::chunk::gather(&picked, &at));
         }
         set
     }
