@@ -239,7 +239,9 @@ impl PartitionBuffer {
             skip = 0;
         }
         self.sealed = kept;
-        self.small = 0;
+        // The small chunks left at the end still merge (the first one may be cut short).
+        let small = self.sealed.iter().rev();
+        self.small = small.take_while(|c| c.batch.num_rows() < SEAL_ROWS).count();
         // Bytes are kept per buffer, not per row: the dropped rows' share.
         let bytes = self.bytes * keep_from / self.rows;
         self.bytes -= bytes;
@@ -314,7 +316,7 @@ impl PartitionBuffer {
         self.sealed.push(Chunk::sealed(batch));
         self.active_rows = 0;
         self.small += 1;
-        if self.small == SEAL_ROWS / TAIL_ROWS {
+        if self.small >= SEAL_ROWS / TAIL_ROWS {
             let at = self.sealed.len() - self.small;
             // Widened: an ADD COLUMN may have come between them.
             let smalls: Vec<RecordBatch> = (self.sealed.drain(at..))

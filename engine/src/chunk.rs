@@ -272,7 +272,7 @@ impl RowFilter {
             Pick::Whole(b) => Some(b),
             Pick::Rows(b, rows) => {
                 let rows: Vec<(usize, usize)> = rows.iter().map(|r| (0, *r as usize)).collect();
-                Some(gather(&[b], &rows))
+                Some(gather(&[b], &rows).expect("positions come from this batch"))
             }
         }
     }
@@ -291,9 +291,12 @@ pub enum Pick {
 
 /// One batch of the given `(batch, row)` rows of `batches` (all of one schema), copied once:
 /// a scan gathers the rows it picked from many chunks with a single allocation per column.
-pub fn gather(batches: &[RecordBatch], rows: &[(usize, usize)]) -> RecordBatch {
+pub fn gather(
+    batches: &[RecordBatch],
+    rows: &[(usize, usize)],
+) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {
     let schema = batches[0].schema();
-    let gathered = match schema.fields().len() {
+    match schema.fields().len() {
         // No column asked for (only a count): just as many rows.
         0 => RecordBatch::try_new_with_options(
             schema,
@@ -301,8 +304,7 @@ pub fn gather(batches: &[RecordBatch], rows: &[(usize, usize)]) -> RecordBatch {
             &RecordBatchOptions::new().with_row_count(Some(rows.len())),
         ),
         _ => interleave_record_batch(&batches.iter().collect::<Vec<_>>(), rows),
-    };
-    gathered.expect("rows come from these batches")
+    }
 }
 
 /// The positions in both ascending lists.

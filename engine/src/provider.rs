@@ -261,9 +261,9 @@ pub fn row_filter(def: &TableDef, filters: &[Expr]) -> RowFilter {
     let column = |e: &Expr| -> Option<(usize, ColumnType)> {
         let name = match e {
             Expr::Column(c) => c.name.as_str(),
-            Expr::Cast(c) if matches!(c.field.data_type(), DataType::Timestamp(..)) => {
-                column_of(&c.expr)?
-            }
+            // A cast that keeps every instant as it is (to compare with `now()`): not one to
+            // seconds or milliseconds (which rounds), nor to another zone (which shifts).
+            Expr::Cast(c) if instant_preserving(c.field.data_type()) => column_of(&c.expr)?,
             _ => return None,
         };
         let i = def.columns.iter().position(|c| c.name == name)?;
@@ -343,6 +343,17 @@ fn step(v: &Value, delta: i64) -> Option<Value> {
         Value::UInt(u) => Value::UInt(u.checked_add_signed(delta)?),
         _ => return None,
     })
+}
+
+/// Whether casting a microsecond timestamp without zone to `ty` keeps its instant.
+fn instant_preserving(ty: &DataType) -> bool {
+    use datafusion::arrow::datatypes::TimeUnit;
+    match ty {
+        DataType::Timestamp(TimeUnit::Microsecond | TimeUnit::Nanosecond, tz) => tz
+            .as_deref()
+            .is_none_or(|z| matches!(z, "+00:00" | "+00" | "UTC" | "Z" | "utc")),
+        _ => false,
+    }
 }
 
 fn column_of(e: &Expr) -> Option<&str> {
@@ -448,7 +459,7 @@ impl SluiceTable {
         filter: &KeyFilter,
         rows: &RowFilter,
         projection: Option<&[usize]>,
-    ) -> ScanSet {
+    ) -> DfResult<ScanSet> {
         let parts = self.state.parts.read();
         let mut set = ScanSet::default();
         // Rows picked from indexed chunks, gathered into one batch at the end.
@@ -480,10 +491,11 @@ impl SluiceTable {
                 take(rows.pick(&c, projection), &mut set.batches);
             }
         }
-        if !picked.is_empty() {
-            set.batches.push(crate::chunk::gather(&picked, &at));
+        // In batches of a chunk's size: bounded copies, spread over the lanes.
+        for rows in at.chunks(crate::buffer::SEAL_ROWS) {
+            set.batches.push(crate::chunk::gather(&picked, rows)?);
         }
-        set
+        Ok(set)
     }
 
     /// Like [`SluiceTable::synopsis`], over the rows whose partition column (a timestamp)
@@ -671,7 +683,7 @@ impl Scan {
     /// scan is one or more of this plan's partitions.
     fn input(&self, metrics: &ScanMetrics) -> DfResult<Arc<dyn ExecutionPlan>> {
         let t = &self.table;
-        let set = t.scan_set(&self.keys, &self.rows, self.projection.as_deref());
+        let set = t.scan_set(&self.keys, &self.rows, self.projection.as_deref())?;
         for (path, bytes) in &set.files {
             t.warm(path, *bytes);
         }
