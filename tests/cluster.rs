@@ -539,14 +539,18 @@ async fn rows_once(s: &Server, want: u64, secs: u64, what: &str) {
 }
 
 /// Sends `method path` with a JSON body to `s`: the status and the body's text.
-async fn call(s: &Server, method: reqwest::Method, path: &str, body: &str) -> (u16, String) {
-    let r = (s.client().request(method, s.url(path)))
+/// Sends a JSON admin request and checks its status; returns the body.
+async fn call(s: &Server, method: reqwest::Method, path: &str, body: &str, want: u16) -> String {
+    let r = (s.client().request(method.clone(), s.url(path)))
         .header("content-type", "application/json")
         .body(body.to_string())
         .send()
         .await
         .unwrap();
-    (r.status().as_u16(), r.text().await.unwrap())
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    assert_eq!(status, want, "{method} {path} {body}: {text}");
+    text
 }
 
 /// While a device publishes through node 2, a fourth node joins (started with `join = true`,
@@ -589,31 +593,31 @@ async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
             .is_ok()
     })
     .await;
-    let (status, text) = call(
+    call(
         c.node(1),
         reqwest::Method::POST,
         "/v1/cluster/nodes",
         "{\"node\": 4}",
+        400,
     )
     .await;
-    assert_eq!(status, 400, "{text}");
-    let (status, text) = call(
+    call(
         c.node(1),
         reqwest::Method::POST,
         "/v1/cluster/nodes",
         "{\"node\": 4, \"address\": \"nowhere\"}",
+        400,
     )
     .await;
-    assert_eq!(status, 400, "{text}");
     let body = format!("{{\"node\": 4, \"address\": \"{address}\"}}");
-    let (status, text) = call(
+    let text = call(
         c.node(1),
         reqwest::Method::POST,
         "/v1/cluster/nodes?wait_secs=120",
         &body,
+        200,
     )
     .await;
-    assert_eq!(status, 200, "{text}");
     let added: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(added["done"], true, "{text}");
     let s4 = tokio::task::spawn_blocking(move || starting.join().unwrap())
@@ -664,35 +668,35 @@ async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
     assert_eq!(c.node(4).count(&q).await, before + acked.len() as u64);
 
     // Node 1 leaves, removed through node 4 while the device goes on.
-    let (status, text) = call(
+    call(
         c.node(4),
         reqwest::Method::DELETE,
         "/v1/cluster/nodes/9",
         "",
+        404,
     )
     .await;
-    assert_eq!(status, 404, "{text}");
-    let (status, text) = call(
+    let text = call(
         c.node(4),
         reqwest::Method::DELETE,
         "/v1/cluster/nodes/1?wait_secs=120",
         "",
+        200,
     )
     .await;
-    assert_eq!(status, 200, "{text}");
     let removed: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(removed["done"], true, "{text}");
     until_acked(&mut rx, &mut acked, 90).await;
     // A removed node's id is not used again.
     let again = format!("{{\"node\": 1, \"address\": \"{one}\"}}");
-    let (status, text) = call(
+    call(
         c.node(2),
         reqwest::Method::POST,
         "/v1/cluster/nodes",
         &again,
+        409,
     )
     .await;
-    assert_eq!(status, 409, "{text}");
     c.nodes.remove(&1).unwrap().kill9();
     until_acked(&mut rx, &mut acked, 120).await;
     stop.cancel();

@@ -263,19 +263,6 @@ impl RowFilter {
             _ => Pick::Whole(projected()),
         }
     }
-
-    /// The rows of `chunk` that may match ([`RowFilter::pick`]) as one batch; `None` when no
-    /// row can match.
-    pub fn narrow(&self, chunk: &Chunk, projection: Option<&[usize]>) -> Option<RecordBatch> {
-        match self.pick(chunk, projection) {
-            Pick::Nothing => None,
-            Pick::Whole(b) => Some(b),
-            Pick::Rows(b, rows) => {
-                let rows: Vec<(usize, usize)> = rows.iter().map(|r| (0, *r as usize)).collect();
-                Some(gather(&[b], &rows).expect("positions come from this batch"))
-            }
-        }
-    }
 }
 
 /// What [`RowFilter::pick`] found in a chunk.
@@ -327,6 +314,21 @@ fn intersect(a: &[u32], b: &[u32]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl RowFilter {
+        /// The rows of `chunk` that may match ([`RowFilter::pick`]) as one batch; `None`
+        /// when no row can match.
+        fn narrow(&self, chunk: &Chunk, projection: Option<&[usize]>) -> Option<RecordBatch> {
+            match self.pick(chunk, projection) {
+                Pick::Nothing => None,
+                Pick::Whole(b) => Some(b),
+                Pick::Rows(b, rows) => {
+                    let rows: Vec<(usize, usize)> = rows.iter().map(|r| (0, *r as usize)).collect();
+                    Some(gather(&[b], &rows).unwrap())
+                }
+            }
+        }
+    }
     use datafusion::arrow::array::{Float64Array, StringArray, TimestampMicrosecondArray};
     use datafusion::arrow::datatypes::{Field, Schema};
 

@@ -636,7 +636,7 @@ impl TableProvider for SluiceTable {
             None => self.schema.clone(),
         };
         let properties = PlanProperties::new(
-            EquivalenceProperties::new(projected),
+            EquivalenceProperties::new(projected.clone()),
             Partitioning::UnknownPartitioning(lanes),
             EmissionType::Incremental,
             Boundedness::Bounded,
@@ -647,6 +647,7 @@ impl TableProvider for SluiceTable {
             rows: row_filter(&self.def, filters),
             predicate,
             projection: projection.cloned(),
+            projected,
             limit,
             lanes,
         });
@@ -672,6 +673,8 @@ struct Scan {
     /// The filters, for Parquet's statistics and page index.
     predicate: Option<Arc<dyn PhysicalExpr>>,
     projection: Option<Vec<usize>>,
+    /// The table's schema with the projection applied.
+    projected: SchemaRef,
     limit: Option<usize>,
     /// Output partitions.
     lanes: usize,
@@ -719,11 +722,8 @@ impl Scan {
             for (i, b) in set.batches.into_iter().enumerate() {
                 parts[i % n].push(b);
             }
-            let schema = match &self.projection {
-                Some(p) => Arc::new(t.schema.project(p)?),
-                None => t.schema.clone(),
-            };
             // The batches have the projected columns already.
+            let schema = self.projected.clone();
             inputs.push(MemorySourceConfig::try_new_exec(&parts, schema, None)?);
         }
         UnionExec::try_new(inputs)
