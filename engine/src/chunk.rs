@@ -12,8 +12,9 @@
 
 use crate::synopsis::ColumnSynopsis;
 use datafusion::arrow::array::BooleanArray;
+use datafusion::arrow::array::UInt32Array;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
-use datafusion::arrow::compute::{filter, interleave_record_batch};
+use datafusion::arrow::compute::{interleave_record_batch, take};
 use datafusion::arrow::datatypes::{DataType, TimeUnit, TimestampMicrosecondType};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -79,6 +80,9 @@ struct ColumnIndex {
     values: OnceLock<Option<ValueIndex>>,
     range: OnceLock<Option<(i64, i64)>>,
     synopsis: OnceLock<ColumnSynopsis>,
+    /// For an indexed string column: (value, other column) -> that column's synopsis over
+    /// the rows holding the value.
+    per_value: parking_lot::Mutex<HashMap<(Box<str>, usize), ColumnSynopsis>>,
 }
 
 /// Rows kept in memory, immutable, with their index.
@@ -152,52 +156,136 @@ impl Chunk {
         }
     }
 
-    /// Row count and the synopses of `columns` over the rows whose microsecond timestamp
-    /// column `col` lies in `[lo, hi]`: a chunk wholly inside gives its kept synopses, one
-    /// wholly outside nothing, the others their rows filtered. `None` if `col` is not such
-    /// a column.
-    pub fn synopsis_within(
+    /// Row count and the synopses of `columns` over the rows `filter` admits. A chunk wholly
+    /// inside its time bounds and filtered by one indexed string column is answered from
+    /// synopses kept per value (one device's readings: computed once per chunk); one wholly
+    /// outside gives nothing; otherwise the matching rows are taken and summarized. `None`
+    /// when a bound is on a column that is not a microsecond timestamp, or an equality on
+    /// one that is not a string.
+    pub fn synopsis_where(
+        &self,
+        columns: &[usize],
+        filter: &RowFilter,
+    ) -> Option<(u64, Vec<ColumnSynopsis>)> {
+        let none = || (0, vec![ColumnSynopsis::default(); columns.len()]);
+        let mut mask: Option<BooleanArray> = None;
+        let mut and = |m: BooleanArray| {
+            mask = Some(match mask.take() {
+                Some(before) => datafusion::arrow::compute::and(&before, &m).expect("same length"),
+                None => m,
+            });
+        };
+        for &(col, lo, hi) in &filter.time {
+            let array = self.batch.columns().get(col)?;
+            let DataType::Timestamp(TimeUnit::Microsecond, _) = array.data_type() else {
+                return None;
+            };
+            let ts = array.as_primitive::<TimestampMicrosecondType>();
+            let range = match self.index {
+                Some(_) => self.range(col),
+                None => {
+                    datafusion::arrow::compute::min(ts).zip(datafusion::arrow::compute::max(ts))
+                }
+            };
+            let Some((min, max)) = range else {
+                // Every time NULL: no row compares true.
+                return Some(none());
+            };
+            if max < lo || min > hi {
+                return Some(none());
+            }
+            if lo <= min && max <= hi && ts.null_count() == 0 {
+                continue;
+            }
+            let inside = BooleanArray::from_unary(ts, |t| lo <= t && t <= hi);
+            and(match ts.nulls() {
+                Some(n) => BooleanArray::new(inside.values() & n.inner(), None),
+                None => inside,
+            });
+        }
+        let mut rows: Option<Vec<u32>> = None;
+        let mut indexed = 0;
+        for (col, values) in &filter.equal {
+            if let Some(found) = self.rows(*col, values) {
+                indexed += 1;
+                rows = Some(match rows {
+                    Some(before) => intersect(&before, &found),
+                    None => found,
+                });
+                continue;
+            }
+            let array = self.batch.columns().get(*col)?;
+            if array.data_type() != &DataType::Utf8 {
+                return None;
+            }
+            let strings = array.as_string::<i32>();
+            and(BooleanArray::from_iter(strings.iter().map(|s| {
+                Some(s.is_some_and(|s| values.iter().any(|v| v == s)))
+            })));
+        }
+        if let ([(col, values)], 1, None) = (&filter.equal[..], indexed, &mask) {
+            return Some(self.per_value(columns, *col, values));
+        }
+        let rows: Vec<u32> = match (rows, &mask) {
+            (None, None) => {
+                let syn = columns.iter().map(|c| self.synopsis(*c)).collect();
+                return Some((self.batch.num_rows() as u64, syn));
+            }
+            (Some(rows), None) => rows,
+            (Some(rows), Some(m)) => rows.into_iter().filter(|r| m.value(*r as usize)).collect(),
+            (None, Some(m)) => (0..m.len() as u32)
+                .filter(|r| m.value(*r as usize))
+                .collect(),
+        };
+        Some((rows.len() as u64, self.synopses_at(columns, &rows)))
+    }
+
+    /// The synopses of `columns` over the rows at `positions`.
+    fn synopses_at(&self, columns: &[usize], positions: &[u32]) -> Vec<ColumnSynopsis> {
+        let at = UInt32Array::from(positions.to_vec());
+        (columns.iter())
+            .map(|c| match self.batch.columns().get(*c) {
+                Some(a) => ColumnSynopsis::of(&take(a.as_ref(), &at, None).expect("rows in range")),
+                None => ColumnSynopsis::default(),
+            })
+            .collect()
+    }
+
+    /// Row count and synopses of `columns` over the rows whose indexed string column `col`
+    /// is one of `values`, from the synopses kept per value (computed on first use).
+    fn per_value(
         &self,
         columns: &[usize],
         col: usize,
-        lo: i64,
-        hi: i64,
-    ) -> Option<(u64, Vec<ColumnSynopsis>)> {
-        let array = self.batch.columns().get(col)?;
-        let DataType::Timestamp(TimeUnit::Microsecond, _) = array.data_type() else {
-            return None;
+        values: &[String],
+    ) -> (u64, Vec<ColumnSynopsis>) {
+        let mut out = (0, vec![ColumnSynopsis::default(); columns.len()]);
+        let Some((index, _)) = self.column(col) else {
+            return out;
         };
-        let ts = array.as_primitive::<TimestampMicrosecondType>();
-        let range = match self.index {
-            Some(_) => self.range(col),
-            None => datafusion::arrow::compute::min(ts).zip(datafusion::arrow::compute::max(ts)),
+        let Some(Some(values_index)) = index.values.get() else {
+            return out;
         };
-        let none = || vec![ColumnSynopsis::default(); columns.len()];
-        let Some((min, max)) = range else {
-            // Every time NULL: no row compares true.
-            return Some((0, none()));
-        };
-        if max < lo || min > hi {
-            return Some((0, none()));
+        let mut kept = index.per_value.lock();
+        // Each value once, as an IN list may name one twice.
+        let mut seen: Vec<&str> = Vec::with_capacity(values.len());
+        for v in values {
+            if seen.contains(&v.as_str()) {
+                continue;
+            }
+            seen.push(v);
+            let Some(rows) = values_index.0.get(v.as_str()) else {
+                continue;
+            };
+            out.0 += rows.len() as u64;
+            for (o, c) in out.1.iter_mut().zip(columns) {
+                let syn = kept
+                    .entry((Box::from(v.as_str()), *c))
+                    .or_insert_with(|| self.synopses_at(&[*c], rows).remove(0));
+                o.merge(syn);
+            }
         }
-        if lo <= min && max <= hi && ts.null_count() == 0 {
-            let syn = columns.iter().map(|c| self.synopsis(*c)).collect();
-            return Some((self.batch.num_rows() as u64, syn));
-        }
-        let inside = BooleanArray::from_unary(ts, |t| lo <= t && t <= hi);
-        let inside = match ts.nulls() {
-            Some(n) => BooleanArray::new(inside.values() & n.inner(), None),
-            None => inside,
-        };
-        let rows = inside.true_count() as u64;
-        let syn = columns
-            .iter()
-            .map(|c| match self.batch.columns().get(*c) {
-                Some(a) => ColumnSynopsis::of(&filter(a, &inside).expect("mask fits")),
-                None => ColumnSynopsis::default(),
-            })
-            .collect();
-        Some((rows, syn))
+        out
     }
 
     /// Positions of the rows whose `col` is one of `values`, or `None` when that column is

@@ -1,27 +1,53 @@
 //! Answers from synopses: an aggregate without GROUP BY whose functions are `count`, `sum`,
-//! `min`, `max` and `avg` over plain columns of one Sluice table, scanned whole partitions at a
-//! time (`WHERE PARTS` is fine) or filtered only by bounds on its time partition column
-//! (`ts >= '...'`, `ts > now() - INTERVAL '30 seconds'`), is replaced by its one-row answer,
-//! computed from the synopses of the files and buffer chunks wholly inside the bounds
-//! ([`crate::synopsis`]) plus the filtered rows of those that straddle one. Anything else (another
-//! filter, DISTINCT, a file written before synopses, a straddling file not in the hot cache,
-//! an integer sum past i64) is left to DataFusion, so the answer is always the one a scan
-//! would give.
+//! `min`, `max` and `avg` over plain columns of one Sluice table, scanning whole partitions
+//! (`WHERE PARTS` is fine), or filtered only by bounds on its time partition column
+//! (`ts >= '...'`, `ts > now() - INTERVAL '30 seconds'`) and string equalities
+//! (`device = 'd-7'`, `site IN ('a', 'b')`), becomes a [`SynopsisNode`]. When it runs it
+//! computes its one-row answer from the synopses of the files and buffer chunks wholly
+//! inside the bounds ([`crate::synopsis`]), from per-value synopses kept by indexed chunks
+//! for the equalities, and from the filtered rows of the chunks that straddle a bound. When
+//! that cannot be done then (a file written before synopses, a file to filter that is not in
+//! the hot cache, an integer sum past i64) it plans and runs the aggregate it replaced, so
+//! the answer is always the one a scan would give.
+//!
+//! The answer is computed when the plan runs, not when it is optimized, so a plan kept for
+//! a repeated query (an alert on one device's newest partition) stays valid as rows arrive.
 
 use crate::catalog::TableDef;
+use crate::chunk::RowFilter;
 use crate::provider::{SluiceTable, row_filter};
 use crate::synopsis::{ColumnSynopsis, Num};
+use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, SchemaRef, TimeUnit};
-use datafusion::common::ScalarValue;
-use datafusion::common::tree_node::Transformed;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::common::{DFSchemaRef, ScalarValue};
 use datafusion::datasource::source_as_provider;
-use datafusion::error::Result as DfResult;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::expr::AggregateFunction;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::utils::split_conjunction;
-use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, Values};
+use datafusion::logical_expr::{
+    Aggregate, Expr, Extension, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+};
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
+use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
+use futures::{StreamExt, TryStreamExt};
+use std::sync::Arc;
 
-/// The optimizer rule.
+/// The optimizer rule. It runs last, on the plan DataFusion's rules made (filters pushed
+/// into the scan, constants and `now()` folded).
 #[derive(Debug, Default)]
 pub struct SynopsisRule;
 
@@ -30,8 +56,9 @@ impl OptimizerRule for SynopsisRule {
         "sluice_synopsis"
     }
 
+    /// The rule walks the plan itself, so that it does not look inside a node it made.
     fn apply_order(&self) -> Option<ApplyOrder> {
-        Some(ApplyOrder::TopDown)
+        None
     }
 
     fn supports_rewrite(&self) -> bool {
@@ -43,17 +70,31 @@ impl OptimizerRule for SynopsisRule {
         plan: LogicalPlan,
         _config: &dyn OptimizerConfig,
     ) -> DfResult<Transformed<LogicalPlan>> {
-        let LogicalPlan::Aggregate(agg) = &plan else {
-            return Ok(Transformed::no(plan));
-        };
-        match answer(agg) {
-            Some(values) => Ok(Transformed::yes(values)),
-            None => Ok(Transformed::no(plan)),
-        }
+        plan.transform_down_with_subqueries(|p| {
+            let node = match &p {
+                LogicalPlan::Extension(e) if e.node.as_any().is::<SynopsisNode>() => {
+                    return Ok(Transformed::new(p, false, TreeNodeRecursion::Jump));
+                }
+                LogicalPlan::Aggregate(agg) => SynopsisNode::try_new(agg, &p),
+                _ => None,
+            };
+            Ok(match node {
+                Some(node) => {
+                    let node = Arc::new(node);
+                    Transformed::new(
+                        LogicalPlan::Extension(Extension { node }),
+                        true,
+                        TreeNodeRecursion::Jump,
+                    )
+                }
+                None => Transformed::no(p),
+            })
+        })
     }
 }
 
 /// What one aggregate asks of the synopsis.
+#[derive(Debug, Clone, Copy)]
 enum Want {
     /// `count(*)` / `count(1)`.
     Rows,
@@ -84,119 +125,346 @@ fn column<'a>(e: &'a Expr, schema: &SchemaRef) -> Option<&'a str> {
     widening.then_some(name)
 }
 
-fn answer(agg: &Aggregate) -> Option<LogicalPlan> {
-    if !agg.group_expr.is_empty() || agg.aggr_expr.is_empty() {
-        return None;
-    }
-    let mut input = agg.input.as_ref();
-    let mut filter = None;
-    loop {
-        input = match input {
-            LogicalPlan::SubqueryAlias(a) => a.input.as_ref(),
-            LogicalPlan::Projection(p) if p.expr.iter().all(|e| matches!(e, Expr::Column(_))) => {
-                p.input.as_ref()
-            }
-            LogicalPlan::Filter(f) if filter.is_none() => {
-                filter = Some(&f.predicate);
-                f.input.as_ref()
-            }
-            _ => break,
-        };
-    }
-    let LogicalPlan::TableScan(scan) = input else {
-        return None;
-    };
-    if scan.fetch.is_some() {
-        return None;
-    }
-    let provider = source_as_provider(&scan.source).ok()?;
-    let table = provider.downcast_ref::<SluiceTable>()?;
-    let def = table.def();
-    let filters = filter.into_iter().chain(&scan.filters);
-    let bounds = match filter.is_none() && scan.filters.is_empty() {
-        true => None,
-        false => Some(time_bounds(&def, filters)?),
-    };
-    let schema = datafusion::datasource::TableProvider::schema(table);
-    let mut wants = Vec::new();
-    let mut columns: Vec<usize> = Vec::new();
-    for e in &agg.aggr_expr {
-        let e = match e {
-            Expr::Alias(a) => a.expr.as_ref(),
-            e => e,
-        };
-        let Expr::AggregateFunction(AggregateFunction { func, params }) = e else {
-            return None;
-        };
-        if params.distinct || params.filter.is_some() || params.args.len() != 1 {
-            return None;
-        }
-        let name = func.name();
-        let arg = &params.args[0];
-        if name == "count" && matches!(arg, Expr::Literal(v, _) if !v.is_null()) {
-            wants.push(Want::Rows);
-            continue;
-        }
-        let c = def.column_index(column(arg, &schema)?)?;
-        let slot = match columns.iter().position(|x| *x == c) {
-            Some(i) => i,
-            None => {
-                columns.push(c);
-                columns.len() - 1
-            }
-        };
-        wants.push(match name {
-            "count" => Want::Count(slot),
-            "sum" => Want::Sum(slot),
-            "avg" => Want::Avg(slot),
-            "min" => Want::Min(slot),
-            "max" => Want::Max(slot),
-            _ => return None,
-        });
-    }
-    let (rows, syn) = match bounds {
-        Some((lo, hi)) => table.synopsis_within(&columns, lo, hi)?,
-        None => table.synopsis(&columns)?,
-    };
-    let fields = agg.schema.fields();
-    let mut row = Vec::with_capacity(wants.len());
-    for (want, field) in wants.iter().zip(fields.iter()) {
-        let ty = field.data_type();
-        let v = match want {
-            Want::Rows => ScalarValue::Int64(Some(i64::try_from(rows).ok()?)),
-            Want::Count(s) => ScalarValue::Int64(Some(i64::try_from(syn[*s].count).ok()?)),
-            Want::Sum(s) => sum(&syn[*s], ty)?,
-            Want::Avg(s) => avg(&syn[*s], ty)?,
-            Want::Min(s) => bound(&syn[*s], syn[*s].min, ty)?,
-            Want::Max(s) => bound(&syn[*s], syn[*s].max, ty)?,
-        };
-        if v.data_type() != *ty {
-            return None;
-        }
-        row.push(Expr::Literal(v, None));
-    }
-    Some(LogicalPlan::Values(Values {
-        schema: agg.schema.clone(),
-        values: vec![row],
-    }))
+/// An aggregate answered from synopses when it runs ([`SynopsisRule`]): a leaf of the plan
+/// that holds the aggregate it replaced, planned and run only when synopses cannot answer.
+#[derive(Debug, Clone)]
+pub struct SynopsisNode {
+    table: Arc<SluiceTable>,
+    wants: Vec<Want>,
+    /// The table's columns the aggregates read, each once.
+    columns: Vec<usize>,
+    filter: RowFilter,
+    schema: DFSchemaRef,
+    /// The aggregate this node replaced.
+    fallback: LogicalPlan,
+    /// What EXPLAIN shows; also what tells two nodes apart.
+    label: String,
 }
 
-/// The bounds `[lo, hi]` (microseconds) that `filters` put on the table's partition column,
-/// when they are nothing but such bounds (`ts >= '...'`, `ts > now() - INTERVAL '1 minute'`).
-fn time_bounds<'a>(def: &TableDef, filters: impl Iterator<Item = &'a Expr>) -> Option<(i64, i64)> {
-    let (mut lo, mut hi) = (i64::MIN, i64::MAX);
-    for e in filters.flat_map(split_conjunction) {
-        let f = row_filter(def, std::slice::from_ref(e));
-        let [(col, a, b)] = f.time[..] else {
-            return None;
-        };
-        if !f.equal.is_empty() || col != def.partition_column {
+impl PartialEq for SynopsisNode {
+    fn eq(&self, other: &Self) -> bool {
+        self.label == other.label && Arc::ptr_eq(&self.table, &other.table)
+    }
+}
+
+impl Eq for SynopsisNode {}
+
+impl std::hash::Hash for SynopsisNode {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.label.hash(state);
+    }
+}
+
+impl PartialOrd for SynopsisNode {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        self.label.partial_cmp(&other.label)
+    }
+}
+
+impl UserDefinedLogicalNodeCore for SynopsisNode {
+    fn name(&self) -> &str {
+        "SluiceSynopsis"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        Vec::new()
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        Vec::new()
+    }
+
+    fn fmt_for_explain(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "SluiceSynopsis: {}", self.label)
+    }
+
+    fn with_exprs_and_inputs(&self, _: Vec<Expr>, _: Vec<LogicalPlan>) -> DfResult<Self> {
+        Ok(self.clone())
+    }
+}
+
+impl SynopsisNode {
+    /// The node for `agg` (the plan `plan`), when synopses can answer an aggregate of its
+    /// shape.
+    fn try_new(agg: &Aggregate, plan: &LogicalPlan) -> Option<Self> {
+        if !agg.group_expr.is_empty() || agg.aggr_expr.is_empty() {
             return None;
         }
-        lo = lo.max(a);
-        hi = hi.min(b);
+        let mut input = agg.input.as_ref();
+        let mut filter = None;
+        loop {
+            input = match input {
+                LogicalPlan::SubqueryAlias(a) => a.input.as_ref(),
+                LogicalPlan::Projection(p)
+                    if p.expr.iter().all(|e| matches!(e, Expr::Column(_))) =>
+                {
+                    p.input.as_ref()
+                }
+                LogicalPlan::Filter(f) if filter.is_none() => {
+                    filter = Some(&f.predicate);
+                    f.input.as_ref()
+                }
+                _ => break,
+            };
+        }
+        let LogicalPlan::TableScan(scan) = input else {
+            return None;
+        };
+        if scan.fetch.is_some() {
+            return None;
+        }
+        let provider = source_as_provider(&scan.source).ok()?;
+        let table = provider.downcast_ref::<SluiceTable>()?;
+        let def = table.def();
+        let filters: Vec<&Expr> = filter.into_iter().chain(&scan.filters).collect();
+        let row_filter = exact_filter(&def, filters.iter().copied())?;
+        let schema = datafusion::datasource::TableProvider::schema(table);
+        let mut wants = Vec::new();
+        let mut columns: Vec<usize> = Vec::new();
+        for (e, field) in agg.aggr_expr.iter().zip(agg.schema.fields().iter()) {
+            let e = match e {
+                Expr::Alias(a) => a.expr.as_ref(),
+                e => e,
+            };
+            let Expr::AggregateFunction(AggregateFunction { func, params }) = e else {
+                return None;
+            };
+            if params.distinct || params.filter.is_some() || params.args.len() != 1 {
+                return None;
+            }
+            let name = func.name();
+            let arg = &params.args[0];
+            if name == "count" && matches!(arg, Expr::Literal(v, _) if !v.is_null()) {
+                wants.push(Want::Rows);
+                continue;
+            }
+            let c = def.column_index(column(arg, &schema)?)?;
+            let slot = match columns.iter().position(|x| *x == c) {
+                Some(i) => i,
+                None => {
+                    columns.push(c);
+                    columns.len() - 1
+                }
+            };
+            let want = match name {
+                "count" => Want::Count(slot),
+                "sum" => Want::Sum(slot),
+                "avg" => Want::Avg(slot),
+                "min" => Want::Min(slot),
+                "max" => Want::Max(slot),
+                _ => return None,
+            };
+            // An answer of this type can be given (checked on an empty synopsis, whose
+            // answer is a NULL of the same type).
+            let empty = vec![ColumnSynopsis::default(); slot + 1];
+            value(want, 0, &empty, field.data_type())?;
+            wants.push(want);
+        }
+        let aggregates: Vec<String> = (agg.aggr_expr.iter())
+            .map(|e| e.schema_name().to_string())
+            .collect();
+        let mut label = format!("{} [{}]", scan.table_name, aggregates.join(", "));
+        if !filters.is_empty() {
+            let shown: Vec<String> = filters.iter().map(|e| e.to_string()).collect();
+            label.push_str(&format!(" where {}", shown.join(" AND ")));
+        }
+        Some(Self {
+            table: Arc::new(table.clone()),
+            wants,
+            columns,
+            filter: row_filter,
+            schema: agg.schema.clone(),
+            fallback: plan.clone(),
+            label,
+        })
     }
-    Some((lo, hi))
+
+    /// The one-row answer from synopses, or `None` when they cannot give it now.
+    fn answer(&self) -> Option<RecordBatch> {
+        let (rows, syn) = self.table.synopsis_where(&self.columns, &self.filter)?;
+        let schema: SchemaRef = self.schema.inner().clone();
+        let mut columns = Vec::with_capacity(self.wants.len());
+        for (want, field) in self.wants.iter().zip(schema.fields().iter()) {
+            let v = value(*want, rows, &syn, field.data_type())?;
+            columns.push(v.to_array().ok()?);
+        }
+        RecordBatch::try_new(schema, columns).ok()
+    }
+
+    /// Plans and runs the aggregate this node replaced.
+    async fn fallback(&self, ctx: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
+        let state = SessionStateBuilder::new()
+            .with_config(ctx.session_config().clone())
+            .with_runtime_env(ctx.runtime_env())
+            .with_default_features()
+            .build();
+        let physical = (state.query_planner())
+            .create_physical_plan(&self.fallback, &state)
+            .await?;
+        datafusion::physical_plan::execute_stream(physical, ctx)
+    }
+}
+
+/// What `want` answers from a synopsis of `rows` rows, as a value of type `ty`; `None` when
+/// it cannot (a sum past the type, min/max of a column without order, another type).
+fn value(want: Want, rows: u64, syn: &[ColumnSynopsis], ty: &DataType) -> Option<ScalarValue> {
+    let v = match want {
+        Want::Rows => ScalarValue::Int64(Some(i64::try_from(rows).ok()?)),
+        Want::Count(s) => ScalarValue::Int64(Some(i64::try_from(syn.get(s)?.count).ok()?)),
+        Want::Sum(s) => sum(syn.get(s)?, ty)?,
+        Want::Avg(s) => avg(syn.get(s)?, ty)?,
+        Want::Min(s) => bound(syn.get(s)?, syn.get(s)?.min, ty)?,
+        Want::Max(s) => bound(syn.get(s)?, syn.get(s)?.max, ty)?,
+    };
+    (v.data_type() == *ty).then_some(v)
+}
+
+/// The [`RowFilter`] that is exactly `filters`, when each of them is a bound on the table's
+/// partition column (`ts >= '...'`, `ts > now() - INTERVAL '1 minute'`) or a string equality
+/// (`device = 'd-7'`, `device IN ('a', 'b')`).
+fn exact_filter<'a>(def: &TableDef, filters: impl Iterator<Item = &'a Expr>) -> Option<RowFilter> {
+    let mut out = RowFilter::default();
+    for e in filters.flat_map(split_conjunction) {
+        let f = row_filter(def, std::slice::from_ref(e));
+        match (&f.time[..], &f.equal[..]) {
+            ([(col, _, _)], []) if *col == def.partition_column => out.time.extend(f.time),
+            ([], [_]) => out.equal.extend(f.equal),
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// Plans Sluice's own nodes ([`SynopsisNode`]) and the rest as DataFusion does.
+#[derive(Debug)]
+pub struct SluiceQueryPlanner;
+
+#[async_trait]
+impl QueryPlanner for SluiceQueryPlanner {
+    async fn create_physical_plan(
+        &self,
+        plan: &LogicalPlan,
+        state: &dyn Session,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(SynopsisPlanner)])
+            .create_physical_plan(plan, state)
+            .await
+    }
+}
+
+struct SynopsisPlanner;
+
+#[async_trait]
+impl ExtensionPlanner for SynopsisPlanner {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        _physical_inputs: &[Arc<dyn ExecutionPlan>],
+        _state: &dyn Session,
+        _planning: &PhysicalPlanningContext,
+    ) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(node) = node.as_any().downcast_ref::<SynopsisNode>() else {
+            return Ok(None);
+        };
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(node.schema.inner().clone()),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        );
+        Ok(Some(Arc::new(SynopsisExec {
+            node: Arc::new(node.clone()),
+            properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        })))
+    }
+}
+
+/// Runs a [`SynopsisNode`]: its answer from synopses, else the aggregate it replaced.
+/// `EXPLAIN ANALYZE` counts which (`from_synopsis`, `from_scan`).
+#[derive(Debug)]
+pub struct SynopsisExec {
+    node: Arc<SynopsisNode>,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl DisplayAs for SynopsisExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "SluiceSynopsisExec: {}", self.node.label)
+    }
+}
+
+impl ExecutionPlan for SynopsisExec {
+    fn name(&self) -> &'static str {
+        "SluiceSynopsisExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        _partition: usize,
+        ctx: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let node = self.node.clone();
+        let schema = self.schema();
+        let from_synopsis = MetricBuilder::new(&self.metrics).global_counter("from_synopsis");
+        let from_scan = MetricBuilder::new(&self.metrics).global_counter("from_scan");
+        let out = schema.clone();
+        let schema_of_rows = schema.clone();
+        let batches = futures::stream::once(async move {
+            if let Some(batch) = node.answer() {
+                from_synopsis.add(1);
+                let one: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(
+                    batch.schema(),
+                    futures::stream::iter([Ok(batch)]),
+                ));
+                return Ok::<_, DataFusionError>(one);
+            }
+            from_scan.add(1);
+            let rows = node.fallback(ctx).await?;
+            // The aggregate's batches, under this node's schema.
+            let rows =
+                rows.map(move |b| Ok(RecordBatch::try_new(out.clone(), b?.columns().to_vec())?));
+            Ok(
+                Box::pin(RecordBatchStreamAdapter::new(schema_of_rows, rows))
+                    as SendableRecordBatchStream,
+            )
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+    }
 }
 
 fn null(ty: &DataType) -> Option<ScalarValue> {

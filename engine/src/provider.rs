@@ -22,7 +22,7 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::datasource::{MemTable, TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::utils::{conjunction, split_conjunction};
+use datafusion::logical_expr::utils::{conjunction, split_binary, split_conjunction};
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_expr::PhysicalExpr;
@@ -277,6 +277,27 @@ pub fn row_filter(def: &TableDef, filters: &[Expr]) -> RowFilter {
     };
     for e in filters.iter().flat_map(split_conjunction) {
         match e {
+            // A short IN list, as the optimizer writes it: `d = 'a' OR d = 'b'`.
+            Expr::BinaryExpr(BinaryExpr {
+                op: Operator::Or, ..
+            }) => {
+                let mut at = None;
+                let mut values = Vec::new();
+                let all = split_binary(e, Operator::Or).into_iter().all(|d| {
+                    let one = row_filter(def, std::slice::from_ref(d));
+                    match (&one.equal[..], &one.time[..]) {
+                        ([(c, v)], []) if at.is_none_or(|a| a == *c) => {
+                            at = Some(*c);
+                            values.extend(v.iter().cloned());
+                            true
+                        }
+                        _ => false,
+                    }
+                });
+                if let (true, Some(c)) = (all, at) {
+                    f.equal.push((c, values));
+                }
+            }
             Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
                 let (c, op, lit) = match (column(left), column(right)) {
                     (Some(c), None) => (c, *op, right.as_ref()),
@@ -498,18 +519,27 @@ impl SluiceTable {
         Ok(set)
     }
 
-    /// Like [`SluiceTable::synopsis`], over the rows whose partition column (a timestamp)
-    /// lies in `[lo, hi]` (microseconds, inclusive): files and chunks wholly inside from
-    /// their synopses, those wholly outside skipped, the rows of the others filtered (such a
-    /// file must be in the hot cache). `None` when that cannot be done: a file without
-    /// synopsis or time range, or one that straddles a bound and is not hot.
-    pub fn synopsis_within(
+    /// Row count and the synopses of `columns` over the rows of the partitions the `WHERE
+    /// PARTS` list admits that `filter` admits: bounds on the
+    /// partition column (a timestamp) and string equalities. Files and chunks wholly inside
+    /// the bounds, unfiltered otherwise, answer from their synopses; those wholly outside are
+    /// skipped; the others are filtered, from their chunk indexes where they have them (a
+    /// file then must be in the hot cache). `None` when that cannot be done: a file without
+    /// synopsis or time range, or one to filter that is not hot, or a bound on another
+    /// column.
+    pub fn synopsis_where(
         &self,
         columns: &[usize],
-        lo: i64,
-        hi: i64,
+        filter: &RowFilter,
     ) -> Option<(u64, Vec<ColumnSynopsis>)> {
         let col = self.def.partition_column;
+        let (mut lo, mut hi) = (i64::MIN, i64::MAX);
+        for &(c, a, b) in &filter.time {
+            if c != col {
+                return None;
+            }
+            (lo, hi) = (lo.max(a), hi.min(b));
+        }
         let key = |t: i64| self.def.partition.key(&Value::Timestamp(t));
         let keys = match self.def.partition.is_monotonic() && lo <= hi {
             true => KeyFilter {
@@ -530,11 +560,17 @@ impl SluiceTable {
         };
         for (_, p) in self.selected(&parts, &keys) {
             for f in &p.files {
-                let (a, b) = (f.min_time?, f.max_time?);
-                if b < lo || a > hi {
-                    continue;
-                }
-                if lo <= a && b <= hi {
+                let inside = match filter.time.is_empty() {
+                    true => true,
+                    false => {
+                        let (a, b) = (f.min_time?, f.max_time?);
+                        if b < lo || a > hi {
+                            continue;
+                        }
+                        lo <= a && b <= hi
+                    }
+                };
+                if inside && filter.equal.is_empty() {
                     let syn = f.synopsis.as_ref()?;
                     // Files older than an ADD COLUMN lack it: all NULL there.
                     let none = ColumnSynopsis::default();
@@ -546,41 +582,13 @@ impl SluiceTable {
                 }
                 for c in self.shared.hot.get(&f.path)? {
                     let widened = c.with_batch(crate::buffer::widen(&c.batch, &self.schema));
-                    let (n, syn) = widened.synopsis_within(columns, col, lo, hi)?;
+                    let (n, syn) = widened.synopsis_where(columns, filter)?;
                     add(n, &syn);
                 }
             }
             for c in p.unflushed_chunks(&self.schema) {
-                let (n, syn) = c.synopsis_within(columns, col, lo, hi)?;
+                let (n, syn) = c.synopsis_where(columns, filter)?;
                 add(n, &syn);
-            }
-        }
-        Some((rows, out))
-    }
-
-    /// Row count and the synopses of `columns` over every partition the `WHERE PARTS` list
-    /// admits: files from their stored synopses, buffered rows computed now. `None` if a
-    /// file has no synopsis.
-    pub fn synopsis(&self, columns: &[usize]) -> Option<(u64, Vec<ColumnSynopsis>)> {
-        let parts = self.state.parts.read();
-        let mut rows = 0;
-        let mut out = vec![ColumnSynopsis::default(); columns.len()];
-        for (_, p) in self.selected(&parts, &KeyFilter::all()) {
-            for f in &p.files {
-                let syn = f.synopsis.as_ref()?;
-                rows += f.rows;
-                for (o, c) in out.iter_mut().zip(columns) {
-                    // Files older than an ADD COLUMN lack it: all NULL there.
-                    if let Some(s) = syn.get(*c) {
-                        o.merge(s);
-                    }
-                }
-            }
-            for chunk in p.unflushed_chunks(&self.schema) {
-                rows += chunk.batch.num_rows() as u64;
-                for (o, c) in out.iter_mut().zip(columns) {
-                    o.merge(&chunk.synopsis(*c));
-                }
             }
         }
         Some((rows, out))

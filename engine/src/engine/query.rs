@@ -23,6 +23,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::ScalarValue;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext, SessionState};
+use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::reset_plan_states;
@@ -108,8 +109,8 @@ fn bounded_insert<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, limit: us
 }
 
 /// Whether an optimized plan can be run again as it is: not when the optimizer folded in a
-/// value of the moment (`now()` and other non-immutable functions), answered from synopses
-/// (a `Values` node), or when it is an EXPLAIN.
+/// value of the moment (`now()` and other non-immutable functions), or when it is an EXPLAIN.
+/// (Aggregates answered from synopses are computed when the plan runs.)
 fn reusable(plan: &LogicalPlan, optimized: &LogicalPlan) -> bool {
     use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
     use datafusion::logical_expr::Volatility;
@@ -134,8 +135,7 @@ fn reusable(plan: &LogicalPlan, optimized: &LogicalPlan) -> bool {
             .unwrap_or(true)
         })
     });
-    let values = any(optimized, &|node| matches!(node, LogicalPlan::Values(_)));
-    !moment && !values && !matches!(optimized, LogicalPlan::Explain(_) | LogicalPlan::Analyze(_))
+    !moment && !matches!(optimized, LogicalPlan::Explain(_) | LogicalPlan::Analyze(_))
 }
 
 /// Optimizes `plan` with `now()` read at this moment. A session's own clock is set once,
@@ -193,7 +193,12 @@ fn new_session(shared: &Arc<Shared>, database: &str, one_partition: bool) -> Ses
     if one_partition {
         cfg = cfg.with_target_partitions(1);
     }
-    let ctx = SessionContext::new_with_config(cfg);
+    let state = SessionStateBuilder::new()
+        .with_config(cfg)
+        .with_default_features()
+        .with_query_planner(Arc::new(crate::optimizer::SluiceQueryPlanner))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
     ctx.register_catalog(
         "sluice",
         Arc::new(SluiceCatalog {
@@ -520,22 +525,28 @@ mod tests {
 
     /// Runs `sql` and returns the in-memory rows its scan passed on (after the indexes).
     async fn memory_rows(e: &Engine, sql: &str) -> usize {
+        metric(e, sql, "SluiceScan", "memory_rows").await
+    }
+
+    /// Runs `sql` and returns the sum of the metric `name` of its nodes named `node`.
+    async fn metric(e: &Engine, sql: &str, node: &'static str, name: &'static str) -> usize {
         use datafusion::physical_plan::ExecutionPlan;
         let session = e.session("default", false).unwrap();
         let (planned, _) = e.plan(&session, "default", sql).await.unwrap();
-        let plan = session.state.optimize(&planned.plan).unwrap();
+        let plan = super::optimize(&session.state, &planned.plan).unwrap();
         let physical = session.state.create_physical_plan(&plan).await.unwrap();
         datafusion::physical_plan::collect(physical.clone(), session.task.clone())
             .await
             .unwrap();
-        fn scanned(p: &Arc<dyn ExecutionPlan>) -> usize {
-            let own = match p.name() {
-                "SluiceScan" => p.metrics().and_then(|m| m.sum_by_name("memory_rows")),
-                _ => None,
+        fn sum(p: &Arc<dyn ExecutionPlan>, node: &str, name: &str) -> usize {
+            let own = match p.name() == node {
+                true => p.metrics().and_then(|m| m.sum_by_name(name)),
+                false => None,
             };
-            own.map_or(0, |m| m.as_usize()) + p.children().into_iter().map(scanned).sum::<usize>()
+            let below = p.children().into_iter().map(|c| sum(c, node, name));
+            own.map_or(0, |m| m.as_usize()) + below.sum::<usize>()
         }
-        scanned(&physical)
+        sum(&physical, node, name)
     }
 
     /// `now()` is read when each query runs, not when the session was made: a row written
@@ -595,6 +606,52 @@ mod tests {
         }
     }
 
+    /// With no hot cache a flushed file cannot be filtered from chunk indexes: an aggregate
+    /// over one device then runs the scan it replaced, and gives the same answer; over whole
+    /// partitions the files' stored synopses still answer.
+    #[tokio::test]
+    async fn synopsis_falls_back_to_the_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = sluice_conf::Config {
+            data_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        };
+        config.query.hot_cache_bytes = 0;
+        let e: Arc<Engine> = Engine::open(config).await.unwrap();
+        e.execute("CREATE TABLE t.r (ts TIMESTAMP, device STRING, id STRING, temp DOUBLE) PARTITION BY ymdh(ts)")
+            .await
+            .unwrap();
+        write(&e, 0..5_000).await;
+        e.execute("FLUSH TABLE t.r").await.unwrap();
+        write(&e, 5_000..6_000).await;
+        let dev = |i: &usize| row(*i).1 == "dev-7";
+        let want: Vec<f64> = (0..6_000).filter(dev).map(|i| row(i).3).collect();
+        let sql = "SELECT count(*), sum(temp) FROM t.r WHERE device = 'dev-7'";
+        for small in [false, true] {
+            let (n, sum) = count_sum(&e, sql, small).await;
+            assert_eq!(n as usize, want.len());
+            assert!((sum.unwrap() - want.iter().sum::<f64>()).abs() < 1e-6);
+        }
+        let from = |sql, name| metric(&e, sql, "SluiceSynopsisExec", name);
+        assert_eq!(
+            (
+                from(sql, "from_synopsis").await,
+                from(sql, "from_scan").await
+            ),
+            (0, 1)
+        );
+        let all = "SELECT count(*), sum(temp) FROM t.r";
+        assert_eq!(count_sum(&e, all, false).await.0, 6_000);
+        assert_eq!(
+            (
+                from(all, "from_synopsis").await,
+                from(all, "from_scan").await
+            ),
+            (1, 0)
+        );
+        e.shutdown().await.unwrap();
+    }
+
     /// Every query answers as a filter over all rows would: in buffers (sealed chunks and
     /// the unsealed tail), in hot files, and from plans kept and run again after more rows.
     #[tokio::test]
@@ -639,6 +696,15 @@ mod tests {
             async move {
                 for (filter, pred) in &cases {
                     let want: Vec<f64> = (0..written).map(row).filter(pred).map(|r| r.3).collect();
+                    // Rows through the scan: the same rows.
+                    let sql = format!("SELECT count(*), sum(temp + 0) FROM t.r WHERE {filter}");
+                    let (n, _) = count_sum(&e, &sql, false).await;
+                    assert_eq!(
+                        n as usize,
+                        want.len(),
+                        "{filter} after {written} rows, scanned"
+                    );
+                    let want: Vec<f64> = (0..written).map(row).filter(pred).map(|r| r.3).collect();
                     let sql = format!("SELECT count(*), sum(temp) FROM t.r WHERE {filter}");
                     for small in [false, true] {
                         let (n, sum) = count_sum(&e, &sql, small).await;
@@ -656,10 +722,10 @@ mod tests {
         // 20,000 rows: two sealed chunks and an unsealed tail of one partition.
         write(&e, 0..20_000).await;
         check(20_000).await;
-        let dev7 = "SELECT count(*) FROM t.r WHERE device = 'dev-7'";
+        let dev7 = "SELECT temp FROM t.r WHERE device = 'dev-7'";
         let tail = 20_000 % crate::buffer::TAIL_ROWS;
         assert!(memory_rows(&e, dev7).await <= (20_000 - tail) / 50 + 1 + tail);
-        let nobody = "SELECT count(*) FROM t.r WHERE device = 'nobody'";
+        let nobody = "SELECT temp FROM t.r WHERE device = 'nobody'";
         assert_eq!(memory_rows(&e, nobody).await, tail);
         // The kept plans run again and see the rows written since (the second partition too).
         write(&e, 20_000..40_000).await;
@@ -672,7 +738,24 @@ mod tests {
         // A bound through now() (compared via a cast) skips every slice outside it.
         let recent = "SELECT count(*), sum(temp) FROM t.r WHERE ts > now() - INTERVAL '1 day'";
         assert_eq!(count_sum(&e, recent, true).await, (0, None));
+        let recent = "SELECT temp FROM t.r WHERE ts > now() - INTERVAL '1 day'";
         assert_eq!(memory_rows(&e, recent).await, 0);
+        // The counts above filtered only by equalities and time bounds were answered from
+        // synopses, flushed files (in the hot cache) included, not by the scan they fall back
+        // to; the others by a scan.
+        for (filter, _) in &cases {
+            let sql = format!("SELECT count(*), sum(temp) FROM t.r WHERE {filter}");
+            let from = |name| metric(&e, &sql, "SluiceSynopsisExec", name);
+            let want = match filter.contains("temp") || filter.contains("CAST") {
+                true => (0, 0),
+                false => (1, 0),
+            };
+            assert_eq!(
+                (from("from_synopsis").await, from("from_scan").await),
+                want,
+                "{sql}"
+            );
+        }
         e.shutdown().await.unwrap();
     }
 }
