@@ -681,7 +681,8 @@ async fn partition_pruning_skips_files() {
         .await;
     assert_eq!(files_in_plan(all), 4);
     let q = "FROM iot.readings WHERE ts >= '2024-05-01 11:00:00' AND ts < '2024-05-01 12:30:00'";
-    let pruned = s.rows(&format!("EXPLAIN SELECT count(*) {q}")).await;
+    // (Rows, not a count: a count is answered from synopses where it can be.)
+    let pruned = s.rows(&format!("EXPLAIN SELECT temp {q}")).await;
     assert_eq!(files_in_plan(pruned), 2, "hours 11 and 12 only");
     assert_eq!(s.count(&format!("SELECT count(*) {q}")).await, 3);
     // The same answer without pruning (the predicate hidden from the partition column).

@@ -10,12 +10,13 @@
 //! cannot match and takes only the matching rows of the others. The filters stay on the
 //! rows too (pushdown is inexact), so an index only ever removes rows that could not match.
 
-use crate::synopsis::ColumnSynopsis;
+use crate::synopsis::{ColumnSynopsis, Num};
 use datafusion::arrow::array::BooleanArray;
 use datafusion::arrow::array::UInt32Array;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::compute::{interleave_record_batch, take};
 use datafusion::arrow::datatypes::{DataType, TimeUnit, TimestampMicrosecondType};
+use datafusion::logical_expr::Operator;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
@@ -82,7 +83,7 @@ struct ColumnIndex {
     synopsis: OnceLock<ColumnSynopsis>,
     /// For an indexed string column: (value, other column) -> that column's synopsis over
     /// the rows holding the value.
-    per_value: parking_lot::Mutex<HashMap<(Box<str>, usize), ColumnSynopsis>>,
+    per_value: parking_lot::Mutex<HashMap<Box<str>, HashMap<usize, ColumnSynopsis>>>,
 }
 
 /// Rows kept in memory, immutable, with their index.
@@ -278,9 +279,14 @@ impl Chunk {
                 continue;
             };
             out.0 += rows.len() as u64;
+            // Looked up by `&str`: a key is allocated only the first time.
+            if !kept.contains_key(v.as_str()) {
+                kept.insert(Box::from(v.as_str()), HashMap::new());
+            }
+            let of_value = kept.get_mut(v.as_str()).expect("just inserted");
             for (o, c) in out.1.iter_mut().zip(columns) {
-                let syn = kept
-                    .entry((Box::from(v.as_str()), *c))
+                let syn = of_value
+                    .entry(*c)
                     .or_insert_with(|| self.synopses_at(&[*c], rows).remove(0));
                 o.merge(syn);
             }
@@ -306,12 +312,49 @@ pub struct RowFilter {
     pub equal: Vec<(usize, Vec<String>)>,
     /// `(column, lo, hi)`: microseconds, inclusive.
     pub time: Vec<(usize, i64, i64)>,
+    /// `(column, op, value)`: a number column compared with a number (`<`, `<=`, `>`,
+    /// `>=`, `=`). Rows are not picked by it, but a chunk whose synopsis (of the rows an
+    /// equality picks) rules it out is skipped: `device = 'd-7' AND temp < -40` reads
+    /// nothing while that device has no such reading.
+    pub value: Vec<(usize, Operator, Num)>,
 }
 
 impl RowFilter {
     /// True when the filter admits every row.
     pub fn is_empty(&self) -> bool {
-        self.equal.is_empty() && self.time.is_empty()
+        self.equal.is_empty() && self.time.is_empty() && self.value.is_empty()
+    }
+
+    /// Whether the synopsis of the rows of `chunk` that the equalities pick shows that no
+    /// row meets a number comparison.
+    fn rules_out(&self, chunk: &Chunk) -> bool {
+        self.value.iter().any(|&(col, op, v)| {
+            let syn = match &self.equal[..] {
+                [(eq, values)] if chunk.rows(*eq, &[]).is_some() => {
+                    chunk.per_value(&[col], *eq, values).1.remove(0)
+                }
+                _ => chunk.synopsis(col),
+            };
+            if syn.count == 0 {
+                // Every value NULL: no comparison is true.
+                return true;
+            }
+            let (Some(min), Some(max), true) = (syn.min, syn.max, syn.ordered) else {
+                return false;
+            };
+            let less = |a: Num, b: Num| match (a, b) {
+                (Num::Int(a), Num::Int(b)) => a < b,
+                _ => a.as_f64() < b.as_f64(),
+            };
+            match op {
+                Operator::Lt => !less(min, v),
+                Operator::LtEq => less(v, min),
+                Operator::Gt => !less(v, max),
+                Operator::GtEq => less(max, v),
+                Operator::Eq => less(v, min) || less(max, v),
+                _ => false,
+            }
+        })
     }
 
     /// Which rows of `chunk` may match, with the columns of `projection` (all when `None`).
@@ -332,6 +375,9 @@ impl RowFilter {
             {
                 return Pick::Nothing;
             }
+        }
+        if self.rules_out(chunk) {
+            return Pick::Nothing;
         }
         let mut rows: Option<Vec<u32>> = None;
         for (col, values) in &self.equal {
@@ -459,6 +505,7 @@ mod tests {
         let f = |values: &[&str]| RowFilter {
             equal: vec![(1, values.iter().map(|v| v.to_string()).collect())],
             time: vec![],
+            value: vec![],
         };
         assert_eq!(temps(&f(&["a"]).narrow(&c, None).unwrap()), vec![0.0, 3.0]);
         assert_eq!(
@@ -477,6 +524,7 @@ mod tests {
         let on_temp = RowFilter {
             equal: vec![(2, vec!["1".into()])],
             time: vec![],
+            value: vec![],
         };
         assert_eq!(on_temp.narrow(&c, None).unwrap().num_rows(), 5);
         // Rows still changing are never narrowed.
@@ -490,6 +538,7 @@ mod tests {
         let f = |lo, hi| RowFilter {
             equal: vec![],
             time: vec![(0, lo, hi)],
+            value: vec![],
         };
         assert!(f(201, i64::MAX).narrow(&c, None).is_none());
         assert!(f(i64::MIN, 99).narrow(&c, None).is_none());
@@ -498,8 +547,41 @@ mod tests {
         let both = RowFilter {
             equal: vec![(1, vec!["b".into()])],
             time: vec![(0, 150, 250)],
+            value: vec![],
         };
         assert_eq!(temps(&both.narrow(&c, None).unwrap()), vec![1.0]);
+    }
+
+    #[test]
+    fn number_bounds_skip_chunks_their_synopsis_rules_out() {
+        // temps 0..=4; device a holds 0, 3; b holds 1, 4.
+        let c = chunk(
+            &[Some("a"), Some("b"), None, Some("a"), Some("b")],
+            &[1, 2, 3, 4, 5],
+        );
+        let f = |device: Option<&str>, op, v: f64| RowFilter {
+            equal: device
+                .map(|d| (1, vec![d.to_string()]))
+                .into_iter()
+                .collect(),
+            time: vec![],
+            value: vec![(2, op, Num::Float(v))],
+        };
+        let skipped = |f: RowFilter| f.narrow(&c, None).is_none();
+        // Over the whole chunk.
+        assert!(skipped(f(None, Operator::Lt, 0.0)));
+        assert!(!skipped(f(None, Operator::LtEq, 0.0)));
+        assert!(skipped(f(None, Operator::Gt, 4.0)));
+        assert!(!skipped(f(None, Operator::GtEq, 4.0)));
+        assert!(skipped(f(None, Operator::Eq, 4.5)));
+        // Over one device's rows: a holds 0 and 3 only.
+        assert!(skipped(f(Some("a"), Operator::Gt, 3.0)));
+        assert_eq!(
+            temps(&f(Some("a"), Operator::GtEq, 3.0).narrow(&c, None).unwrap()),
+            vec![0.0, 3.0]
+        );
+        assert!(!skipped(f(Some("b"), Operator::Gt, 3.0)));
+        assert!(skipped(f(Some("z"), Operator::Gt, -1.0)));
     }
 
     #[test]
@@ -511,6 +593,7 @@ mod tests {
         let f = RowFilter {
             equal: vec![(1, vec!["id-3".into()])],
             time: vec![],
+            value: vec![],
         };
         // Not indexed: all rows pass on, the filter above the scan picks.
         assert_eq!(f.narrow(&c, None).unwrap().num_rows(), devices.len());

@@ -330,9 +330,9 @@ fn exact_filter<'a>(def: &TableDef, filters: impl Iterator<Item = &'a Expr>) -> 
     let mut out = RowFilter::default();
     for e in filters.flat_map(split_conjunction) {
         let f = row_filter(def, std::slice::from_ref(e));
-        match (&f.time[..], &f.equal[..]) {
-            ([(col, _, _)], []) if *col == def.partition_column => out.time.extend(f.time),
-            ([], [_]) => out.equal.extend(f.equal),
+        match (&f.time[..], &f.equal[..], &f.value[..]) {
+            ([(col, _, _)], [], []) if *col == def.partition_column => out.time.extend(f.time),
+            ([], [_], []) => out.equal.extend(f.equal),
             _ => return None,
         }
     }

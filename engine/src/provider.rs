@@ -283,10 +283,13 @@ pub fn row_filter(def: &TableDef, filters: &[Expr]) -> RowFilter {
             }) => {
                 let mut at = None;
                 let mut values = Vec::new();
+                // Each side exactly one equality on the same column, nothing else (`d = 'a'
+                // AND x` would read as `d = 'a'`: too wide for a synopsis).
                 let all = split_binary(e, Operator::Or).into_iter().all(|d| {
                     let one = row_filter(def, std::slice::from_ref(d));
-                    match (&one.equal[..], &one.time[..]) {
-                        ([(c, v)], []) if at.is_none_or(|a| a == *c) => {
+                    let single = split_conjunction(d).len() == 1;
+                    match (&one.equal[..], &one.time[..], &one.value[..], single) {
+                        ([(c, v)], [], [], true) if at.is_none_or(|a| a == *c) => {
                             at = Some(*c);
                             values.extend(v.iter().cloned());
                             true
@@ -308,6 +311,21 @@ pub fn row_filter(def: &TableDef, filters: &[Expr]) -> RowFilter {
                     _ => continue,
                 };
                 match c.1 {
+                    ColumnType::Int8
+                    | ColumnType::Int16
+                    | ColumnType::Int32
+                    | ColumnType::Int64
+                    | ColumnType::UInt8
+                    | ColumnType::UInt16
+                    | ColumnType::UInt32
+                    | ColumnType::UInt64
+                    | ColumnType::Float32
+                    | ColumnType::Float64 => {
+                        use Operator::*;
+                        if let (Some(n), Lt | LtEq | Gt | GtEq | Eq) = (number(lit), op) {
+                            f.value.push((c.0, op, n));
+                        }
+                    }
                     ColumnType::String if op == Operator::Eq => {
                         if let Some(v) = text(lit) {
                             f.equal.push((c.0, vec![v]));
@@ -353,6 +371,27 @@ pub fn row_filter(def: &TableDef, filters: &[Expr]) -> RowFilter {
         }
     }
     f
+}
+
+/// A number literal as a synopsis number (not NaN, which no synopsis bound orders).
+fn number(e: &Expr) -> Option<crate::synopsis::Num> {
+    use crate::synopsis::Num;
+    let Expr::Literal(v, _) = e else {
+        return None;
+    };
+    Some(match v {
+        ScalarValue::Int8(Some(v)) => Num::Int((*v).into()),
+        ScalarValue::Int16(Some(v)) => Num::Int((*v).into()),
+        ScalarValue::Int32(Some(v)) => Num::Int((*v).into()),
+        ScalarValue::Int64(Some(v)) => Num::Int((*v).into()),
+        ScalarValue::UInt8(Some(v)) => Num::Int((*v).into()),
+        ScalarValue::UInt16(Some(v)) => Num::Int((*v).into()),
+        ScalarValue::UInt32(Some(v)) => Num::Int((*v).into()),
+        ScalarValue::UInt64(Some(v)) => Num::Int((*v).into()),
+        ScalarValue::Float32(Some(v)) if !v.is_nan() => Num::Float((*v).into()),
+        ScalarValue::Float64(Some(v)) if !v.is_nan() => Num::Float(*v),
+        _ => return None,
+    })
 }
 
 /// The value one unit (1 microsecond, 1) after (`delta` 1) or before (-1) `v`; `None` past
