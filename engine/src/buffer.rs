@@ -374,14 +374,14 @@ impl PartitionBuffer {
     }
 
     /// Takes every row out (for a flush), leaving the buffer empty.
-    pub fn take(&mut self) -> Vec<RecordBatch> {
+    pub fn take(&mut self) -> Vec<Chunk> {
         self.seal();
         let schema = self.schema.clone();
         let sealed = std::mem::take(&mut self.sealed);
         self.reset();
         sealed
             .into_iter()
-            .map(|c| widen(&c.batch, &schema))
+            .map(|c| c.with_batch(widen(&c.batch, &schema)))
             .collect()
     }
 
@@ -474,7 +474,7 @@ mod tests {
         assert_eq!((b.min_lsn, b.max_lsn), (1, 99_999));
         let taken = b.take();
         assert_eq!(
-            taken.iter().map(|b| b.num_rows()).sum::<usize>(),
+            taken.iter().map(|c| c.batch.num_rows()).sum::<usize>(),
             SEAL_ROWS + 11
         );
         assert!(b.is_empty() && b.snapshot(&schema3).is_empty());

@@ -170,12 +170,6 @@ impl Chunk {
     ) -> Option<(u64, Vec<ColumnSynopsis>)> {
         let none = || (0, vec![ColumnSynopsis::default(); columns.len()]);
         let mut mask: Option<BooleanArray> = None;
-        let mut and = |m: BooleanArray| {
-            mask = Some(match mask.take() {
-                Some(before) => datafusion::arrow::compute::and(&before, &m).expect("same length"),
-                None => m,
-            });
-        };
         for &(col, lo, hi) in &filter.time {
             let array = self.batch.columns().get(col)?;
             let DataType::Timestamp(TimeUnit::Microsecond, _) = array.data_type() else {
@@ -199,16 +193,23 @@ impl Chunk {
                 continue;
             }
             let inside = BooleanArray::from_unary(ts, |t| lo <= t && t <= hi);
-            and(match ts.nulls() {
-                Some(n) => BooleanArray::new(inside.values() & n.inner(), None),
-                None => inside,
-            });
+            and_into(
+                &mut mask,
+                match ts.nulls() {
+                    Some(n) => BooleanArray::new(inside.values() & n.inner(), None),
+                    None => inside,
+                },
+            );
+        }
+        // One equality on an indexed column, no time mask: from the per-value synopses.
+        if let ([(col, values)], None) = (&filter.equal[..], &mask)
+            && self.indexed(*col)
+        {
+            return Some(self.per_value(columns, *col, values));
         }
         let mut rows: Option<Vec<u32>> = None;
-        let mut indexed = 0;
         for (col, values) in &filter.equal {
             if let Some(found) = self.rows(*col, values) {
-                indexed += 1;
                 rows = Some(match rows {
                     Some(before) => intersect(&before, &found),
                     None => found,
@@ -220,12 +221,14 @@ impl Chunk {
                 return None;
             }
             let strings = array.as_string::<i32>();
-            and(BooleanArray::from_iter(strings.iter().map(|s| {
-                Some(s.is_some_and(|s| values.iter().any(|v| v == s)))
-            })));
-        }
-        if let ([(col, values)], 1, None) = (&filter.equal[..], indexed, &mask) {
-            return Some(self.per_value(columns, *col, values));
+            and_into(
+                &mut mask,
+                BooleanArray::from_iter(
+                    strings
+                        .iter()
+                        .map(|s| Some(s.is_some_and(|s| values.iter().any(|v| v == s)))),
+                ),
+            );
         }
         let rows: Vec<u32> = match (rows, &mask) {
             (None, None) => {
@@ -294,6 +297,13 @@ impl Chunk {
         out
     }
 
+    /// Whether string column `col` has a value index (built now if not yet).
+    fn indexed(&self, col: usize) -> bool {
+        self.column(col).is_some_and(|(index, array)| {
+            (index.values.get_or_init(|| ValueIndex::build(array))).is_some()
+        })
+    }
+
     /// Positions of the rows whose `col` is one of `values`, or `None` when that column is
     /// not indexed.
     fn rows(&self, col: usize, values: &[String]) -> Option<Vec<u32>> {
@@ -301,6 +311,14 @@ impl Chunk {
         let values_index = index.values.get_or_init(|| ValueIndex::build(array));
         Some(values_index.as_ref()?.rows(values))
     }
+}
+
+/// `mask` narrowed by `m` (rows in both).
+fn and_into(mask: &mut Option<BooleanArray>, m: BooleanArray) {
+    *mask = Some(match mask.take() {
+        Some(before) => datafusion::arrow::compute::and(&before, &m).expect("same length"),
+        None => m,
+    });
 }
 
 /// Predicates a scan can answer from chunk indexes: string columns equal to one of a few
@@ -330,7 +348,7 @@ impl RowFilter {
     fn rules_out(&self, chunk: &Chunk) -> bool {
         self.value.iter().any(|&(col, op, v)| {
             let syn = match &self.equal[..] {
-                [(eq, values)] if chunk.rows(*eq, &[]).is_some() => {
+                [(eq, values)] if chunk.indexed(*eq) => {
                     chunk.per_value(&[col], *eq, values).1.remove(0)
                 }
                 _ => chunk.synopsis(col),

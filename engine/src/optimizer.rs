@@ -18,22 +18,26 @@ use crate::chunk::RowFilter;
 use crate::provider::{SluiceTable, row_filter};
 use crate::synopsis::{ColumnSynopsis, Num};
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use datafusion::arrow::datatypes::{DataType, SchemaRef, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
-use datafusion::common::{DFSchemaRef, ScalarValue};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DFSchema, DFSchemaRef, ScalarValue};
 use datafusion::datasource::source_as_provider;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::Volatility;
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::simplify::SimplifyContext;
 use datafusion::logical_expr::utils::split_conjunction;
 use datafusion::logical_expr::{
     Aggregate, Expr, Extension, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
 };
+use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -134,6 +138,8 @@ pub struct SynopsisNode {
     /// The table's columns the aggregates read, each once.
     columns: Vec<usize>,
     filter: RowFilter,
+    /// Filters that read the clock (`ts > now() - INTERVAL '30 seconds'`), bound each run.
+    unbound: Option<Unbound>,
     schema: DFSchemaRef,
     /// The aggregate this node replaced.
     fallback: LogicalPlan,
@@ -221,8 +227,20 @@ impl SynopsisNode {
         let table = provider.downcast_ref::<SluiceTable>()?;
         let def = table.def();
         let filters: Vec<&Expr> = filter.into_iter().chain(&scan.filters).collect();
-        let row_filter = exact_filter(&def, filters.iter().copied())?;
         let schema = datafusion::datasource::TableProvider::schema(table);
+        let (row_filter, unbound) = match filters.iter().any(|e| of_the_moment(e)) {
+            false => (exact_filter(&def, filters.iter().copied())?, None),
+            true => {
+                let qualified =
+                    DFSchema::try_from_qualified_schema(scan.table_name.clone(), &schema);
+                let unbound = Unbound {
+                    filters: filters.iter().map(|e| (*e).clone()).collect(),
+                    schema: Arc::new(qualified.ok()?),
+                };
+                // Bound once now, to see that it is a filter synopses answer.
+                (unbound.bind(&def, chrono::Utc::now())?, Some(unbound))
+            }
+        };
         let mut wants = Vec::new();
         let mut columns: Vec<usize> = Vec::new();
         for (e, field) in agg.aggr_expr.iter().zip(agg.schema.fields().iter()) {
@@ -277,15 +295,25 @@ impl SynopsisNode {
             wants,
             columns,
             filter: row_filter,
+            unbound,
             schema: agg.schema.clone(),
             fallback: plan.clone(),
             label,
         })
     }
 
-    /// The one-row answer from synopses, or `None` when they cannot give it now.
-    fn answer(&self) -> Option<RecordBatch> {
-        let (rows, syn) = self.table.synopsis_where(&self.columns, &self.filter)?;
+    /// The one-row answer from synopses with the clock at `now`, or `None` when they cannot
+    /// give it.
+    fn answer(&self, now: DateTime<Utc>) -> Option<RecordBatch> {
+        let bound;
+        let filter = match &self.unbound {
+            Some(u) => {
+                bound = u.bind(&self.table.def(), now)?;
+                &bound
+            }
+            None => &self.filter,
+        };
+        let (rows, syn) = self.table.synopsis_where(&self.columns, filter)?;
         let schema: SchemaRef = self.schema.inner().clone();
         let mut columns = Vec::with_capacity(self.wants.len());
         for (want, field) in self.wants.iter().zip(schema.fields().iter()) {
@@ -295,15 +323,27 @@ impl SynopsisNode {
         RecordBatch::try_new(schema, columns).ok()
     }
 
-    /// Plans and runs the aggregate this node replaced.
-    async fn fallback(&self, ctx: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
-        let state = SessionStateBuilder::new()
+    /// Plans and runs the aggregate this node replaced, with the clock at `now`.
+    async fn fallback(
+        &self,
+        ctx: Arc<TaskContext>,
+        now: DateTime<Utc>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let mut state = SessionStateBuilder::new()
             .with_config(ctx.session_config().clone())
             .with_runtime_env(ctx.runtime_env())
             .with_default_features()
             .build();
+        let plan = match self.unbound {
+            // Optimized again, to fold the clock in (and prune by it).
+            Some(_) => {
+                state.execution_props_mut().query_execution_start_time = Some(now);
+                state.optimize(&self.fallback)?
+            }
+            None => self.fallback.clone(),
+        };
         let physical = (state.query_planner())
-            .create_physical_plan(&self.fallback, &state)
+            .create_physical_plan(&plan, &state)
             .await?;
         datafusion::physical_plan::execute_stream(physical, ctx)
     }
@@ -321,6 +361,37 @@ fn value(want: Want, rows: u64, syn: &[ColumnSynopsis], ty: &DataType) -> Option
         Want::Max(s) => bound(syn.get(s)?, syn.get(s)?.max, ty)?,
     };
     (v.data_type() == *ty).then_some(v)
+}
+
+/// Filters that read the clock, with the schema their columns are named in.
+#[derive(Debug, Clone)]
+struct Unbound {
+    filters: Vec<Expr>,
+    schema: DFSchemaRef,
+}
+
+impl Unbound {
+    /// The filters with the clock at `now`, as a [`RowFilter`] (`None` if they are not one).
+    fn bind(&self, def: &TableDef, now: DateTime<Utc>) -> Option<RowFilter> {
+        let context = SimplifyContext::builder()
+            .with_schema(self.schema.clone())
+            .with_query_execution_start_time(Some(now))
+            .build();
+        let simplifier = ExprSimplifier::new(context);
+        let bound: Vec<Expr> = (self.filters.iter())
+            .map(|e| simplifier.simplify(e.clone()).ok())
+            .collect::<Option<_>>()?;
+        exact_filter(def, bound.iter())
+    }
+}
+
+/// Whether `e` calls a function that is not immutable (`now()`).
+fn of_the_moment(e: &Expr) -> bool {
+    e.exists(|e| {
+        Ok(matches!(e, Expr::ScalarFunction(f)
+            if f.func.signature().volatility != Volatility::Immutable))
+    })
+    .unwrap_or(true)
 }
 
 /// The [`RowFilter`] that is exactly `filters`, when each of them is a bound on the table's
@@ -444,7 +515,8 @@ impl ExecutionPlan for SynopsisExec {
         let out = schema.clone();
         let schema_of_rows = schema.clone();
         let batches = futures::stream::once(async move {
-            if let Some(batch) = node.answer() {
+            let now = Utc::now();
+            if let Some(batch) = node.answer(now) {
                 from_synopsis.add(1);
                 let one: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(
                     batch.schema(),
@@ -453,7 +525,7 @@ impl ExecutionPlan for SynopsisExec {
                 return Ok::<_, DataFusionError>(one);
             }
             from_scan.add(1);
-            let rows = node.fallback(ctx).await?;
+            let rows = node.fallback(ctx, now).await?;
             // The aggregate's batches, under this node's schema.
             let rows =
                 rows.map(move |b| Ok(RecordBatch::try_new(out.clone(), b?.columns().to_vec())?));

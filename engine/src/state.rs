@@ -18,8 +18,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Rows taken out of a buffer for a flush; queries see them until the file replaces them.
 #[derive(Debug)]
 pub struct Frozen {
-    /// The rows.
-    pub batches: Vec<RecordBatch>,
+    /// The rows, as the buffer's sealed chunks (their indexes kept: queries still read
+    /// them while the file is written).
+    pub chunks: Vec<Chunk>,
     /// Row count.
     pub rows: usize,
     /// Approximate bytes.
@@ -86,8 +87,8 @@ impl Partition {
     /// The same rows as [`Partition::unflushed_batches`], as chunks (for a scan, which can
     /// use the sealed chunks' indexes).
     pub fn unflushed_chunks(&self, schema: &SchemaRef) -> Vec<Chunk> {
-        let frozen = self.frozen.iter().flat_map(|f| f.batches.iter());
-        let widened = frozen.map(|b| Chunk::plain(crate::buffer::widen(b, schema)));
+        let frozen = self.frozen.iter().flat_map(|f| f.chunks.iter());
+        let widened = frozen.map(|c| c.with_batch(crate::buffer::widen(&c.batch, schema)));
         let mut out: Vec<Chunk> = widened.collect();
         out.extend(self.buffer.chunks(schema));
         for s in self.shards.values() {

@@ -152,7 +152,7 @@ impl Engine {
                         p.buffer.time_range,
                     );
                     let f = Arc::new(Frozen {
-                        batches: p.buffer.take(),
+                        chunks: p.buffer.take(),
                         rows,
                         bytes,
                         min_lsn,
@@ -167,7 +167,8 @@ impl Engine {
         // Encoded against the current schema, the one `time_column` indexes (frozen rows
         // may predate an ALTER).
         let stem = format!("{:020}", frozen.max_lsn);
-        let meta = (self.write_file(t, key, &stem, frozen.batches.clone())).await?;
+        let batches = frozen.chunks.iter().map(|c| c.batch.clone()).collect();
+        let meta = (self.write_file(t, key, &stem, batches)).await?;
         let rows = meta.rows;
         self.change_manifest(m, |next| {
             let pm = next.partition(def.id, key);

@@ -67,12 +67,15 @@ struct Reusable {
     planned: Planned,
     physical: Option<Arc<dyn ExecutionPlan>>,
     result: Option<CachedResult>,
+    /// Whether its answer depends only on the tables (not on `now()`): only then is a
+    /// result kept.
+    timeless: bool,
 }
 
 impl Reusable {
     /// The kept result, if no table it read has changed since.
     fn result(&self) -> Option<QueryOutput> {
-        let r = self.result.as_ref()?;
+        let r = self.result.as_ref().filter(|_| self.timeless)?;
         let tables = &self.planned.tables;
         let unchanged = tables.len() == r.changes.len()
             && tables
@@ -97,6 +100,9 @@ pub(super) struct Planner {
     /// reads nothing that changes between runs, with its last small result, valid while no
     /// table it reads has changed (an alert query polled with no new rows is not recomputed).
     reusable: Mutex<HashMap<(String, String, String), Reusable>>,
+    /// Queries (keyed as `reusable`) with values of the moment that cannot be kept: they
+    /// are optimized with the time of each run (catalog version as value).
+    per_run: Mutex<HashMap<(String, String, String), u64>>,
 }
 
 /// Inserts into a bounded cache: past `limit` entries it is emptied and refills with what is
@@ -108,40 +114,44 @@ fn bounded_insert<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, limit: us
     map.insert(k, v);
 }
 
-/// Whether an optimized plan can be run again as it is: not when the optimizer folded in a
-/// value of the moment (`now()` and other non-immutable functions), or when it is an EXPLAIN.
-/// (Aggregates answered from synopses are computed when the plan runs.)
-fn reusable(plan: &LogicalPlan, optimized: &LogicalPlan) -> bool {
+/// Whether `plan` reads a value of the moment: calls a function that is not immutable
+/// (`now()`, `random()`), which optimizing folds into the plan or which must be evaluated
+/// each run. (Synopsis nodes read the clock when they run and show no expressions.)
+fn of_the_moment(plan: &LogicalPlan) -> bool {
     use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
     use datafusion::logical_expr::Volatility;
-    let any = |p: &LogicalPlan, test: &dyn Fn(&LogicalPlan) -> bool| {
-        let mut found = false;
-        let walked = p.apply_with_subqueries(|node| {
-            found |= test(node);
-            Ok(if found {
-                TreeNodeRecursion::Stop
-            } else {
-                TreeNodeRecursion::Continue
-            })
-        });
-        found || walked.is_err()
-    };
-    let moment = any(plan, &|node| {
-        node.expressions().iter().any(|e| {
+    let mut found = false;
+    let walked = plan.apply_with_subqueries(|node| {
+        found |= node.expressions().iter().any(|e| {
             e.exists(|e| {
                 Ok(matches!(e, Expr::ScalarFunction(f)
                     if f.func.signature().volatility != Volatility::Immutable))
             })
             .unwrap_or(true)
+        });
+        Ok(if found {
+            TreeNodeRecursion::Stop
+        } else {
+            TreeNodeRecursion::Continue
         })
     });
-    !moment && !matches!(optimized, LogicalPlan::Explain(_) | LogicalPlan::Analyze(_))
+    found || walked.is_err()
 }
 
 /// Optimizes `plan` with `now()` read at this moment. A session's own clock is set once,
 /// when the session is made, and sessions live as long as the engine: optimizing through
 /// [`SessionState::optimize`] would give every query the same `now()`.
 fn optimize(state: &SessionState, plan: &LogicalPlan) -> Result<LogicalPlan> {
+    optimize_at(state, plan, Some(chrono::Utc::now()))
+}
+
+/// Optimizes `plan` with `now()` as `now`, or left unfolded when `None` (for a plan kept and
+/// run again: its synopsis nodes then read the clock each run).
+fn optimize_at(
+    state: &SessionState,
+    plan: &LogicalPlan,
+    now: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<LogicalPlan> {
     if matches!(plan, LogicalPlan::Explain(_)) {
         // EXPLAIN records each rule's output; rare enough to pay for a copy of the state.
         let mut state = state.clone();
@@ -151,22 +161,19 @@ fn optimize(state: &SessionState, plan: &LogicalPlan) -> Result<LogicalPlan> {
     }
     let analyzed =
         (state.analyzer()).execute_and_check(plan.clone(), state.config_options(), |_, _| {})?;
-    let clock = Clock {
-        state,
-        now: chrono::Utc::now(),
-    };
+    let clock = Clock { state, now };
     Ok(state.optimizer().optimize(analyzed, &clock, |_, _| {})?)
 }
 
 /// The session's optimizer settings with the time of this query.
 struct Clock<'a> {
     state: &'a SessionState,
-    now: chrono::DateTime<chrono::Utc>,
+    now: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl datafusion::optimizer::OptimizerConfig for Clock<'_> {
     fn query_execution_start_time(&self) -> Option<chrono::DateTime<chrono::Utc>> {
-        Some(self.now)
+        self.now
     }
 
     fn alias_generator(&self) -> &Arc<datafusion::common::alias::AliasGenerator> {
@@ -257,11 +264,11 @@ impl Engine {
             .filter(|r| r.version == version)
             .map(|r| {
                 let hit = (!options.no_result_cache).then(|| r.result()).flatten();
-                (r.planned.clone(), r.physical.clone(), hit)
+                (r.planned.clone(), r.physical.clone(), hit, r.timeless)
             });
-        let (optimized, reuse, physical) = match reused {
-            Some((_, _, Some(hit))) => return Ok(hit),
-            Some((planned, physical, None)) => (planned, true, physical),
+        let (optimized, reuse, timeless, physical) = match reused {
+            Some((_, _, Some(hit), _)) => return Ok(hit),
+            Some((planned, physical, None, timeless)) => (planned, true, timeless, physical),
             None => {
                 let cached = (self.planner.plans.lock().get(&key))
                     .filter(|(v, _)| *v == version)
@@ -293,17 +300,40 @@ impl Engine {
                     },
                 };
                 let plan = bind(planned.plan, &options.params)?;
+                let explain = matches!(plan, LogicalPlan::Explain(_) | LogicalPlan::Analyze(_));
+                let timeless = !of_the_moment(&plan);
+                let mut reuse = cacheable && !explain && timeless;
+                // A plan whose values of the moment (`now()`) all went into synopsis nodes,
+                // which read the clock when they run, is kept too: optimized with `now()`
+                // unbound. Its results are not kept. Tried once per query text.
+                let mut unbound = None;
+                let tried = |p: &Planner| p.per_run.lock().get(&okey) == Some(&version);
+                if cacheable && !explain && !timeless && !tried(&self.planner) {
+                    let p = optimize_at(&session.state, &plan, None)?;
+                    match of_the_moment(&p) {
+                        false => (unbound, reuse) = (Some(p), true),
+                        true => bounded_insert(
+                            &mut self.planner.per_run.lock(),
+                            CACHED_PLANS,
+                            okey.clone(),
+                            version,
+                        ),
+                    }
+                }
                 let optimized = Planned {
-                    plan: optimize(&session.state, &plan)?,
+                    plan: match unbound {
+                        Some(p) => p,
+                        None => optimize(&session.state, &plan)?,
+                    },
                     tables: planned.tables,
                 };
-                let reuse = cacheable && reusable(&plan, &optimized.plan);
                 if reuse {
                     let entry = Reusable {
                         version,
                         planned: optimized.clone(),
                         physical: None,
                         result: None,
+                        timeless,
                     };
                     bounded_insert(
                         &mut self.planner.reusable.lock(),
@@ -312,7 +342,7 @@ impl Engine {
                         entry,
                     );
                 }
-                (optimized, reuse, None)
+                (optimized, reuse, timeless, None)
             }
         };
         // Read before running: a change that lands meanwhile makes the kept result stale.
@@ -337,7 +367,7 @@ impl Engine {
         };
         let schema = physical.schema();
         let mut stream = datafusion::physical_plan::execute_stream(physical, session.task.clone())?;
-        if !reuse || options.no_result_cache {
+        if !reuse || !timeless || options.no_result_cache {
             return Ok(QueryOutput { schema, stream });
         }
         let mut batches = Vec::new();
@@ -510,9 +540,14 @@ mod tests {
 
     /// count and sum of `temp` over the query's rows.
     async fn count_sum(e: &Engine, sql: &str, small: bool) -> (i64, Option<f64>) {
+        count_sum_with(e, sql, small, true).await
+    }
+
+    /// [`count_sum`], with kept results allowed or not.
+    async fn count_sum_with(e: &Engine, sql: &str, small: bool, fresh: bool) -> (i64, Option<f64>) {
         let options = QueryOptions {
             small,
-            no_result_cache: true,
+            no_result_cache: fresh,
             ..Default::default()
         };
         let out = Database::query(e, sql, &options).await.unwrap();
@@ -587,23 +622,27 @@ mod tests {
         )
         .await
         .unwrap();
-        // Answered from synopses, from a scan (`v` is not aggregated plainly), and as a kept
-        // plan would be: each sees the window move.
-        let sqls = [
-            "SELECT count(*), sum(v) FROM t.n WHERE ts > now() - INTERVAL '1 second'",
-            "SELECT count(*), sum(v + 0) FROM t.n WHERE ts > now() - INTERVAL '1 second'",
-        ];
-        for sql in sqls {
-            for small in [false, true] {
-                assert_eq!(count_sum(&e, sql, small).await, (1, Some(1.5)), "{sql}");
+        // Answered from synopses (a plan kept, its synopsis node reading the clock each run),
+        // and from a scan (`v` is not aggregated plainly: optimized each run), with kept
+        // results allowed or not: each sees the window move.
+        let kept = "SELECT count(*), sum(v) FROM t.n WHERE ts > now() - INTERVAL '1 second'";
+        let per_run = "SELECT count(*), sum(v + 0) FROM t.n WHERE ts > now() - INTERVAL '1 second'";
+        for (i, want) in [(1, Some(1.5)), (0, None)].into_iter().enumerate() {
+            if i == 1 {
+                tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+            }
+            for sql in [kept, per_run] {
+                for small in [false, true] {
+                    for fresh in [false, true] {
+                        let got = count_sum_with(&e, sql, small, fresh).await;
+                        assert_eq!(got, want, "{sql}");
+                    }
+                }
             }
         }
-        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-        for sql in sqls {
-            for small in [false, true] {
-                assert_eq!(count_sum(&e, sql, small).await, (0, None), "{sql}");
-            }
-        }
+        let is_kept = |sql: &str| (e.planner.reusable.lock().keys()).any(|k| k.1 == sql);
+        assert!(is_kept(kept));
+        assert!(!is_kept(per_run));
     }
 
     /// With no hot cache a flushed file cannot be filtered from chunk indexes: an aggregate
@@ -637,6 +676,16 @@ mod tests {
             (
                 from(sql, "from_synopsis").await,
                 from(sql, "from_scan").await
+            ),
+            (0, 1)
+        );
+        // The same with a bound through now(): bound to the run's time in the scan too.
+        let recent = "SELECT count(*), sum(temp) FROM t.r WHERE device = 'dev-7' AND ts > now() - INTERVAL '100000 days'";
+        assert_eq!(count_sum(&e, recent, true).await.0 as usize, want.len());
+        assert_eq!(
+            (
+                from(recent, "from_synopsis").await,
+                from(recent, "from_scan").await
             ),
             (0, 1)
         );
