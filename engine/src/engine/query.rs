@@ -525,6 +525,25 @@ mod tests {
         (ts, device, format!("r-{i}"), (i % 1000) as f64 / 10.0)
     }
 
+    /// The table [`write`] fills.
+    const READINGS: &str = "CREATE TABLE t.r (ts TIMESTAMP, device STRING, id STRING, temp DOUBLE) PARTITION BY ymdh(ts)";
+
+    /// An engine in a new directory (kept while the first value lives) with `ddl` run, and
+    /// the hot cache of that size, if given.
+    async fn engine(ddl: &str, hot_cache: Option<usize>) -> (tempfile::TempDir, Arc<Engine>) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = sluice_conf::Config {
+            data_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        };
+        if let Some(bytes) = hot_cache {
+            config.query.hot_cache_bytes = bytes;
+        }
+        let e: Arc<Engine> = Engine::open(config).await.unwrap();
+        e.execute(ddl).await.unwrap();
+        (dir, e)
+    }
+
     async fn write(e: &Engine, rows: std::ops::Range<usize>) {
         let def = e.table("t", "r").unwrap();
         let body: String = rows
@@ -588,15 +607,11 @@ mod tests {
     /// at the current time leaves a one-second window once that second has passed.
     #[tokio::test]
     async fn now_is_the_time_of_each_query() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = sluice_conf::Config {
-            data_dir: dir.path().to_path_buf(),
-            ..Default::default()
-        };
-        let e: Arc<Engine> = Engine::open(config).await.unwrap();
-        e.execute("CREATE TABLE t.n (ts TIMESTAMP, v DOUBLE) PARTITION BY ymdh(ts)")
-            .await
-            .unwrap();
+        let (_dir, e) = engine(
+            "CREATE TABLE t.n (ts TIMESTAMP, v DOUBLE) PARTITION BY ymdh(ts)",
+            None,
+        )
+        .await;
         let now = |e: Arc<Engine>| async move {
             let out = Database::query(&*e, "SELECT now()", &QueryOptions::default())
                 .await
@@ -650,16 +665,7 @@ mod tests {
     /// partitions the files' stored synopses still answer.
     #[tokio::test]
     async fn synopsis_falls_back_to_the_scan() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = sluice_conf::Config {
-            data_dir: dir.path().to_path_buf(),
-            ..Default::default()
-        };
-        config.query.hot_cache_bytes = 0;
-        let e: Arc<Engine> = Engine::open(config).await.unwrap();
-        e.execute("CREATE TABLE t.r (ts TIMESTAMP, device STRING, id STRING, temp DOUBLE) PARTITION BY ymdh(ts)")
-            .await
-            .unwrap();
+        let (_dir, e) = engine(READINGS, Some(0)).await;
         write(&e, 0..5_000).await;
         e.execute("FLUSH TABLE t.r").await.unwrap();
         write(&e, 5_000..6_000).await;
@@ -705,15 +711,7 @@ mod tests {
     /// the unsealed tail), in hot files, and from plans kept and run again after more rows.
     #[tokio::test]
     async fn indexed_chunks_and_kept_plans_give_every_matching_row() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = sluice_conf::Config {
-            data_dir: dir.path().to_path_buf(),
-            ..Default::default()
-        };
-        let e: Arc<Engine> = Engine::open(config).await.unwrap();
-        e.execute("CREATE TABLE t.r (ts TIMESTAMP, device STRING, id STRING, temp DOUBLE) PARTITION BY ymdh(ts)")
-            .await
-            .unwrap();
+        let (_dir, e) = engine(READINGS, None).await;
         type Pred = fn(&(String, String, String, f64)) -> bool;
         let cases: Vec<(&str, Pred)> = vec![
             ("device = 'dev-7'", |r| r.1 == "dev-7"),
