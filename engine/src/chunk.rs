@@ -17,7 +17,7 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatc
 use datafusion::arrow::compute::{interleave_record_batch, take};
 use datafusion::arrow::datatypes::{DataType, TimeUnit, TimestampMicrosecondType};
 use datafusion::logical_expr::Operator;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 /// A column is indexed only while it has at most one distinct value per this many rows (and
@@ -26,6 +26,8 @@ use std::sync::{Arc, OnceLock};
 const ROWS_PER_VALUE: usize = 8;
 /// Distinct values always allowed, whatever the chunk's size.
 const MIN_DISTINCT: usize = 1024;
+/// Values per chunk whose synopses are kept once asked for (see [`Chunk::per_value`]).
+const KEPT_VALUES: usize = 1024;
 
 /// Where each value of a string column occurs in a chunk (row positions, ascending).
 #[derive(Debug)]
@@ -221,12 +223,13 @@ impl Chunk {
                 return None;
             }
             let strings = array.as_string::<i32>();
+            let wanted: HashSet<&str> = values.iter().map(String::as_str).collect();
             and_into(
                 &mut mask,
                 BooleanArray::from_iter(
                     strings
                         .iter()
-                        .map(|s| Some(s.is_some_and(|s| values.iter().any(|v| v == s)))),
+                        .map(|s| Some(s.is_some_and(|s| wanted.contains(s)))),
                 ),
             );
         }
@@ -272,18 +275,25 @@ impl Chunk {
         };
         let mut kept = index.per_value.lock();
         // Each value once, as an IN list may name one twice.
-        let mut seen: Vec<&str> = Vec::with_capacity(values.len());
+        let mut seen: HashSet<&str> = HashSet::with_capacity(values.len());
         for v in values {
-            if seen.contains(&v.as_str()) {
+            if !seen.insert(v.as_str()) {
                 continue;
             }
-            seen.push(v);
             let Some(rows) = values_index.0.get(v.as_str()) else {
                 continue;
             };
             out.0 += rows.len() as u64;
-            // Looked up by `&str`: a key is allocated only the first time.
+            // Looked up by `&str`: a key is allocated only the first time. Past
+            // `KEPT_VALUES` values a chunk computes the others each time instead of keeping
+            // them (memory stays bounded however many devices are asked for).
             if !kept.contains_key(v.as_str()) {
+                if kept.len() >= KEPT_VALUES {
+                    for (o, syn) in out.1.iter_mut().zip(self.synopses_at(columns, rows)) {
+                        o.merge(&syn);
+                    }
+                    continue;
+                }
                 kept.insert(Box::from(v.as_str()), HashMap::new());
             }
             let of_value = kept.get_mut(v.as_str()).expect("just inserted");
@@ -360,6 +370,12 @@ impl RowFilter {
             let (Some(min), Some(max), true) = (syn.min, syn.max, syn.ordered) else {
                 return false;
             };
+            // Synopses do not tell -0.0 from 0.0, which the filter's comparison orders:
+            // no decision between a zero and a zero.
+            let zero = |n: Num| matches!(n, Num::Float(f) if f == 0.0);
+            if zero(v) && (zero(min) || zero(max)) {
+                return false;
+            }
             let less = |a: Num, b: Num| match (a, b) {
                 (Num::Int(a), Num::Int(b)) => a < b,
                 _ => a.as_f64() < b.as_f64(),
@@ -587,8 +603,12 @@ mod tests {
         };
         let skipped = |f: RowFilter| f.narrow(&c, None).is_none();
         // Over the whole chunk.
-        assert!(skipped(f(None, Operator::Lt, 0.0)));
+        assert!(skipped(f(None, Operator::Lt, -0.5)));
+        // Between zeros no decision: the synopsis does not tell -0.0 from 0.0.
+        assert!(!skipped(f(None, Operator::Lt, 0.0)));
         assert!(!skipped(f(None, Operator::LtEq, 0.0)));
+        assert!(skipped(f(Some("b"), Operator::Lt, 1.0)));
+        assert!(!skipped(f(Some("b"), Operator::LtEq, 1.0)));
         assert!(skipped(f(None, Operator::Gt, 4.0)));
         assert!(!skipped(f(None, Operator::GtEq, 4.0)));
         assert!(skipped(f(None, Operator::Eq, 4.5)));

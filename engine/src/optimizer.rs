@@ -27,7 +27,7 @@ use datafusion::common::{DFSchema, DFSchemaRef, ScalarValue};
 use datafusion::datasource::source_as_provider;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::QueryPlanner;
-use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Volatility;
 use datafusion::logical_expr::expr::AggregateFunction;
@@ -41,14 +41,16 @@ use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 use futures::{StreamExt, TryStreamExt};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The optimizer rule. It runs last, on the plan DataFusion's rules made (filters pushed
 /// into the scan, constants and `now()` folded).
@@ -145,6 +147,8 @@ pub struct SynopsisNode {
     fallback: LogicalPlan,
     /// What EXPLAIN shows; also what tells two nodes apart.
     label: String,
+    /// The state the fallback is planned in, made on the first fallback.
+    fallback_state: Arc<OnceLock<SessionState>>,
 }
 
 impl PartialEq for SynopsisNode {
@@ -277,9 +281,12 @@ impl SynopsisNode {
                 _ => return None,
             };
             // An answer of this type can be given (checked on an empty synopsis, whose
-            // answer is a NULL of the same type).
+            // answer is a NULL of the same type), and a synopsis of the column has it.
             let empty = vec![ColumnSynopsis::default(); slot + 1];
             value(want, 0, &empty, field.data_type())?;
+            if !answerable(want, schema.field(c).data_type(), field.data_type()) {
+                return None;
+            }
             wants.push(want);
         }
         let aggregates: Vec<String> = (agg.aggr_expr.iter())
@@ -299,6 +306,7 @@ impl SynopsisNode {
             schema: agg.schema.clone(),
             fallback: plan.clone(),
             label,
+            fallback_state: Arc::default(),
         })
     }
 
@@ -329,21 +337,26 @@ impl SynopsisNode {
         ctx: Arc<TaskContext>,
         now: DateTime<Utc>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let mut state = SessionStateBuilder::new()
-            .with_config(ctx.session_config().clone())
-            .with_runtime_env(ctx.runtime_env())
-            .with_default_features()
-            .build();
+        let state = self.fallback_state.get_or_init(|| {
+            SessionStateBuilder::new()
+                .with_config(ctx.session_config().clone())
+                .with_runtime_env(ctx.runtime_env())
+                .with_default_features()
+                .build()
+        });
         let plan = match self.unbound {
             // Optimized again, to fold the clock in (and prune by it).
             Some(_) => {
-                state.execution_props_mut().query_execution_start_time = Some(now);
-                state.optimize(&self.fallback)?
+                let clock = Clock {
+                    state,
+                    now: Some(now),
+                };
+                (state.optimizer()).optimize(self.fallback.clone(), &clock, |_, _| {})?
             }
             None => self.fallback.clone(),
         };
         let physical = (state.query_planner())
-            .create_physical_plan(&plan, &state)
+            .create_physical_plan(&plan, state)
             .await?;
         datafusion::physical_plan::execute_stream(physical, ctx)
     }
@@ -392,6 +405,53 @@ fn of_the_moment(e: &Expr) -> bool {
             if f.func.signature().volatility != Volatility::Immutable))
     })
     .unwrap_or(true)
+}
+
+/// Whether a synopsis of a column of type `from` answers `want` as a value of type `ty`:
+/// min and max of numbers, dates and times (not text, whose synopsis has no order); sums of
+/// integers as integers and of floats as floats; averages of numbers.
+fn answerable(want: Want, from: &DataType, ty: &DataType) -> bool {
+    let number = from.is_integer() || from.is_floating();
+    match want {
+        Want::Rows | Want::Count(_) => true,
+        Want::Min(_) | Want::Max(_) => {
+            number
+                || matches!(
+                    from,
+                    DataType::Date32 | DataType::Timestamp(TimeUnit::Microsecond, _)
+                )
+        }
+        Want::Sum(_) => {
+            (from.is_integer() && matches!(ty, DataType::Int64 | DataType::UInt64))
+                || (from.is_floating() && *ty == DataType::Float64)
+        }
+        Want::Avg(_) => number && *ty == DataType::Float64,
+    }
+}
+
+/// The session's optimizer settings with a given time for `now()` (`None`: left unfolded).
+/// A session's own clock is set once, when it is made.
+pub(crate) struct Clock<'a> {
+    pub state: &'a SessionState,
+    pub now: Option<DateTime<Utc>>,
+}
+
+impl OptimizerConfig for Clock<'_> {
+    fn query_execution_start_time(&self) -> Option<DateTime<Utc>> {
+        self.now
+    }
+
+    fn alias_generator(&self) -> &Arc<datafusion::common::alias::AliasGenerator> {
+        &self.state.execution_props().alias_generator
+    }
+
+    fn options(&self) -> Arc<datafusion::config::ConfigOptions> {
+        self.state.config_options().clone()
+    }
+
+    fn function_registry(&self) -> Option<&dyn datafusion::execution::FunctionRegistry> {
+        Some(self.state)
+    }
 }
 
 /// The [`RowFilter`] that is exactly `filters`, when each of them is a bound on the table's
@@ -449,11 +509,10 @@ impl ExtensionPlanner for SynopsisPlanner {
             EmissionType::Final,
             Boundedness::Bounded,
         );
-        Ok(Some(Arc::new(SynopsisExec {
-            node: Arc::new(node.clone()),
-            properties: Arc::new(properties),
-            metrics: ExecutionPlanMetricsSet::new(),
-        })))
+        Ok(Some(Arc::new(SynopsisExec::new(
+            Arc::new(node.clone()),
+            Arc::new(properties),
+        ))))
     }
 }
 
@@ -464,6 +523,21 @@ pub struct SynopsisExec {
     node: Arc<SynopsisNode>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
+    from_synopsis: Count,
+    from_scan: Count,
+}
+
+impl SynopsisExec {
+    fn new(node: Arc<SynopsisNode>, properties: Arc<PlanProperties>) -> Self {
+        let metrics = ExecutionPlanMetricsSet::new();
+        Self {
+            node,
+            properties,
+            from_synopsis: MetricBuilder::new(&metrics).global_counter("from_synopsis"),
+            from_scan: MetricBuilder::new(&metrics).global_counter("from_scan"),
+            metrics,
+        }
+    }
 }
 
 impl DisplayAs for SynopsisExec {
@@ -492,6 +566,12 @@ impl ExecutionPlan for SynopsisExec {
         Ok(self)
     }
 
+    /// A run of a kept plan counts afresh.
+    fn reset_state(self: Arc<Self>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let (node, properties) = (self.node.clone(), self.properties.clone());
+        Ok(Arc::new(Self::new(node, properties)))
+    }
+
     fn apply_expressions(
         &self,
         _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
@@ -510,8 +590,7 @@ impl ExecutionPlan for SynopsisExec {
     ) -> DfResult<SendableRecordBatchStream> {
         let node = self.node.clone();
         let schema = self.schema();
-        let from_synopsis = MetricBuilder::new(&self.metrics).global_counter("from_synopsis");
-        let from_scan = MetricBuilder::new(&self.metrics).global_counter("from_scan");
+        let (from_synopsis, from_scan) = (self.from_synopsis.clone(), self.from_scan.clone());
         let out = schema.clone();
         let schema_of_rows = schema.clone();
         let batches = futures::stream::once(async move {
