@@ -129,10 +129,10 @@ impl Chunk {
         Some((index, self.batch.columns().get(col)?))
     }
 
-    /// Range of a microsecond timestamp column (`None` if not one, or all NULL).
+    /// Range of a microsecond timestamp column (`None` if not one, or all NULL): kept for a
+    /// sealed chunk, computed each time for rows still changing.
     fn range(&self, col: usize) -> Option<(i64, i64)> {
-        let (index, array) = self.column(col)?;
-        *index.range.get_or_init(|| {
+        let of = |array: &ArrayRef| {
             let DataType::Timestamp(TimeUnit::Microsecond, _) = array.data_type() else {
                 return None;
             };
@@ -140,7 +140,11 @@ impl Chunk {
             let lo = datafusion::arrow::compute::min(ts)?;
             let hi = datafusion::arrow::compute::max(ts)?;
             Some((lo, hi))
-        })
+        };
+        match self.column(col) {
+            Some((index, array)) => *index.range.get_or_init(|| of(array)),
+            None => of(self.batch.columns().get(col)?),
+        }
     }
 
     /// The synopsis of column `col` (kept for a sealed chunk).
@@ -178,13 +182,7 @@ impl Chunk {
                 return None;
             };
             let ts = array.as_primitive::<TimestampMicrosecondType>();
-            let range = match self.index {
-                Some(_) => self.range(col),
-                None => {
-                    datafusion::arrow::compute::min(ts).zip(datafusion::arrow::compute::max(ts))
-                }
-            };
-            let Some((min, max)) = range else {
+            let Some((min, max)) = self.range(col) else {
                 // Every time NULL: no row compares true.
                 return Some(none());
             };
@@ -267,10 +265,8 @@ impl Chunk {
         values: &[String],
     ) -> (u64, Vec<ColumnSynopsis>) {
         let mut out = (0, vec![ColumnSynopsis::default(); columns.len()]);
-        let Some((index, _)) = self.column(col) else {
-            return out;
-        };
-        let Some(Some(values_index)) = index.values.get() else {
+        let (Some((index, _)), Some(values_index)) = (self.column(col), self.value_index(col))
+        else {
             return out;
         };
         let mut kept = index.per_value.lock();
@@ -307,19 +303,25 @@ impl Chunk {
         out
     }
 
-    /// Whether string column `col` has a value index (built now if not yet).
+    /// The value index of string column `col` (built now if not yet), or `None` when the
+    /// column is not indexed.
+    fn value_index(&self, col: usize) -> Option<&ValueIndex> {
+        let (index, array) = self.column(col)?;
+        index
+            .values
+            .get_or_init(|| ValueIndex::build(array))
+            .as_ref()
+    }
+
+    /// Whether string column `col` has a value index.
     fn indexed(&self, col: usize) -> bool {
-        self.column(col).is_some_and(|(index, array)| {
-            (index.values.get_or_init(|| ValueIndex::build(array))).is_some()
-        })
+        self.value_index(col).is_some()
     }
 
     /// Positions of the rows whose `col` is one of `values`, or `None` when that column is
     /// not indexed.
     fn rows(&self, col: usize, values: &[String]) -> Option<Vec<u32>> {
-        let (index, array) = self.column(col)?;
-        let values_index = index.values.get_or_init(|| ValueIndex::build(array));
-        Some(values_index.as_ref()?.rows(values))
+        Some(self.value_index(col)?.rows(values))
     }
 }
 

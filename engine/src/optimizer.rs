@@ -261,6 +261,9 @@ impl SynopsisNode {
             let name = func.name();
             let arg = &params.args[0];
             if name == "count" && matches!(arg, Expr::Literal(v, _) if !v.is_null()) {
+                if *field.data_type() != DataType::Int64 {
+                    return None;
+                }
                 wants.push(Want::Rows);
                 continue;
             }
@@ -280,10 +283,6 @@ impl SynopsisNode {
                 "max" => Want::Max(slot),
                 _ => return None,
             };
-            // An answer of this type can be given (checked on an empty synopsis, whose
-            // answer is a NULL of the same type), and a synopsis of the column has it.
-            let empty = vec![ColumnSynopsis::default(); slot + 1];
-            value(want, 0, &empty, field.data_type())?;
             if !answerable(want, schema.field(c).data_type(), field.data_type()) {
                 return None;
             }
@@ -398,8 +397,8 @@ impl Unbound {
     }
 }
 
-/// Whether `e` calls a function that is not immutable (`now()`).
-fn of_the_moment(e: &Expr) -> bool {
+/// Whether `e` calls a function that is not immutable (`now()`, `random()`).
+pub(crate) fn of_the_moment(e: &Expr) -> bool {
     e.exists(|e| {
         Ok(matches!(e, Expr::ScalarFunction(f)
             if f.func.signature().volatility != Volatility::Immutable))
@@ -408,18 +407,20 @@ fn of_the_moment(e: &Expr) -> bool {
 }
 
 /// Whether a synopsis of a column of type `from` answers `want` as a value of type `ty`:
-/// min and max of numbers, dates and times (not text, whose synopsis has no order); sums of
-/// integers as integers and of floats as floats; averages of numbers.
+/// counts as Int64; min and max of numbers, dates and times (not text, whose synopsis has no
+/// order) as their own type or a widening of it; sums of integers as integers and of floats
+/// as floats; averages of numbers as Float64.
 fn answerable(want: Want, from: &DataType, ty: &DataType) -> bool {
     let number = from.is_integer() || from.is_floating();
     match want {
-        Want::Rows | Want::Count(_) => true,
+        Want::Rows | Want::Count(_) => *ty == DataType::Int64,
         Want::Min(_) | Want::Max(_) => {
-            number
+            let ordered = number
                 || matches!(
                     from,
                     DataType::Date32 | DataType::Timestamp(TimeUnit::Microsecond, _)
-                )
+                );
+            ordered && (ty == from || *ty == DataType::Float64 || ty.is_integer())
         }
         Want::Sum(_) => {
             (from.is_integer() && matches!(ty, DataType::Int64 | DataType::UInt64))

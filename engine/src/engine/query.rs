@@ -24,7 +24,7 @@ use datafusion::common::ScalarValue;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext, SessionState};
 use datafusion::execution::session_state::SessionStateBuilder;
-use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -118,17 +118,13 @@ fn bounded_insert<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, limit: us
 /// (`now()`, `random()`), which optimizing folds into the plan or which must be evaluated
 /// each run. (Synopsis nodes read the clock when they run and show no expressions.)
 fn of_the_moment(plan: &LogicalPlan) -> bool {
-    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-    use datafusion::logical_expr::Volatility;
+    use datafusion::common::tree_node::TreeNodeRecursion;
     let mut found = false;
     let walked = plan.apply_with_subqueries(|node| {
-        found |= node.expressions().iter().any(|e| {
-            e.exists(|e| {
-                Ok(matches!(e, Expr::ScalarFunction(f)
-                    if f.func.signature().volatility != Volatility::Immutable))
-            })
-            .unwrap_or(true)
-        });
+        found |= node
+            .expressions()
+            .iter()
+            .any(crate::optimizer::of_the_moment);
         Ok(if found {
             TreeNodeRecursion::Stop
         } else {
@@ -579,8 +575,8 @@ mod tests {
         sum(&physical, node, name)
     }
 
-    /// `now()` is read when each query runs, not when the session was made: a row written
-    /// at the current time leaves a one-second window once that second has passed.
+    /// `now()` is read when each query runs, not when the session was made: a row in a
+    /// one-second window leaves it once time has passed.
     #[tokio::test]
     async fn now_is_the_time_of_each_query() {
         let (_dir, e) = engine(
@@ -598,12 +594,20 @@ mod tests {
                 .as_primitive::<datafusion::arrow::datatypes::TimestampNanosecondType>();
             c.value(0)
         };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         let first = now(e.clone()).await;
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        let second = now(e.clone()).await;
+        // Polled until 20 ms have passed by the queries' own clock (never, when frozen).
+        let mut second = now(e.clone()).await;
+        while second < first + 20_000_000 && std::time::Instant::now() < deadline {
+            tokio::task::yield_now().await;
+            second = now(e.clone()).await;
+        }
         assert!(second >= first + 20_000_000, "{first} then {second}");
+        // Two seconds ahead: inside the one-second window for the next three seconds, so
+        // the first answers are certain however slow the machine.
         let def = e.table("t", "n").unwrap();
-        let ts = chrono::Utc::now().format("%Y-%m-%d %H:%M:%S%.6f");
+        let ahead = chrono::Utc::now() + chrono::Duration::seconds(2);
+        let ts = ahead.format("%Y-%m-%d %H:%M:%S%.6f");
         e.write_message(
             &def,
             Format::Csv,
@@ -618,16 +622,25 @@ mod tests {
         // results allowed or not: each sees the window move.
         let kept = "SELECT count(*), sum(v) FROM t.n WHERE ts > now() - INTERVAL '1 second'";
         let per_run = "SELECT count(*), sum(v + 0) FROM t.n WHERE ts > now() - INTERVAL '1 second'";
-        for (i, want) in [(1, Some(1.5)), (0, None)].into_iter().enumerate() {
-            if i == 1 {
-                tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+        for sql in [kept, per_run] {
+            for small in [false, true] {
+                for fresh in [false, true] {
+                    let got = count_sum_with(&e, sql, small, fresh).await;
+                    assert_eq!(got, (1, Some(1.5)), "{sql}");
+                }
             }
-            for sql in [kept, per_run] {
-                for small in [false, true] {
-                    for fresh in [false, true] {
-                        let got = count_sum_with(&e, sql, small, fresh).await;
-                        assert_eq!(got, want, "{sql}");
+        }
+        // Then each is polled until the row has left the window (about three seconds).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        for sql in [kept, per_run] {
+            for small in [false, true] {
+                for fresh in [false, true] {
+                    let mut got = count_sum_with(&e, sql, small, fresh).await;
+                    while got != (0, None) && std::time::Instant::now() < deadline {
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        got = count_sum_with(&e, sql, small, fresh).await;
                     }
+                    assert_eq!(got, (0, None), "{sql}");
                 }
             }
         }
