@@ -2,8 +2,8 @@
 //!
 //! Table data is split into shards; each shard's log is one raft group, and one metadata
 //! group holds the catalog, shard placement and the manifests of Parquet files in the shared
-//! object store. Every group of a node writes through one [`LogWriter`] (one group commit
-//! for them all, like the single-node WAL) and talks to other nodes over one connection pool.
+//! object store. Every group of a node writes through one [`LogWriter`] into one file (one
+//! group commit and one sync for them all, like the single-node WAL) and talks to other nodes over one connection pool.
 //!
 //! Built so far: the durable raft log ([`LogStore`], passing openraft's storage test suite),
 //! the state machine ([`StateMachine`] over an [`Apply`]), the node-to-node network (one

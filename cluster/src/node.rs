@@ -1,5 +1,5 @@
-//! A node's raft groups: opened from their directories, each with its log on the node's one
-//! writer and its network on the node's one pool, and answering the requests peers send.
+//! A node's raft groups: opened from their directories, each with its log in the node's one
+//! log file and its network on the node's one pool, and answering the requests peers send.
 
 use crate::log::{LogStore, LogWriter};
 use crate::net::{self, GroupNetwork, Handler, Pool, SnapshotRequest, ToGroup};
@@ -143,7 +143,7 @@ impl Node {
             id,
             dir: dir.to_path_buf(),
             pool: Pool::new(),
-            writer: LogWriter::start()?,
+            writer: LogWriter::open(&dir.join("raft.log"))?,
             groups: RwLock::new(HashMap::new()),
             peers: RwLock::new(BTreeMap::new()),
         }))
@@ -346,7 +346,13 @@ impl Node {
     /// starts its raft.
     pub async fn open_group(&self, group: GroupId, apply: Arc<dyn Apply>) -> io::Result<GroupRaft> {
         let dir = self.dir.join(group.to_string());
-        let log = LogStore::open(&dir.join("log"), self.writer.clone())?;
+        // A log of the old layout (a file per group) moves into the node's file.
+        let old = dir.join("log");
+        if old.join("raft.log").exists() {
+            self.writer.take_over(group, &old.join("raft.log")).await?;
+            std::fs::remove_dir_all(&old)?;
+        }
+        let log = LogStore::open(group, &self.writer);
         let sm = StateMachine::open(&dir.join("sm"), DynApply(apply))?;
         let config = Arc::new(raft_config(&group.to_string())?);
         let network = GroupNetwork::new(self.pool.clone(), group);
@@ -370,6 +376,7 @@ impl Node {
         {
             tracing::warn!(%group, error = %e, "stopping a raft group");
         }
+        self.writer.remove(group).await?;
         match std::fs::remove_dir_all(self.dir.join(group.to_string())) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),

@@ -11,9 +11,15 @@ use openraft::type_config::TypeConfigExt;
 use openraft::type_config::alias::{EntryOf, LogIdOf, VoteOf};
 use openraft::{Entry, LogId, RaftLogReader, StorageError};
 use parking_lot::Mutex;
-use sluice_cluster::{Apply, Command, LogStore, LogWriter, Response, StateMachine, Tc};
+use sluice_cluster::{
+    Apply, Command, GroupId, LogStore, LogWriter, Response, StateMachine, Tc, to_cbor,
+};
 use std::io;
+use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const SHARD: GroupId = GroupId::Shard(0);
 
 /// Applies commands to a list (snapshots are the list in CBOR-free form: one line each).
 #[derive(Debug, Default, Clone)]
@@ -46,8 +52,8 @@ impl StoreBuilder<Tc, LogStore, StateMachine<Lines>, tempfile::TempDir> for Buil
         &self,
     ) -> Result<(tempfile::TempDir, LogStore, StateMachine<Lines>), StorageError<Tc>> {
         let dir = tempfile::tempdir().map_err(io_err)?;
-        let writer = LogWriter::start().map_err(io_err)?;
-        let log = LogStore::open(&dir.path().join("log"), writer).map_err(io_err)?;
+        let writer = LogWriter::open(&dir.path().join("raft.log")).map_err(io_err)?;
+        let log = LogStore::open(SHARD, &writer);
         let sm = StateMachine::open(&dir.path().join("sm"), Lines::default()).map_err(io_err)?;
         Ok((dir, log, sm))
     }
@@ -85,26 +91,43 @@ async fn indexes(log: &mut LogStore) -> Vec<u64> {
     entries.iter().map(|e| e.index()).collect()
 }
 
+/// The node's log writer on `path` with `group`'s log (and the writer, to open more groups).
+fn open(path: &Path, group: GroupId) -> (Arc<LogWriter>, LogStore) {
+    let writer = LogWriter::open(path).unwrap();
+    let log = LogStore::open(group, &writer);
+    (writer, log)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_log_survives_reopening_and_a_torn_tail_is_cut() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("log");
-    let writer = LogWriter::start().unwrap();
-    let mut log = LogStore::open(&path, writer.clone()).unwrap();
+    let path = dir.path().join("raft.log");
+    let (writer, mut log) = open(&path, SHARD);
+    // Another group's records go to the same file, between this one's.
+    let mut meta = LogStore::open(GroupId::Meta, &writer);
+    append(&mut meta, (1..=4).map(|i| entry(5, i)).collect()).await;
+    // And a group that leaves the node is gone after a reopen.
+    let mut gone = LogStore::open(GroupId::Shard(7), &writer);
+    append(&mut gone, (1..=4).map(|i| entry(1, i)).collect()).await;
+    writer.remove(GroupId::Shard(7)).await.unwrap();
     append(&mut log, (1..=10).map(|i| entry(1, i)).collect()).await;
+    meta.save_vote(&VoteOf::<Tc>::new_committed(5, 2))
+        .await
+        .unwrap();
     log.save_vote(&VoteOf::<Tc>::new_committed(2, 1))
         .await
         .unwrap();
     // A new leader overwrites 8.. with its own entries; 1..=3 are purged.
     log.truncate_after(Some(log_id(1, 7))).await.unwrap();
     append(&mut log, vec![entry(2, 8), entry(2, 9)]).await;
+    meta.purge(log_id(5, 1)).await.unwrap();
     log.purge(log_id(1, 3)).await.unwrap();
     log.save_committed(Some(log_id(2, 8))).await.unwrap();
     // Everything queued so far is on disk once a later append is.
     append(&mut log, vec![entry(2, 10)]).await;
-    drop(log);
+    drop((writer, log, meta, gone));
 
-    let mut log = LogStore::open(&path, writer.clone()).unwrap();
+    let (writer, mut log) = open(&path, SHARD);
     assert_eq!(indexes(&mut log).await, (4..=10).collect::<Vec<_>>());
     let e = log.try_get_log_entries(8..9).await.unwrap();
     assert_eq!(e[0].log_id(), log_id(2, 8));
@@ -116,23 +139,140 @@ async fn the_log_survives_reopening_and_a_torn_tail_is_cut() {
     let state = log.get_log_state().await.unwrap();
     assert_eq!(state.last_purged_log_id, Some(log_id(1, 3)));
     assert_eq!(state.last_log_id, Some(log_id(2, 10)));
-    drop(log);
+    let mut meta = LogStore::open(GroupId::Meta, &writer);
+    assert_eq!(indexes(&mut meta).await, vec![2, 3, 4]);
+    assert_eq!(
+        meta.read_vote().await.unwrap(),
+        Some(VoteOf::<Tc>::new_committed(5, 2))
+    );
+    // A group never written to is empty, and so is the removed one.
+    let mut none = LogStore::open(GroupId::Shard(9), &writer);
+    assert_eq!(none.get_log_state().await.unwrap().last_log_id, None);
+    let mut gone = LogStore::open(GroupId::Shard(7), &writer);
+    assert_eq!(indexes(&mut gone).await, Vec::<u64>::new());
+    drop((writer, log, meta, none, gone));
 
     // A crash in the middle of writing the last record: it was never acknowledged, and
     // opening cuts it off (and appending goes on after it).
-    let file = path.join("raft.log");
-    let len = std::fs::metadata(&file).unwrap().len();
-    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(len - 3).unwrap();
     drop(f);
-    let mut log = LogStore::open(&path, writer.clone()).unwrap();
+    let (writer, mut log) = open(&path, SHARD);
     assert_eq!(indexes(&mut log).await, (4..=9).collect::<Vec<_>>());
     append(&mut log, vec![entry(3, 10)]).await;
-    drop(log);
-    let mut log = LogStore::open(&path, writer).unwrap();
+    drop((writer, log));
+    let (writer, mut log) = open(&path, SHARD);
     assert_eq!(indexes(&mut log).await, (4..=10).collect::<Vec<_>>());
     let e = log.try_get_log_entries(10..11).await.unwrap();
     assert_eq!(e[0].log_id(), log_id(3, 10));
+    let mut meta = LogStore::open(GroupId::Meta, &writer);
+    assert_eq!(indexes(&mut meta).await, vec![2, 3, 4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_group_is_forgotten_and_a_rewrite_keeps_every_live_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raft.log");
+    // Rewritten once 16 KiB or more, at most a quarter live.
+    let writer = LogWriter::open_with(&path, 16 << 10).unwrap();
+    let mut a = LogStore::open(GroupId::Shard(1), &writer);
+    let mut b = LogStore::open(GroupId::Shard(2), &writer);
+    let mut gone = LogStore::open(GroupId::Shard(3), &writer);
+    append(&mut gone, (1..=5).map(|i| entry(1, i)).collect()).await;
+    writer.remove(GroupId::Shard(3)).await.unwrap();
+    let refused = gone.save_vote(&VoteOf::<Tc>::new_committed(2, 1)).await;
+    assert!(refused.is_err(), "a removed group's log takes no writes");
+    drop(gone);
+
+    a.save_vote(&VoteOf::<Tc>::new_committed(1, 1))
+        .await
+        .unwrap();
+    for i in 1..=300 {
+        append(&mut a, vec![entry(1, i)]).await;
+        append(&mut b, vec![entry(1, i)]).await;
+    }
+    b.save_committed(Some(log_id(1, 290))).await.unwrap();
+    let before = std::fs::metadata(&path).unwrap().len();
+    assert!(before > 16 << 10, "{before} bytes");
+    a.purge(log_id(1, 290)).await.unwrap();
+    b.purge(log_id(1, 295)).await.unwrap();
+    // The rewrite runs on the writer thread after the purges.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        append(&mut a, vec![]).await;
+        let now = std::fs::metadata(&path).unwrap().len();
+        if now < before / 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not rewritten: {now} of {before} bytes"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    append(&mut a, vec![entry(1, 301)]).await;
+    drop((writer, a, b));
+
+    let writer = LogWriter::open(&path).unwrap();
+    let mut a = LogStore::open(GroupId::Shard(1), &writer);
+    let mut b = LogStore::open(GroupId::Shard(2), &writer);
+    let mut gone = LogStore::open(GroupId::Shard(3), &writer);
+    assert_eq!(indexes(&mut a).await, (291..=301).collect::<Vec<_>>());
+    assert_eq!(indexes(&mut b).await, (296..=300).collect::<Vec<_>>());
+    assert_eq!(
+        a.read_vote().await.unwrap(),
+        Some(VoteOf::<Tc>::new_committed(1, 1))
+    );
+    assert_eq!(b.read_committed().await.unwrap(), Some(log_id(1, 290)));
+    let state = b.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 295)));
+    assert_eq!(indexes(&mut gone).await, Vec::<u64>::new());
+}
+
+/// A record of the old layout (a file per group: no group in the record).
+fn old_record(out: &mut Vec<u8>, kind: u8, cbor: &[u8]) {
+    let mut body = vec![kind];
+    body.extend_from_slice(cbor);
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    out.extend_from_slice(&body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_of_the_old_layout_is_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old.log");
+    let mut bytes = Vec::new();
+    for i in 1..=6 {
+        old_record(&mut bytes, 1, &to_cbor(&entry(1, i)).unwrap());
+    }
+    old_record(
+        &mut bytes,
+        2,
+        &to_cbor(&VoteOf::<Tc>::new_committed(1, 1)).unwrap(),
+    );
+    old_record(&mut bytes, 5, &to_cbor(&log_id(1, 2)).unwrap());
+    std::fs::write(&old, &bytes).unwrap();
+
+    let path = dir.path().join("raft.log");
+    let writer = LogWriter::open(&path).unwrap();
+    writer.take_over(SHARD, &old).await.unwrap();
+    let mut log = LogStore::open(SHARD, &writer);
+    assert_eq!(indexes(&mut log).await, (3..=6).collect::<Vec<_>>());
+    append(&mut log, vec![entry(2, 7)]).await;
+    // Taken over already (a crash before the old file was deleted): nothing changes.
+    writer.take_over(SHARD, &old).await.unwrap();
+    drop((writer, log));
+
+    let (_writer, mut log) = open(&path, SHARD);
+    assert_eq!(indexes(&mut log).await, (3..=7).collect::<Vec<_>>());
+    assert_eq!(
+        log.read_vote().await.unwrap(),
+        Some(VoteOf::<Tc>::new_committed(1, 1))
+    );
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 2)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
