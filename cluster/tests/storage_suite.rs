@@ -152,6 +152,16 @@ async fn the_log_survives_reopening_and_a_torn_tail_is_cut() {
     assert_eq!(indexes(&mut gone).await, Vec::<u64>::new());
     drop((writer, log, meta, none, gone));
 
+    // A crash leaves the space reserved past the records: zeros, read as the clean end.
+    let len = std::fs::metadata(&path).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(len + (1 << 20)).unwrap();
+    drop(f);
+    let (writer, mut log) = open(&path, SHARD);
+    assert_eq!(indexes(&mut log).await, (4..=10).collect::<Vec<_>>());
+    drop((writer, log));
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
+
     // A crash in the middle of writing the last record: it was never acknowledged, and
     // opening cuts it off (and appending goes on after it).
     let len = std::fs::metadata(&path).unwrap().len();
@@ -193,7 +203,7 @@ async fn a_removed_group_is_forgotten_and_a_rewrite_keeps_every_live_record() {
         append(&mut b, vec![entry(1, i)]).await;
     }
     b.save_committed(Some(log_id(1, 290))).await.unwrap();
-    let before = std::fs::metadata(&path).unwrap().len();
+    let before = writer.bytes();
     assert!(before > 16 << 10, "{before} bytes");
     a.purge(log_id(1, 290)).await.unwrap();
     b.purge(log_id(1, 295)).await.unwrap();
@@ -201,7 +211,7 @@ async fn a_removed_group_is_forgotten_and_a_rewrite_keeps_every_live_record() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         append(&mut a, vec![]).await;
-        let now = std::fs::metadata(&path).unwrap().len();
+        let now = writer.bytes();
         if now < before / 4 {
             break;
         }
@@ -213,6 +223,9 @@ async fn a_removed_group_is_forgotten_and_a_rewrite_keeps_every_live_record() {
     }
     append(&mut a, vec![entry(1, 301)]).await;
     drop((writer, a, b));
+    // Closed, the file gives back the space reserved past its records.
+    let len = std::fs::metadata(&path).unwrap().len();
+    assert!(len < before / 4, "{len} of {before} bytes on disk");
 
     let writer = LogWriter::open(&path).unwrap();
     let mut a = LogStore::open(GroupId::Shard(1), &writer);
