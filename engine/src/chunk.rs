@@ -28,6 +28,8 @@ const ROWS_PER_VALUE: usize = 8;
 const MIN_DISTINCT: usize = 1024;
 /// Values per chunk whose synopses are kept once asked for (see [`Chunk::per_value`]).
 const KEPT_VALUES: usize = 1024;
+/// Filters with number comparisons per chunk whose synopses are kept once asked for.
+const KEPT_FILTERS: usize = 64;
 
 /// Where each value of a string column occurs in a chunk (row positions, ascending).
 #[derive(Debug)]
@@ -88,6 +90,19 @@ struct ColumnIndex {
     per_value: parking_lot::Mutex<HashMap<Box<str>, HashMap<usize, ColumnSynopsis>>>,
 }
 
+/// Rows a filter admits, and the synopses of the columns asked over them (by column).
+type Filtered = (u64, HashMap<usize, ColumnSynopsis>);
+
+/// What is known of a sealed chunk, computed on first use.
+#[derive(Debug, Default)]
+struct ChunkIndex {
+    columns: Vec<ColumnIndex>,
+    /// Filters with number comparisons (their text) -> rows they admit, and the synopses of
+    /// the columns asked over those rows: an alert asking `temp > 90` every second sums a
+    /// chunk's matching rows once.
+    filtered: parking_lot::Mutex<HashMap<String, Filtered>>,
+}
+
 /// Rows kept in memory, immutable, with their index.
 #[derive(Debug, Clone)]
 pub struct Chunk {
@@ -95,18 +110,21 @@ pub struct Chunk {
     pub batch: RecordBatch,
     /// Built column by column as queries ask; `None` for rows still changing (a buffer's
     /// unsealed tail), which are always read whole.
-    index: Option<Arc<Vec<ColumnIndex>>>,
+    index: Option<Arc<ChunkIndex>>,
 }
 
 impl Chunk {
     /// Rows that will not change: indexed on demand.
     pub fn sealed(batch: RecordBatch) -> Self {
-        let index = (0..batch.num_columns())
+        let columns = (0..batch.num_columns())
             .map(|_| ColumnIndex::default())
             .collect();
         Self {
             batch,
-            index: Some(Arc::new(index)),
+            index: Some(Arc::new(ChunkIndex {
+                columns,
+                ..Default::default()
+            })),
         }
     }
 
@@ -125,7 +143,7 @@ impl Chunk {
     }
 
     fn column(&self, col: usize) -> Option<(&ColumnIndex, &ArrayRef)> {
-        let index = self.index.as_ref()?.get(col)?;
+        let index = self.index.as_ref()?.columns.get(col)?;
         Some((index, self.batch.columns().get(col)?))
     }
 
@@ -166,9 +184,12 @@ impl Chunk {
     /// Row count and the synopses of `columns` over the rows `filter` admits. A chunk wholly
     /// inside its time bounds and filtered by one indexed string column is answered from
     /// synopses kept per value (one device's readings: computed once per chunk); one wholly
-    /// outside gives nothing; otherwise the matching rows are taken and summarized. `None`
-    /// when a bound is on a column that is not a microsecond timestamp, or an equality on
-    /// one that is not a string.
+    /// outside gives nothing; a number comparison that the synopsis shows every row (or no
+    /// row) meets is decided for the whole chunk; otherwise the matching rows are taken and
+    /// summarized, and for a sealed chunk wholly inside its time bounds, the answer to a
+    /// filter with number comparisons is kept. `None` when a bound is on a column that is
+    /// not a microsecond timestamp, an equality on one that is not a string, or a
+    /// comparison between a column and a number of another kind (see [`comparable`]).
     pub fn synopsis_where(
         &self,
         columns: &[usize],
@@ -201,11 +222,40 @@ impl Chunk {
                 },
             );
         }
+        // Number comparisons the synopsis (of the rows one indexed equality picks) decides
+        // for every row are left out; the others are checked row by row below.
+        let mut compare = Vec::new();
+        for &(col, op, v) in &filter.value {
+            let array = self.batch.columns().get(col)?;
+            if !comparable(array.data_type(), v) {
+                return None;
+            }
+            match filter.decide(self, col, op, v) {
+                Some(false) => return Some(none()),
+                Some(true) => {}
+                None => compare.push((col, op, v)),
+            }
+        }
         // One equality on an indexed column, no time mask: from the per-value synopses.
-        if let ([(col, values)], None) = (&filter.equal[..], &mask)
+        if let ([(col, values)], None, []) = (&filter.equal[..], &mask, &compare[..])
             && self.indexed(*col)
         {
             return Some(self.per_value(columns, *col, values));
+        }
+        // Kept answers: a sealed chunk wholly inside the time bounds.
+        let kept = match (&self.index, &mask, compare.is_empty()) {
+            (Some(index), None, false) => Some((index, format!("{:?} {compare:?}", filter.equal))),
+            _ => None,
+        };
+        if let Some((index, key)) = &kept
+            && let Some((n, syn)) = index.filtered.lock().get(key)
+            && let Some(syn) = columns.iter().map(|c| syn.get(c).cloned()).collect()
+        {
+            return Some((*n, syn));
+        }
+        for &(col, op, v) in &compare {
+            let array = self.batch.columns().get(col)?;
+            and_into(&mut mask, compared(array, op, v)?);
         }
         let mut rows: Option<Vec<u32>> = None;
         for (col, values) in &filter.equal {
@@ -242,7 +292,18 @@ impl Chunk {
                 .filter(|r| m.value(*r as usize))
                 .collect(),
         };
-        Some((rows.len() as u64, self.synopses_at(columns, &rows)))
+        let syn = self.synopses_at(columns, &rows);
+        if let Some((index, key)) = kept {
+            let mut filtered = index.filtered.lock();
+            if filtered.len() < KEPT_FILTERS || filtered.contains_key(&key) {
+                let entry = filtered.entry(key).or_default();
+                entry.0 = rows.len() as u64;
+                entry
+                    .1
+                    .extend(columns.iter().copied().zip(syn.iter().cloned()));
+            }
+        }
+        Some((rows.len() as u64, syn))
     }
 
     /// The synopses of `columns` over the rows at `positions`.
@@ -358,39 +419,20 @@ impl RowFilter {
     /// Whether the synopsis of the rows of `chunk` that the equalities pick shows that no
     /// row meets a number comparison.
     fn rules_out(&self, chunk: &Chunk) -> bool {
-        self.value.iter().any(|&(col, op, v)| {
-            let syn = match &self.equal[..] {
-                [(eq, values)] if chunk.indexed(*eq) => {
-                    chunk.per_value(&[col], *eq, values).1.remove(0)
-                }
-                _ => chunk.synopsis(col),
-            };
-            if syn.count == 0 {
-                // Every value NULL: no comparison is true.
-                return true;
+        (self.value.iter()).any(|&(col, op, v)| self.decide(chunk, col, op, v) == Some(false))
+    }
+
+    /// Whether every row (`Some(true)`) or no row (`Some(false)`) of `chunk` that the
+    /// equalities pick meets `col op v`, as far as their synopsis shows.
+    fn decide(&self, chunk: &Chunk, col: usize, op: Operator, v: Num) -> Option<bool> {
+        let (rows, syn) = match &self.equal[..] {
+            [(eq, values)] if chunk.indexed(*eq) => {
+                let (rows, mut syn) = chunk.per_value(&[col], *eq, values);
+                (rows, syn.remove(0))
             }
-            let (Some(min), Some(max), true) = (syn.min, syn.max, syn.ordered) else {
-                return false;
-            };
-            // Synopses do not tell -0.0 from 0.0, which the filter's comparison orders:
-            // no decision between a zero and a zero.
-            let zero = |n: Num| matches!(n, Num::Float(f) if f == 0.0);
-            if zero(v) && (zero(min) || zero(max)) {
-                return false;
-            }
-            let less = |a: Num, b: Num| match (a, b) {
-                (Num::Int(a), Num::Int(b)) => a < b,
-                _ => a.as_f64() < b.as_f64(),
-            };
-            match op {
-                Operator::Lt => !less(min, v),
-                Operator::LtEq => less(v, min),
-                Operator::Gt => !less(v, max),
-                Operator::GtEq => less(max, v),
-                Operator::Eq => less(v, min) || less(max, v),
-                _ => false,
-            }
-        })
+            _ => (chunk.batch.num_rows() as u64, chunk.synopsis(col)),
+        };
+        decide(&syn, rows, op, v)
     }
 
     /// Which rows of `chunk` may match, with the columns of `projection` (all when `None`).
@@ -479,6 +521,105 @@ fn intersect(a: &[u32], b: &[u32]) -> Vec<u32> {
         }
     }
     out
+}
+
+/// Whether every value (`Some(true)`) or none (`Some(false)`) of a column whose synopsis
+/// over `rows` rows is `syn` meets `value op v`, as far as the synopsis shows. NULLs meet
+/// no comparison.
+pub fn decide(syn: &ColumnSynopsis, rows: u64, op: Operator, v: Num) -> Option<bool> {
+    if syn.count == 0 {
+        return Some(false);
+    }
+    let (Some(min), Some(max), true) = (syn.min, syn.max, syn.ordered) else {
+        return None;
+    };
+    // Synopses do not tell -0.0 from 0.0, which the filter's comparison orders: no decision
+    // between a zero and a zero.
+    let zero = |n: Num| matches!(n, Num::Float(f) if f == 0.0);
+    if zero(v) && (zero(min) || zero(max)) {
+        return None;
+    }
+    let less = |a: Num, b: Num| match (a, b) {
+        (Num::Int(a), Num::Int(b)) => a < b,
+        _ => a.as_f64() < b.as_f64(),
+    };
+    let (none, all) = match op {
+        Operator::Lt => (!less(min, v), less(max, v)),
+        Operator::LtEq => (less(v, min), !less(v, max)),
+        Operator::Gt => (!less(v, max), less(v, min)),
+        Operator::GtEq => (less(max, v), !less(min, v)),
+        Operator::Eq => (less(v, min) || less(max, v), !less(min, v) && !less(v, max)),
+        _ => (false, false),
+    };
+    if none {
+        Some(false)
+    } else if all && syn.count == rows {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// Whether a column of type `ty` compared with `v` is checked exactly here: integers with
+/// an integer, floats with a float (a query's comparison is between values of one type once
+/// DataFusion has coerced it; any other pairing is left to DataFusion).
+pub fn comparable(ty: &DataType, v: Num) -> bool {
+    match v {
+        Num::Int(_) => ty.is_integer(),
+        Num::Float(_) => matches!(ty, DataType::Float32 | DataType::Float64),
+    }
+}
+
+/// Which values of `array` meet `value op v` (NULL: false), as DataFusion compares them:
+/// integers exactly, floats in IEEE total order with -0.0 taken as 0.0 (so NaN is above
+/// every number). `None` for a pairing [`comparable`] refuses.
+fn compared(array: &ArrayRef, op: Operator, v: Num) -> Option<BooleanArray> {
+    use datafusion::arrow::datatypes::{
+        Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type,
+        UInt32Type, UInt64Type,
+    };
+    use std::cmp::Ordering;
+    let meets = move |o: Ordering| match op {
+        Operator::Lt => o.is_lt(),
+        Operator::LtEq => o.is_le(),
+        Operator::Gt => o.is_gt(),
+        Operator::GtEq => o.is_ge(),
+        Operator::Eq => o.is_eq(),
+        _ => false,
+    };
+    macro_rules! ints {
+        ($t:ty) => {{
+            let Num::Int(v) = v else { return None };
+            BooleanArray::from_unary(array.as_primitive::<$t>(), |x| meets(i128::from(x).cmp(&v)))
+        }};
+    }
+    macro_rules! floats {
+        ($t:ty) => {{
+            let Num::Float(v) = v else { return None };
+            let norm = |x: f64| if x == 0.0 { 0.0 } else { x };
+            let v = norm(v);
+            BooleanArray::from_unary(array.as_primitive::<$t>(), |x| {
+                meets(norm(f64::from(x)).total_cmp(&v))
+            })
+        }};
+    }
+    let m = match array.data_type() {
+        DataType::Int8 => ints!(Int8Type),
+        DataType::Int16 => ints!(Int16Type),
+        DataType::Int32 => ints!(Int32Type),
+        DataType::Int64 => ints!(Int64Type),
+        DataType::UInt8 => ints!(UInt8Type),
+        DataType::UInt16 => ints!(UInt16Type),
+        DataType::UInt32 => ints!(UInt32Type),
+        DataType::UInt64 => ints!(UInt64Type),
+        DataType::Float32 => floats!(Float32Type),
+        DataType::Float64 => floats!(Float64Type),
+        _ => return None,
+    };
+    Some(match array.nulls() {
+        Some(n) => BooleanArray::new(m.values() & n.inner(), None),
+        None => m,
+    })
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 //! a repeated query (an alert on one device's newest partition) stays valid as rows arrive.
 
 use crate::catalog::TableDef;
-use crate::chunk::RowFilter;
+use crate::chunk::{RowFilter, comparable};
 use crate::provider::{SluiceTable, row_filter};
 use crate::synopsis::{ColumnSynopsis, Num};
 use async_trait::async_trait;
@@ -230,7 +230,13 @@ impl SynopsisNode {
         let provider = source_as_provider(&scan.source).ok()?;
         let table = provider.downcast_ref::<SluiceTable>()?;
         let def = table.def();
-        let filters: Vec<&Expr> = filter.into_iter().chain(&scan.filters).collect();
+        // A filter pushed into the scan is also above it (pushdown is inexact): each once.
+        let mut filters: Vec<&Expr> = Vec::new();
+        for e in (filter.into_iter().chain(&scan.filters)).flat_map(split_conjunction) {
+            if !filters.contains(&e) {
+                filters.push(e);
+            }
+        }
         let schema = datafusion::datasource::TableProvider::schema(table);
         let (row_filter, unbound) = match filters.iter().any(|e| of_the_moment(e)) {
             false => (exact_filter(&def, filters.iter().copied())?, None),
@@ -456,8 +462,9 @@ impl OptimizerConfig for Clock<'_> {
 }
 
 /// The [`RowFilter`] that is exactly `filters`, when each of them is a bound on the table's
-/// partition column (`ts >= '...'`, `ts > now() - INTERVAL '1 minute'`) or a string equality
-/// (`device = 'd-7'`, `device IN ('a', 'b')`).
+/// partition column (`ts >= '...'`, `ts > now() - INTERVAL '1 minute'`), a string equality
+/// (`device = 'd-7'`, `device IN ('a', 'b')`) or a number column compared with a number of
+/// its kind (`total_amount < 0`, `passenger_count > 3`).
 fn exact_filter<'a>(def: &TableDef, filters: impl Iterator<Item = &'a Expr>) -> Option<RowFilter> {
     let mut out = RowFilter::default();
     for e in filters.flat_map(split_conjunction) {
@@ -465,6 +472,9 @@ fn exact_filter<'a>(def: &TableDef, filters: impl Iterator<Item = &'a Expr>) -> 
         match (&f.time[..], &f.equal[..], &f.value[..]) {
             ([(col, _, _)], [], []) if *col == def.partition_column => out.time.extend(f.time),
             ([], [_], []) => out.equal.extend(f.equal),
+            ([], [], [(col, _, v)]) if comparable(&def.columns[*col].ty.arrow(), *v) => {
+                out.value.extend(f.value)
+            }
             _ => return None,
         }
     }

@@ -259,15 +259,21 @@ pub fn row_filter(def: &TableDef, filters: &[Expr]) -> RowFilter {
     use crate::types::ColumnType;
     let mut f = RowFilter::default();
     let column = |e: &Expr| -> Option<(usize, ColumnType)> {
-        let name = match e {
-            Expr::Column(c) => c.name.as_str(),
-            // A cast that keeps every instant as it is (to compare with `now()`): not one to
-            // seconds or milliseconds (which rounds), nor to another zone (which shifts).
-            Expr::Cast(c) if instant_preserving(c.field.data_type()) => column_of(&c.expr)?,
+        let (name, cast) = match e {
+            Expr::Column(c) => (c.name.as_str(), None),
+            Expr::Cast(c) => (column_of(&c.expr)?, Some(c.field.data_type())),
             _ => return None,
         };
         let i = def.columns.iter().position(|c| c.name == name)?;
-        Some((i, def.columns[i].ty))
+        let ty = def.columns[i].ty;
+        match cast {
+            // A cast that keeps every instant as it is (to compare with `now()`): not one to
+            // seconds or milliseconds (which rounds), nor to another zone (which shifts); or
+            // one that keeps every number (`CAST(f32 AS DOUBLE) < 0.5`, as DataFusion
+            // coerces a FLOAT column compared with a literal).
+            Some(to) if !instant_preserving(to) && !widening(ty, to) => None,
+            _ => Some((i, ty)),
+        }
     };
     let text = |e: &Expr| match e {
         Expr::Literal(ScalarValue::Utf8(Some(s)) | ScalarValue::Utf8View(Some(s)), _) => {
@@ -403,6 +409,21 @@ fn step(v: &Value, delta: i64) -> Option<Value> {
         Value::UInt(u) => Value::UInt(u.checked_add_signed(delta)?),
         _ => return None,
     })
+}
+
+/// Whether casting a number column of type `from` to `to` keeps every value (and its order).
+fn widening(from: crate::types::ColumnType, to: &DataType) -> bool {
+    use crate::types::ColumnType::*;
+    match to {
+        DataType::Float64 => matches!(from, Float32 | Float64),
+        DataType::Int64 => matches!(from, Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32),
+        DataType::Int32 => matches!(from, Int8 | Int16 | Int32 | UInt8 | UInt16),
+        DataType::Int16 => matches!(from, Int8 | Int16 | UInt8),
+        DataType::UInt64 => matches!(from, UInt8 | UInt16 | UInt32 | UInt64),
+        DataType::UInt32 => matches!(from, UInt8 | UInt16 | UInt32),
+        DataType::UInt16 => matches!(from, UInt8 | UInt16),
+        _ => false,
+    }
 }
 
 /// Whether casting a microsecond timestamp without zone to `ty` keeps its instant.
@@ -613,11 +634,19 @@ impl SluiceTable {
                     let syn = f.synopsis.as_ref()?;
                     // Files older than an ADD COLUMN lack it: all NULL there.
                     let none = ColumnSynopsis::default();
-                    let syn: Vec<_> = (columns.iter())
-                        .map(|c| syn.get(*c).cloned().unwrap_or_else(|| none.clone()))
+                    let of = |c: usize| syn.get(c).unwrap_or(&none);
+                    // Number comparisons decided for the whole file by its synopsis.
+                    let decided: Vec<_> = (filter.value.iter())
+                        .map(|&(c, op, v)| crate::chunk::decide(of(c), f.rows, op, v))
                         .collect();
-                    add(f.rows, &syn);
-                    continue;
+                    if decided.contains(&Some(false)) {
+                        continue;
+                    }
+                    if decided.iter().all(|d| *d == Some(true)) {
+                        let syn: Vec<_> = columns.iter().map(|c| of(*c).clone()).collect();
+                        add(f.rows, &syn);
+                        continue;
+                    }
                 }
                 for c in self.shared.hot.get(&f.path)? {
                     let widened = c.with_batch(crate::buffer::widen(&c.batch, &self.schema));
