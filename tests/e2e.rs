@@ -733,6 +733,15 @@ async fn large_results_stream_in_every_format() {
         .collect();
     s.write_ok("iot", "readings", "text/csv", body).await;
     let q = "SELECT device, temp FROM iot.readings ORDER BY temp";
+    // A result of one batch (an alert's row) goes out whole, with its length; a longer one
+    // streams (chunked).
+    for (sql, whole) in [("SELECT count(*) FROM iot.readings", true), (q, false)] {
+        let r = s.client().post(s.url("/v1/sql")).body(sql).send().await;
+        let r = r.unwrap();
+        assert_eq!(r.status(), 200);
+        let length = r.headers().get("content-length").is_some();
+        assert_eq!(length, whole, "{sql}: content-length");
+    }
     let json = s.rows(q).await;
     assert_eq!(json.len(), n);
     assert_eq!(

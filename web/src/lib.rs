@@ -105,7 +105,15 @@ pub async fn serve(
     extras: Extras,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
     let app = router(db, config, extras, cancel.clone());
+    // Responses go out at once, not held back until the client acknowledges the previous
+    // segment (Nagle's algorithm costs an alert query's round trip).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set on an HTTP connection");
+        }
+    });
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
@@ -225,8 +233,25 @@ async fn sql(
         Some(batch) => Some(encoder.batch(&batch.map_err(sluice_engine::Error::from)?)?),
         None => None,
     };
+    // A result that ends with its first batch (an alert's one row) goes out in one piece,
+    // with its length: one write, read by the client at once.
+    let second = match first {
+        Some(_) => stream.next().await,
+        None => None,
+    };
     let elapsed = started.elapsed().as_micros().to_string();
-    let body = body_chunks(first, stream, encoder);
+    let body = match second {
+        None => {
+            let mut whole = first.map(Vec::from).unwrap_or_default();
+            whole.extend_from_slice(&encoder.finish()?);
+            Body::from(whole)
+        }
+        Some(batch) => {
+            let second = encoder.batch(&batch.map_err(sluice_engine::Error::from)?)?;
+            let first = first.into_iter().chain([second]).collect();
+            Body::from_stream(body_chunks(first, stream, encoder))
+        }
+    };
     Ok((
         [
             (header::CONTENT_TYPE, out_format.content_type().to_string()),
@@ -236,7 +261,7 @@ async fn sql(
             ),
             (header::HeaderName::from_static("x-sluice-columns"), columns),
         ],
-        Body::from_stream(body),
+        body,
     )
         .into_response())
 }
@@ -263,17 +288,17 @@ fn columns_header(schema: &datafusion::arrow::datatypes::Schema) -> String {
     out
 }
 
-/// The rest of the result as body chunks: each batch encoded as it arrives, then the closing
-/// bytes of the format.
+/// The rest of the result as body chunks: the batches encoded already, then each batch
+/// encoded as it arrives, then the closing bytes of the format.
 fn body_chunks(
-    first: Option<bytes::Bytes>,
+    ready: std::collections::VecDeque<bytes::Bytes>,
     stream: datafusion::execution::SendableRecordBatchStream,
     encoder: format::Encoder,
 ) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send {
-    let state = (stream, Some(encoder), first);
-    futures::stream::unfold(state, |(mut stream, mut encoder, first)| async move {
-        if let Some(chunk) = first {
-            return Some((Ok(chunk), (stream, encoder, None)));
+    let state = (stream, Some(encoder), ready);
+    futures::stream::unfold(state, |(mut stream, mut encoder, mut ready)| async move {
+        if let Some(chunk) = ready.pop_front() {
+            return Some((Ok(chunk), (stream, encoder, ready)));
         }
         let enc = encoder.as_mut()?;
         let chunk = match stream.next().await {
@@ -282,13 +307,13 @@ fn body_chunks(
                 tracing::warn!(error = %e, "query failed while streaming its result; response cut short");
                 return Some((
                     Err(std::io::Error::other(e.to_string())),
-                    (stream, None, None),
+                    (stream, None, ready),
                 ));
             }
             None => encoder.take()?.finish(),
         };
         let chunk = chunk.map_err(|e| std::io::Error::other(e.message));
-        Some((chunk, (stream, encoder, None)))
+        Some((chunk, (stream, encoder, ready)))
     })
 }
 
