@@ -20,7 +20,9 @@
 //! Once purged records make up most of a large file, the writer thread rewrites it with what
 //! every group still holds: it takes every group's state (records are queued under their
 //! group's lock, so nothing new is queued meanwhile), writes what was queued before, and
-//! replaces the file with a synced copy of the states.
+//! replaces the file with a synced copy of the states. Every group waits meanwhile: a file
+//! of 64 MiB or more that is at most a quarter live, so a write and sync of up to 16 MiB or
+//! so, well inside the election timeout.
 
 use crate::types::{GroupId, Tc, from_cbor, to_cbor};
 use openraft::entry::RaftEntry;
@@ -46,6 +48,9 @@ const TRUNCATE: u8 = 4;
 const PURGE: u8 = 5;
 /// The group left this node: forget everything before.
 const REMOVED: u8 = 6;
+/// The group's records before this one are the whole of a log taken over from the old
+/// layout ([`LogWriter::take_over`]).
+const TAKEN: u8 = 7;
 /// Bytes before a record's CBOR: length, crc, kind, group.
 const HEAD: usize = 4 + 4 + 1 + 8;
 /// Largest record body accepted on replay (a longer length is a torn or corrupt record).
@@ -226,13 +231,7 @@ impl LogWriter {
         let (tx, rx) = oneshot::channel();
         {
             let mut groups = self.inner.groups.lock();
-            if let Some(g) = groups.remove(&k) {
-                let mut st = g.state.lock();
-                st.removed = true;
-                self.inner
-                    .live_bytes
-                    .fetch_sub(st.live_bytes, Ordering::Relaxed);
-            }
+            self.forget(&mut groups, k);
             // Queued under the registry's lock: a rewrite sees the group or this record.
             let mut bytes = Vec::with_capacity(HEAD);
             let size = record(&mut bytes, REMOVED, k, &[]);
@@ -246,8 +245,10 @@ impl LogWriter {
     }
 
     /// Takes over `group`'s log from a file of the old layout (one `raft.log` per group,
-    /// records without the group), unless this node's file already has the group (taken
-    /// over before a crash that left the old file). The caller deletes the old file after.
+    /// records without the group), unless this node's file already holds the whole copy
+    /// (taken over before a crash that left the old file: the copy ends in a TAKEN record,
+    /// so a copy cut short by the crash is made again). The caller deletes the old file once
+    /// this returns `Ok`.
     pub async fn take_over(&self, group: GroupId, old: &Path) -> io::Result<()> {
         let bytes = std::fs::read(old)?;
         let mut state = State::default();
@@ -256,14 +257,21 @@ impl LogWriter {
             state.apply(kind, body, size as u64)?;
             at += size;
         }
+        state.taken_over = true;
         let k = key(group);
         let (tx, rx) = oneshot::channel();
         {
             let mut groups = self.inner.groups.lock();
-            if groups.contains_key(&k) {
-                return Ok(());
+            if let Some(g) = groups.get(&k) {
+                if g.state.lock().taken_over {
+                    return Ok(());
+                }
+                // Part of a copy (a crash during the take-over): dropped, then made again.
+                self.forget(&mut groups, k);
             }
+            // The removal first: a replay drops what an earlier, partial copy left.
             let mut records = Vec::new();
+            record(&mut records, REMOVED, k, &[]);
             state.snapshot(k, &mut records)?;
             self.inner
                 .file_bytes
@@ -282,8 +290,25 @@ impl LogWriter {
                 done: Done::Signal(tx),
             });
         }
+        let written = signalled(rx).await;
+        if written.is_err() {
+            // Not on disk: the old file stays the log, and a later attempt copies it again.
+            self.forget(&mut self.inner.groups.lock(), k);
+        }
+        written?;
         tracing::info!(%group, old = %old.display(), "raft log taken over from the old layout");
-        signalled(rx).await
+        Ok(())
+    }
+
+    /// Drops group `k` from the registry (its handles refuse writes from now on).
+    fn forget(&self, groups: &mut BTreeMap<u64, Arc<Group>>, k: u64) {
+        if let Some(g) = groups.remove(&k) {
+            let mut st = g.state.lock();
+            st.removed = true;
+            self.inner
+                .live_bytes
+                .fetch_sub(st.live_bytes, Ordering::Relaxed);
+        }
     }
 }
 
@@ -530,6 +555,8 @@ struct State {
     live_bytes: u64,
     /// The group left this node: writes are refused.
     removed: bool,
+    /// The log was taken over whole from the old layout.
+    taken_over: bool,
 }
 
 impl State {
@@ -551,6 +578,7 @@ impl State {
                 let upto: LogIdOf<Tc> = from_cbor(body)?;
                 self.purge(upto);
             }
+            TAKEN => self.taken_over = true,
             k => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -593,6 +621,9 @@ impl State {
         }
         for (e, _) in self.entries.values() {
             record(out, ENTRY, k, &to_cbor(e)?);
+        }
+        if self.taken_over {
+            record(out, TAKEN, k, &[]);
         }
         Ok(())
     }

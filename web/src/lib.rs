@@ -233,13 +233,14 @@ async fn sql(
         Some(batch) => Some(encoder.batch(&batch.map_err(sluice_engine::Error::from)?)?),
         None => None,
     };
+    let elapsed = started.elapsed().as_micros().to_string();
     // A result that ends with its first batch (an alert's one row) goes out in one piece,
-    // with its length: one write, read by the client at once.
+    // with its length: one write, read by the client at once. (A longer result's headers
+    // wait for its second batch.)
     let second = match first {
         Some(_) => stream.next().await,
         None => None,
     };
-    let elapsed = started.elapsed().as_micros().to_string();
     let body = match second {
         None => {
             let mut whole = first.map(Vec::from).unwrap_or_default();
