@@ -168,7 +168,8 @@ impl LogWriter {
             }
             let g = groups.entry(group).or_default();
             g.state.lock().apply(kind, body, size)
-        })?;
+        })
+        .map_err(|(at, e)| bad_record(path, at, e))?;
         if at < bytes.len() {
             // Reserved space never written reads as zeros: that is the clean end.
             if bytes[at..].iter().any(|b| *b != 0) {
@@ -212,6 +213,15 @@ impl LogWriter {
         self.inner.file_bytes.load(Ordering::Relaxed)
     }
 
+    /// Queues `bytes` (whole records) to be written, counting them in the file's size.
+    fn queue(&self, bytes: Vec<u8>, done: Done) {
+        (self.inner.file_bytes).fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.submit(Job {
+            op: Op::Append(bytes),
+            done,
+        });
+    }
+
     fn submit(&self, job: Job) {
         let tx = self.tx.lock();
         let refused = match tx.as_ref() {
@@ -234,12 +244,8 @@ impl LogWriter {
             self.forget(&mut groups, k);
             // Queued under the registry's lock: a rewrite sees the group or this record.
             let mut bytes = Vec::with_capacity(HEAD);
-            let size = record(&mut bytes, REMOVED, k, &[]);
-            self.inner.file_bytes.fetch_add(size, Ordering::Relaxed);
-            self.submit(Job {
-                op: Op::Append(bytes),
-                done: Done::Signal(tx),
-            });
+            record(&mut bytes, REMOVED, k, &[]);
+            self.queue(bytes, Done::Signal(tx));
         }
         signalled(rx).await
     }
@@ -250,11 +256,12 @@ impl LogWriter {
     /// so a copy cut short by the crash is made again). The caller deletes the old file once
     /// this returns `Ok`.
     pub async fn take_over(&self, group: GroupId, old: &Path) -> io::Result<()> {
-        let bytes = std::fs::read(old)?;
+        let bytes = std::fs::read(old)
+            .map_err(|e| io::Error::new(e.kind(), format!("reading {}: {e}", old.display())))?;
         let mut state = State::default();
         let mut at = 0usize;
         while let Some((kind, body, size)) = next_record(&bytes, at, 0) {
-            state.apply(kind, body, size as u64)?;
+            (state.apply(kind, body, size as u64)).map_err(|e| bad_record(old, at, e))?;
             at += size;
         }
         state.taken_over = true;
@@ -274,9 +281,6 @@ impl LogWriter {
             record(&mut records, REMOVED, k, &[]);
             state.snapshot(k, &mut records)?;
             self.inner
-                .file_bytes
-                .fetch_add(records.len() as u64, Ordering::Relaxed);
-            self.inner
                 .live_bytes
                 .fetch_add(state.live_bytes, Ordering::Relaxed);
             groups.insert(
@@ -285,10 +289,7 @@ impl LogWriter {
                     state: Mutex::new(state),
                 }),
             );
-            self.submit(Job {
-                op: Op::Append(records),
-                done: Done::Signal(tx),
-            });
+            self.queue(records, Done::Signal(tx));
         }
         let written = signalled(rx).await;
         if written.is_err() {
@@ -322,18 +323,31 @@ impl Drop for LogWriter {
 }
 
 /// Replays the records of `bytes` (each body's kind and group first) through `apply`;
-/// returns where the last whole record ends.
+/// returns where the last whole record ends, or the offset of a whole record `apply`
+/// refused and why.
 fn replay(
     bytes: &[u8],
     mut apply: impl FnMut(u64, u8, &[u8], u64) -> io::Result<()>,
-) -> io::Result<usize> {
+) -> Result<usize, (usize, io::Error)> {
     let mut at = 0usize;
     while let Some((kind, body, size)) = next_record(bytes, at, 8) {
         let group = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
-        apply(group, kind, &body[8..], size as u64)?;
+        apply(group, kind, &body[8..], size as u64).map_err(|e| (at, e))?;
         at += size;
     }
     Ok(at)
+}
+
+/// A whole record (its crc matches) at `at` of `path` that does not make sense: the log is
+/// not cut there (that could drop acknowledged entries), the node refuses to start.
+fn bad_record(path: &Path, at: usize, e: io::Error) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!(
+            "raft log {} at offset {at}: {e}; refusing to start rather than drop what follows (move the file aside to inspect it)",
+            path.display()
+        ),
+    )
 }
 
 /// The record at `at`, whole and with a matching crc, and with at least `min_after_kind`
@@ -562,12 +576,7 @@ struct State {
 impl State {
     fn apply(&mut self, kind: u8, body: &[u8], size: u64) -> io::Result<()> {
         match kind {
-            ENTRY => {
-                let e: EntryOf<Tc> = from_cbor(body)?;
-                self.cut_from(e.index());
-                self.live_bytes += size;
-                self.entries.insert(e.index(), (e, size));
-            }
+            ENTRY => self.insert(from_cbor(body)?, size),
             VOTE => self.vote = Some(from_cbor(body)?),
             COMMITTED => self.committed = from_cbor(body)?,
             TRUNCATE => {
@@ -587,6 +596,13 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// Adds entry `e` (its record `size` bytes), replacing those at its index and after.
+    fn insert(&mut self, e: EntryOf<Tc>, size: u64) {
+        self.cut_from(e.index());
+        self.live_bytes += size;
+        self.entries.insert(e.index(), (e, size));
     }
 
     /// Drops the entries at `index` and after.
@@ -675,16 +691,8 @@ impl LogStore {
     /// order is the state's order).
     fn write(&self, _locked: &mut State, kind: u8, cbor: &[u8], done: Done) {
         let mut bytes = Vec::with_capacity(cbor.len() + HEAD);
-        let size = record(&mut bytes, kind, self.shared.key, cbor);
-        self.queue(bytes, size, done);
-    }
-
-    fn queue(&self, bytes: Vec<u8>, size: u64, done: Done) {
-        self.inner().file_bytes.fetch_add(size, Ordering::Relaxed);
-        self.shared.writer.submit(Job {
-            op: Op::Append(bytes),
-            done,
-        });
+        record(&mut bytes, kind, self.shared.key, cbor);
+        self.shared.writer.queue(bytes, done);
     }
 
     /// Moves the node's live byte count by this group's change from `before`.
@@ -793,15 +801,11 @@ impl RaftLogStorage<Tc> for LogStore {
         let mut st = self.shared.group.state.lock();
         st.refuse_removed()?;
         let before = st.live_bytes;
-        let mut total = 0;
         for (e, size) in added {
-            st.cut_from(e.index());
-            st.live_bytes += size;
-            total += size;
-            st.entries.insert(e.index(), (e, size));
+            st.insert(e, size);
         }
         self.relive(before, &st);
-        self.queue(bytes, total, Done::Flushed(callback));
+        self.shared.writer.queue(bytes, Done::Flushed(callback));
         Ok(())
     }
 

@@ -214,13 +214,7 @@ impl Chunk {
                 continue;
             }
             let inside = BooleanArray::from_unary(ts, |t| lo <= t && t <= hi);
-            and_into(
-                &mut mask,
-                match ts.nulls() {
-                    Some(n) => BooleanArray::new(inside.values() & n.inner(), None),
-                    None => inside,
-                },
-            );
+            and_into(&mut mask, null_is_false(inside, ts.nulls()));
         }
         // Number comparisons the synopsis (of the rows one indexed equality picks) decides
         // for every row are left out; the others are checked row by row below.
@@ -616,10 +610,18 @@ fn compared(array: &ArrayRef, op: Operator, v: Num) -> Option<BooleanArray> {
         DataType::Float64 => floats!(Float64Type),
         _ => return None,
     };
-    Some(match array.nulls() {
-        Some(n) => BooleanArray::new(m.values() & n.inner(), None),
-        None => m,
-    })
+    Some(null_is_false(m, array.nulls()))
+}
+
+/// `mask` with the rows NULL in `nulls` false (a comparison with NULL matches nothing).
+fn null_is_false(
+    mask: BooleanArray,
+    nulls: Option<&datafusion::arrow::buffer::NullBuffer>,
+) -> BooleanArray {
+    match nulls {
+        Some(n) => BooleanArray::new(mask.values() & n.inner(), None),
+        None => mask,
+    }
 }
 
 #[cfg(test)]
