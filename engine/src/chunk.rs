@@ -10,6 +10,7 @@
 //! cannot match and takes only the matching rows of the others. The filters stay on the
 //! rows too (pushdown is inexact), so an index only ever removes rows that could not match.
 
+use crate::groups::{Answer, Groups};
 use crate::synopsis::{ColumnSynopsis, Num};
 use datafusion::arrow::array::BooleanArray;
 use datafusion::arrow::array::UInt32Array;
@@ -101,6 +102,8 @@ struct ChunkIndex {
     /// the columns asked over those rows: an alert asking `temp > 90` every second sums a
     /// chunk's matching rows once.
     filtered: parking_lot::Mutex<HashMap<String, Filtered>>,
+    /// Group synopses over the chunk's few-valued columns ([`Groups::of`]).
+    groups: OnceLock<Option<Groups>>,
 }
 
 /// Rows kept in memory, immutable, with their index.
@@ -260,20 +263,7 @@ impl Chunk {
                 });
                 continue;
             }
-            let array = self.batch.columns().get(*col)?;
-            if array.data_type() != &DataType::Utf8 {
-                return None;
-            }
-            let strings = array.as_string::<i32>();
-            let wanted: HashSet<&str> = values.iter().map(String::as_str).collect();
-            and_into(
-                &mut mask,
-                BooleanArray::from_iter(
-                    strings
-                        .iter()
-                        .map(|s| Some(s.is_some_and(|s| wanted.contains(s)))),
-                ),
-            );
+            and_into(&mut mask, equal(self.batch.columns().get(*col)?, values)?);
         }
         let rows: Vec<u32> = match (rows, &mask) {
             (None, None) => {
@@ -298,6 +288,70 @@ impl Chunk {
             }
         }
         Some((rows.len() as u64, syn))
+    }
+
+    /// Adds the rows `filter` admits to a `GROUP BY` answer: a sealed chunk wholly inside
+    /// the time bounds from its kept group synopses when they have the columns asked,
+    /// others from their rows. `None` when the filter or a grouped column cannot be
+    /// checked here (see [`Chunk::synopsis_where`], and [`Groups::by`]).
+    pub fn groups_into(&self, answer: &mut Answer, filter: &RowFilter) -> Option<()> {
+        let mut inside = true;
+        for &(col, lo, hi) in &filter.time {
+            match self.range(col) {
+                Some((min, max)) if max < lo || min > hi => return Some(()),
+                Some((min, max)) => {
+                    let nulls = self.batch.columns().get(col)?.null_count();
+                    inside &= lo <= min && max <= hi && nulls == 0;
+                }
+                // Every time NULL: no row compares true.
+                None => return Some(()),
+            }
+        }
+        if let (true, Some(index)) = (inside, &self.index)
+            && let Some(groups) = index.groups.get_or_init(|| Groups::of(&self.batch))
+            && answer.add(
+                groups,
+                &RowFilter {
+                    time: Vec::new(),
+                    ..filter.clone()
+                },
+            )
+        {
+            return Some(());
+        }
+        let rows = self.admitted(filter)?;
+        let groups = Groups::by(&self.batch, &answer.keys, rows.as_deref(), &answer.columns)?;
+        answer.add(&groups, &RowFilter::default()).then_some(())
+    }
+
+    /// Positions of the rows `filter` admits (`None` inside: every row), or `None` when a
+    /// filter cannot be checked here.
+    fn admitted(&self, filter: &RowFilter) -> Option<Option<Vec<u32>>> {
+        let mut mask: Option<BooleanArray> = None;
+        for &(col, lo, hi) in &filter.time {
+            let array = self.batch.columns().get(col)?;
+            let DataType::Timestamp(TimeUnit::Microsecond, _) = array.data_type() else {
+                return None;
+            };
+            let ts = array.as_primitive::<TimestampMicrosecondType>();
+            let inside = BooleanArray::from_unary(ts, |t| lo <= t && t <= hi);
+            and_into(&mut mask, null_is_false(inside, ts.nulls()));
+        }
+        for &(col, op, v) in &filter.value {
+            let array = self.batch.columns().get(col)?;
+            if !comparable(array.data_type(), v) {
+                return None;
+            }
+            and_into(&mut mask, compared(array, op, v)?);
+        }
+        for (col, values) in &filter.equal {
+            and_into(&mut mask, equal(self.batch.columns().get(*col)?, values)?);
+        }
+        Some(mask.map(|m| {
+            (0..m.len() as u32)
+                .filter(|r| m.value(*r as usize))
+                .collect()
+        }))
     }
 
     /// The synopses of `columns` over the rows at `positions`.
@@ -378,6 +432,18 @@ impl Chunk {
     fn rows(&self, col: usize, values: &[String]) -> Option<Vec<u32>> {
         Some(self.value_index(col)?.rows(values))
     }
+}
+
+/// Which rows of a string column hold one of `values` (`None` if not a string column).
+fn equal(array: &ArrayRef, values: &[String]) -> Option<BooleanArray> {
+    if array.data_type() != &DataType::Utf8 {
+        return None;
+    }
+    let wanted: HashSet<&str> = values.iter().map(String::as_str).collect();
+    let strings = array.as_string::<i32>();
+    Some(BooleanArray::from_iter(
+        (strings.iter()).map(|s| Some(s.is_some_and(|s| wanted.contains(s)))),
+    ))
 }
 
 /// `mask` narrowed by `m` (rows in both).

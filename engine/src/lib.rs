@@ -29,6 +29,7 @@ pub mod engine;
 pub mod error;
 pub mod files;
 pub mod functions;
+pub mod groups;
 pub mod hex;
 pub mod hot;
 pub mod optimizer;

@@ -15,12 +15,14 @@
 
 use crate::catalog::TableDef;
 use crate::chunk::{RowFilter, comparable};
+use crate::groups::{Answer, Key};
 use crate::provider::{SluiceTable, row_filter};
 use crate::synopsis::{ColumnSynopsis, Num};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use datafusion::arrow::array::new_empty_array;
 use datafusion::arrow::datatypes::{DataType, SchemaRef, TimeUnit};
-use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, DFSchemaRef, ScalarValue};
@@ -136,6 +138,8 @@ fn column<'a>(e: &'a Expr, schema: &SchemaRef) -> Option<&'a str> {
 #[derive(Debug, Clone)]
 pub struct SynopsisNode {
     table: Arc<SluiceTable>,
+    /// The grouped columns (`GROUP BY`), answered from group synopses.
+    group: Vec<usize>,
     wants: Vec<Want>,
     /// The table's columns the aggregates read, each once.
     columns: Vec<usize>,
@@ -201,7 +205,7 @@ impl SynopsisNode {
     /// The node for `agg` (the plan `plan`), when synopses can answer an aggregate of its
     /// shape.
     fn try_new(agg: &Aggregate, plan: &LogicalPlan) -> Option<Self> {
-        if !agg.group_expr.is_empty() || agg.aggr_expr.is_empty() {
+        if agg.group_expr.is_empty() && agg.aggr_expr.is_empty() {
             return None;
         }
         let mut input = agg.input.as_ref();
@@ -238,6 +242,16 @@ impl SynopsisNode {
             }
         }
         let schema = datafusion::datasource::TableProvider::schema(table);
+        let mut group = Vec::with_capacity(agg.group_expr.len());
+        for (e, field) in agg.group_expr.iter().zip(agg.schema.fields().iter()) {
+            let Expr::Column(c) = e else { return None };
+            let i = def.column_index(&c.name)?;
+            let ty = schema.field(i).data_type();
+            if ty != field.data_type() || !crate::groups::keyable(ty) {
+                return None;
+            }
+            group.push(i);
+        }
         let (row_filter, unbound) = match filters.iter().any(|e| of_the_moment(e)) {
             false => (exact_filter(&def, filters.iter().copied())?, None),
             true => {
@@ -253,7 +267,8 @@ impl SynopsisNode {
         };
         let mut wants = Vec::new();
         let mut columns: Vec<usize> = Vec::new();
-        for (e, field) in agg.aggr_expr.iter().zip(agg.schema.fields().iter()) {
+        let aggregate_fields = agg.schema.fields().iter().skip(group.len());
+        for (e, field) in agg.aggr_expr.iter().zip(aggregate_fields) {
             let e = match e {
                 Expr::Alias(a) => a.expr.as_ref(),
                 e => e,
@@ -298,12 +313,17 @@ impl SynopsisNode {
             .map(|e| e.schema_name().to_string())
             .collect();
         let mut label = format!("{} [{}]", scan.table_name, aggregates.join(", "));
+        if !agg.group_expr.is_empty() {
+            let shown: Vec<String> = agg.group_expr.iter().map(|e| e.to_string()).collect();
+            label.push_str(&format!(" group by {}", shown.join(", ")));
+        }
         if !filters.is_empty() {
             let shown: Vec<String> = filters.iter().map(|e| e.to_string()).collect();
             label.push_str(&format!(" where {}", shown.join(" AND ")));
         }
         Some(Self {
             table: Arc::new(table.clone()),
+            group,
             wants,
             columns,
             filter: row_filter,
@@ -326,6 +346,9 @@ impl SynopsisNode {
             }
             None => &self.filter,
         };
+        if !self.group.is_empty() {
+            return self.grouped(filter);
+        }
         let (rows, syn) = self.table.synopsis_where(&self.columns, filter)?;
         let schema: SchemaRef = self.schema.inner().clone();
         let mut columns = Vec::with_capacity(self.wants.len());
@@ -334,6 +357,33 @@ impl SynopsisNode {
             columns.push(v.to_array().ok()?);
         }
         RecordBatch::try_new(schema, columns).ok()
+    }
+
+    /// The answer to a `GROUP BY` from group synopses (rows in key order), or `None`.
+    fn grouped(&self, filter: &RowFilter) -> Option<RecordBatch> {
+        let mut answer = Answer::new(self.group.clone(), self.columns.clone());
+        self.table.groups_where(&mut answer, filter)?;
+        let mut groups: Vec<_> = answer.groups.into_iter().collect();
+        groups.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let schema: SchemaRef = self.schema.inner().clone();
+        let mut columns = Vec::with_capacity(schema.fields().len());
+        for (i, field) in schema.fields().iter().enumerate() {
+            let ty = field.data_type();
+            let values: Vec<ScalarValue> = match i.checked_sub(self.group.len()) {
+                None => (groups.iter())
+                    .map(|(key, _)| key_value(&key[i], ty))
+                    .collect::<Option<_>>()?,
+                Some(a) => (groups.iter())
+                    .map(|(_, (rows, syn))| value(*self.wants.get(a)?, *rows, syn, ty))
+                    .collect::<Option<_>>()?,
+            };
+            columns.push(match values.is_empty() {
+                true => new_empty_array(ty),
+                false => ScalarValue::iter_to_array(values).ok()?,
+            });
+        }
+        let options = RecordBatchOptions::new().with_row_count(Some(groups.len()));
+        RecordBatch::try_new_with_options(schema, columns, &options).ok()
     }
 
     /// Plans and runs the aggregate this node replaced, with the clock at `now`.
@@ -660,6 +710,33 @@ fn avg(s: &ColumnSynopsis, ty: &DataType) -> Option<ScalarValue> {
     Some(ScalarValue::Float64(Some(v)))
 }
 
+/// A group's value of a grouped column, as a value of type `ty`.
+fn key_value(k: &Key, ty: &DataType) -> Option<ScalarValue> {
+    let v = match k {
+        Key::Null => return null(ty),
+        Key::Bool(b) => ScalarValue::Boolean(Some(*b)),
+        Key::Str(s) => ScalarValue::Utf8(Some(s.to_string())),
+        Key::Int(i) => int_value(*i, ty)?,
+    };
+    (v.data_type() == *ty).then_some(v)
+}
+
+/// An integer as a value of integer type `ty` (`None` if it does not fit, or `ty` is no
+/// integer type).
+fn int_value(i: i128, ty: &DataType) -> Option<ScalarValue> {
+    Some(match ty {
+        DataType::Int8 => ScalarValue::Int8(Some(i8::try_from(i).ok()?)),
+        DataType::Int16 => ScalarValue::Int16(Some(i16::try_from(i).ok()?)),
+        DataType::Int32 => ScalarValue::Int32(Some(i32::try_from(i).ok()?)),
+        DataType::Int64 => ScalarValue::Int64(Some(i64::try_from(i).ok()?)),
+        DataType::UInt8 => ScalarValue::UInt8(Some(u8::try_from(i).ok()?)),
+        DataType::UInt16 => ScalarValue::UInt16(Some(u16::try_from(i).ok()?)),
+        DataType::UInt32 => ScalarValue::UInt32(Some(u32::try_from(i).ok()?)),
+        DataType::UInt64 => ScalarValue::UInt64(Some(u64::try_from(i).ok()?)),
+        _ => return None,
+    })
+}
+
 fn bound(s: &ColumnSynopsis, v: Option<Num>, ty: &DataType) -> Option<ScalarValue> {
     if s.count == 0 {
         return null(ty);
@@ -673,14 +750,7 @@ fn bound(s: &ColumnSynopsis, v: Option<Num>, ty: &DataType) -> Option<ScalarValu
     };
     let v = v?;
     Some(match ty {
-        DataType::Int8 => ScalarValue::Int8(Some(i8::try_from(int(v)?).ok()?)),
-        DataType::Int16 => ScalarValue::Int16(Some(i16::try_from(int(v)?).ok()?)),
-        DataType::Int32 => ScalarValue::Int32(Some(i32::try_from(int(v)?).ok()?)),
-        DataType::Int64 => ScalarValue::Int64(Some(i64::try_from(int(v)?).ok()?)),
-        DataType::UInt8 => ScalarValue::UInt8(Some(u8::try_from(int(v)?).ok()?)),
-        DataType::UInt16 => ScalarValue::UInt16(Some(u16::try_from(int(v)?).ok()?)),
-        DataType::UInt32 => ScalarValue::UInt32(Some(u32::try_from(int(v)?).ok()?)),
-        DataType::UInt64 => ScalarValue::UInt64(Some(u64::try_from(int(v)?).ok()?)),
+        ty if ty.is_integer() => int_value(int(v)?, ty)?,
         // Values were Float32 to begin with, so this conversion is exact.
         DataType::Float32 => ScalarValue::Float32(Some(v.as_f64() as f32)),
         DataType::Float64 => ScalarValue::Float64(Some(v.as_f64())),

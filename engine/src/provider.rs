@@ -4,6 +4,7 @@
 
 use crate::catalog::{CatalogData, DEFAULT_DATABASE, SYSTEM_DATABASE, TableDef};
 use crate::chunk::{Pick, RowFilter};
+use crate::groups::Answer;
 use crate::parts::PartsSpec;
 use crate::state::{Partition, TableState, Tables};
 use crate::storage::Storage;
@@ -579,19 +580,48 @@ impl SluiceTable {
         Ok(set)
     }
 
-    /// Row count and the synopses of `columns` over the rows of the partitions the `WHERE
-    /// PARTS` list admits that `filter` admits: bounds on the
-    /// partition column (a timestamp) and string equalities. Files and chunks wholly inside
-    /// the bounds, unfiltered otherwise, answer from their synopses; those wholly outside are
-    /// skipped; the others are filtered, from their chunk indexes where they have them (a
-    /// file then must be in the hot cache). `None` when that cannot be done: a file without
-    /// synopsis or time range, or one to filter that is not hot, or a bound on another
-    /// column.
-    pub fn synopsis_where(
-        &self,
-        columns: &[usize],
-        filter: &RowFilter,
-    ) -> Option<(u64, Vec<ColumnSynopsis>)> {
+    /// Rows and synopses of `answer.columns` per combination of values of `answer.keys`
+    /// over the rows `filter` admits (see [`SluiceTable::synopsis_where`]): files wholly
+    /// inside the time bounds from their group synopses ([`crate::groups`]), chunks from
+    /// theirs or from their rows. `None` when that cannot be done: a file without group
+    /// synopses by those columns that is not in the hot cache, a filter they cannot decide.
+    pub fn groups_where(&self, answer: &mut Answer, filter: &RowFilter) -> Option<()> {
+        let (lo, hi, keys) = self.time_bounds(filter)?;
+        let untimed = RowFilter {
+            time: Vec::new(),
+            ..filter.clone()
+        };
+        let parts = self.state.parts.read();
+        for (_, p) in self.selected(&parts, &keys) {
+            for f in &p.files {
+                let inside = match filter.time.is_empty() {
+                    true => true,
+                    false => {
+                        let (a, b) = (f.min_time?, f.max_time?);
+                        if b < lo || a > hi {
+                            continue;
+                        }
+                        lo <= a && b <= hi
+                    }
+                };
+                if inside && (f.groups.as_ref()).is_some_and(|g| answer.add(g, &untimed)) {
+                    continue;
+                }
+                for c in self.shared.hot.get(&f.path)? {
+                    let widened = c.with_batch(crate::buffer::widen(&c.batch, &self.schema));
+                    widened.groups_into(answer, filter)?;
+                }
+            }
+            for c in p.unflushed_chunks(&self.schema) {
+                c.groups_into(answer, filter)?;
+            }
+        }
+        Some(())
+    }
+
+    /// The time bounds of `filter` (on the partition column only) and the partitions they
+    /// admit.
+    fn time_bounds(&self, filter: &RowFilter) -> Option<(i64, i64, KeyFilter)> {
         let col = self.def.partition_column;
         let (mut lo, mut hi) = (i64::MIN, i64::MAX);
         for &(c, a, b) in &filter.time {
@@ -609,6 +639,23 @@ impl SluiceTable {
             },
             false => KeyFilter::all(),
         };
+        Some((lo, hi, keys))
+    }
+
+    /// Row count and the synopses of `columns` over the rows of the partitions the `WHERE
+    /// PARTS` list admits that `filter` admits: bounds on the
+    /// partition column (a timestamp) and string equalities. Files and chunks wholly inside
+    /// the bounds, unfiltered otherwise, answer from their synopses; those wholly outside are
+    /// skipped; the others are filtered, from their chunk indexes where they have them (a
+    /// file then must be in the hot cache). `None` when that cannot be done: a file without
+    /// synopsis or time range, or one to filter that is not hot, or a bound on another
+    /// column.
+    pub fn synopsis_where(
+        &self,
+        columns: &[usize],
+        filter: &RowFilter,
+    ) -> Option<(u64, Vec<ColumnSynopsis>)> {
+        let (lo, hi, keys) = self.time_bounds(filter)?;
         let parts = self.state.parts.read();
         let mut rows = 0;
         let mut out = vec![ColumnSynopsis::default(); columns.len()];

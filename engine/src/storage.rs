@@ -7,6 +7,7 @@
 //! replay needs to apply each acknowledged row exactly once.
 
 use crate::error::{Error, Result};
+use crate::groups::Groups;
 use crate::synopsis::ColumnSynopsis;
 use bytes::Bytes;
 use datafusion::arrow::compute::{
@@ -50,6 +51,10 @@ pub struct FileMeta {
     /// Per column count, sum, min and max (absent in files written before synopses).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synopsis: Option<Arc<Vec<ColumnSynopsis>>>,
+    /// Synopses per combination of values of the file's few-valued columns, when it has
+    /// such columns. Not in the manifest: kept while this process knows the file.
+    #[serde(skip)]
+    pub groups: Option<Arc<Groups>>,
 }
 
 /// A partition's persisted state.
@@ -115,6 +120,8 @@ pub struct Encoded {
     pub time_range: Option<(i64, i64)>,
     /// Per column synopsis.
     pub synopsis: Vec<ColumnSynopsis>,
+    /// Group synopses ([`Groups::of`]).
+    pub groups: Option<Groups>,
     /// The rows as written (sorted), for the hot cache.
     pub batch: RecordBatch,
 }
@@ -339,6 +346,7 @@ impl Storage {
                 std::slice::from_ref(&batch),
                 schema.fields().len(),
             ),
+            groups: Groups::of(&batch),
             batch,
         })
     }
@@ -352,6 +360,7 @@ impl Storage {
             min_time: file.time_range.map(|r| r.0),
             max_time: file.time_range.map(|r| r.1),
             synopsis: Some(Arc::new(file.synopsis)),
+            groups: file.groups.map(Arc::new),
         };
         self.put_durable(&meta.path, file.bytes).await?;
         Ok(meta)

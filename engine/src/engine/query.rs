@@ -689,6 +689,141 @@ mod tests {
         e.shutdown().await.unwrap();
     }
 
+    /// GROUP BY over few-valued columns is answered from group synopses (of files, sealed
+    /// chunks, and the rows of the others) with the answer a scan gives; filters on the
+    /// grouped columns and time bounds are decided group by group.
+    #[tokio::test]
+    async fn group_by_answered_by_group_synopses_matches_the_scan() {
+        group_by_case(None).await;
+        // Files not in the hot cache are answered only by their group synopses.
+        group_by_case(Some(0)).await;
+    }
+
+    async fn group_by_case(hot_cache: Option<usize>) {
+        let hot = hot_cache.is_none();
+        let (_dir, e) = engine(
+            "CREATE TABLE t.g (ts TIMESTAMP, device STRING, id STRING, kind INT, x DOUBLE, f FLOAT) PARTITION BY ymdh(ts)",
+            hot_cache,
+        )
+        .await;
+        let def = e.table("t", "g").unwrap();
+        let rows = |range: std::ops::Range<usize>| -> String {
+            range
+                .map(|i| {
+                    let x = match i % 11 {
+                        0 => "-1.5".to_string(),
+                        1 => "-0.0".into(),
+                        2 => String::new(),
+                        3 if i < 3_000 => "NaN".into(),
+                        4 => "inf".into(),
+                        _ => format!("{}", i % 1000),
+                    };
+                    let kind = match i % 13 {
+                        0 => String::new(),
+                        n => format!("{}", n as i64 % 4 - 1),
+                    };
+                    let device = match i % 7 {
+                        0 => "",
+                        n => ["a", "b", "c"][n % 3],
+                    };
+                    let ts = chrono::DateTime::from_timestamp_micros(
+                        1_714_561_200_000_000 + i as i64 * 200_000,
+                    )
+                    .unwrap()
+                    .format("%Y-%m-%d %H:%M:%S%.6f");
+                    format!("{ts},{device},id-{i},{kind},{x},{x}\n")
+                })
+                .collect()
+        };
+        let write = |range| {
+            let (e, def, body) = (e.clone(), def.clone(), rows(range));
+            async move {
+                e.write_message(&def, Format::Csv, body.as_bytes(), &[], None)
+                    .await
+                    .unwrap();
+            }
+        };
+        // (group columns, filter, whether the files' group synopses answer it whole: the
+        // rows of chunks, and of files in the hot cache, answer the others)
+        let queries = [
+            ("device", "", true),
+            ("kind", "", true),
+            ("device, kind", "", true),
+            ("kind, device", "kind > 0", true),
+            ("device", "kind <= 1 AND kind >= 0", true),
+            ("kind", "device IN ('a', 'c')", true),
+            ("device", "device = 'b' AND kind = 2", true),
+            ("kind", "ts >= '2024-05-01 12:00:00'", true),
+            // Bounds inside a file's time range.
+            (
+                "kind",
+                "ts >= '2024-05-01 11:10:00' AND ts < '2024-05-01 11:50:00'",
+                false,
+            ),
+            ("device, kind", "ts < '2024-05-01 11:05:00'", false),
+            // Not decided group by group: a number comparison on another column.
+            ("kind", "x > 100", false),
+            // A column with a value per row is no key of a file's group synopses.
+            ("id", "kind = 2", false),
+        ];
+        let text = |sql: String| {
+            let e = e.clone();
+            async move {
+                let options = QueryOptions {
+                    no_result_cache: true,
+                    ..Default::default()
+                };
+                let out = Database::query(e.as_ref(), &sql, &options).await.unwrap();
+                let batches: Vec<_> = out.stream.try_collect().await.unwrap();
+                datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+                    .unwrap()
+                    .to_string()
+            }
+        };
+        let check = |stage: &'static str, flushed: bool| {
+            let e = e.clone();
+            async move {
+                for (group, filter, whole_files) in queries {
+                    let filter = match filter {
+                        "" => String::new(),
+                        f => format!("WHERE {f}"),
+                    };
+                    let of = |k: &str| {
+                        format!(
+                            "SELECT {group}, count(*) AS n, count(x) AS cx, {k} AS s, min(kind) AS lo, max(ts) AS hi, avg(kind) AS a, sum(f) AS sf FROM t.g {filter} GROUP BY {group} ORDER BY {group}"
+                        )
+                    };
+                    // `sum(kind + 0)` is no plain column: the scan answers.
+                    let scanned = text(of("sum(kind + 0)")).await;
+                    let synopsis = of("sum(kind)");
+                    let stage = format!("{stage}, hot cache {hot_cache:?}");
+                    assert_eq!(
+                        text(synopsis.clone()).await,
+                        scanned,
+                        "{group} {filter} ({stage})"
+                    );
+                    assert!(
+                        scanned.lines().count() > 4,
+                        "{group} {filter}: some groups\n{scanned}"
+                    );
+                    let from = |name| metric(&e, &synopsis, "SluiceSynopsisExec", name);
+                    let answered = whole_files || hot || !flushed;
+                    assert_eq!(
+                        (from("from_synopsis").await, from("from_scan").await),
+                        (answered as usize, !answered as usize),
+                        "{group} {filter} ({stage})"
+                    );
+                }
+            }
+        };
+        write(0..20_000).await;
+        check("buffered", false).await;
+        e.execute("FLUSH TABLE t.g").await.unwrap();
+        write(20_000..26_000).await;
+        check("flushed and buffered", true).await;
+        e.shutdown().await.unwrap();
+    }
+
     /// `now()` is read when each query runs, not when the session was made: a row in a
     /// one-second window leaves it once time has passed.
     #[tokio::test]
