@@ -10,7 +10,7 @@
 //! cannot match and takes only the matching rows of the others. The filters stay on the
 //! rows too (pushdown is inexact), so an index only ever removes rows that could not match.
 
-use crate::groups::{Answer, Groups};
+use crate::groups::{Answer, GroupKey, Groups};
 use crate::synopsis::{ColumnSynopsis, Num};
 use datafusion::arrow::array::BooleanArray;
 use datafusion::arrow::array::UInt32Array;
@@ -320,8 +320,15 @@ impl Chunk {
             return Some(());
         }
         let rows = self.admitted(filter)?;
-        let groups = Groups::by(&self.batch, &answer.keys, rows.as_deref(), &answer.columns)?;
-        answer.add(&groups, &RowFilter::default()).then_some(())
+        let keys = (answer.keys.iter())
+            .map(|k| match *k {
+                GroupKey::Column(c) => self.batch.columns().get(c).cloned(),
+                GroupKey::Day(c) => crate::functions::to_date(self.batch.columns().get(c)?).ok(),
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let groups = Groups::by(&self.batch, &keys, rows.as_deref(), &answer.columns)?;
+        answer.add_rows(groups);
+        Some(())
     }
 
     /// Positions of the rows `filter` admits (`None` inside: every row), or `None` when a

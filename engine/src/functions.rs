@@ -51,7 +51,7 @@ impl ScalarUDFImpl for DateFn {
 /// Days since the epoch. Times without a zone are UTC, so the day is a floor division (arrow's
 /// general cast goes through a calendar per value, several times slower); anything else is
 /// cast.
-fn to_date(a: &ArrayRef) -> Result<ArrayRef> {
+pub(crate) fn to_date(a: &ArrayRef) -> Result<ArrayRef> {
     let per_day = match a.data_type() {
         DataType::Timestamp(TimeUnit::Second, None) => 86_400,
         DataType::Timestamp(TimeUnit::Millisecond, None) => 86_400_000,

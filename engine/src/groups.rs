@@ -14,12 +14,12 @@
 //! the scan.
 
 use crate::chunk::decide;
-use crate::synopsis::ColumnSynopsis;
+use crate::synopsis::{ColumnSynopsis, Num};
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, UInt32Array};
 use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::{
-    DataType, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type,
-    UInt64Type,
+    DataType, Date32Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type,
+    UInt32Type, UInt64Type,
 };
 use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
@@ -70,7 +70,34 @@ pub struct Groups {
 
 /// Whether a column of type `ty` can be a key column.
 pub fn keyable(ty: &DataType) -> bool {
-    ty.is_integer() || matches!(ty, DataType::Utf8 | DataType::Boolean)
+    ty.is_integer() || matches!(ty, DataType::Utf8 | DataType::Boolean | DataType::Date32)
+}
+
+/// What a `GROUP BY` groups by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupKey {
+    /// A column's values.
+    Column(usize),
+    /// The UTC day of a microsecond timestamp column (`date(ts)`): known for a group whose
+    /// times all fall in one day (a file of a daily or finer partition).
+    Day(usize),
+}
+
+const MICROS_PER_DAY: i128 = 86_400_000_000;
+
+/// The day of every row of a group whose time column has synopsis `syn`: NULL when every
+/// time is NULL, `None` when the rows span days or some times are NULL.
+fn day_of(syn: &ColumnSynopsis, rows: u64) -> Option<Key> {
+    if syn.count == 0 {
+        return Some(Key::Null);
+    }
+    match (syn.count == rows, syn.min?, syn.max?) {
+        (true, Num::Int(lo), Num::Int(hi)) => {
+            let day = lo.div_euclid(MICROS_PER_DAY);
+            (day == hi.div_euclid(MICROS_PER_DAY)).then_some(Key::Int(day))
+        }
+        _ => None,
+    }
 }
 
 /// A column's values as small codes, with the value of each code.
@@ -133,6 +160,7 @@ impl Coded {
             DataType::UInt16 => ints!(UInt16Type),
             DataType::UInt32 => ints!(UInt32Type),
             DataType::UInt64 => ints!(UInt64Type),
+            DataType::Date32 => ints!(Date32Type),
             _ => None,
         }
     }
@@ -163,109 +191,111 @@ impl Groups {
             return None;
         }
         chosen.sort_by_key(|(c, _)| *c);
-        Self::from_coded(batch, chosen, None, |_| true)
+        let (keys, coded): (Vec<usize>, Vec<Coded>) = chosen.into_iter().unzip();
+        let groups = grouped(batch, &coded, None, |_| true)?;
+        Some(Self { keys, groups })
     }
 
-    /// The group synopses of the rows at `rows` (all when `None`) by the key columns
-    /// `keys`, with the synopses of `columns` only (the others left empty); `None` when a
-    /// key column cannot be one, or there are too many combinations.
+    /// The groups of the rows of `batch` at `rows` (all when `None`) by the values of
+    /// `keys` (arrays as long as the batch: its columns, or values made from them), with the
+    /// synopses of `columns` only (the others left empty); `None` when a key cannot be one,
+    /// or there are too many combinations.
     pub fn by(
         batch: &RecordBatch,
-        keys: &[usize],
+        keys: &[ArrayRef],
         rows: Option<&[u32]>,
         columns: &[usize],
-    ) -> Option<Self> {
+    ) -> Option<Vec<Group>> {
         let coded = (keys.iter())
-            .map(|c| Some((*c, Coded::of(batch.columns().get(*c)?, usize::MAX)?)))
+            .map(|a| Coded::of(a, usize::MAX))
             .collect::<Option<Vec<_>>>()?;
-        Self::from_coded(batch, coded, rows, |c| columns.contains(&c))
+        grouped(batch, &coded, rows, |c| columns.contains(&c))
     }
+}
 
-    fn from_coded(
-        batch: &RecordBatch,
-        coded: Vec<(usize, Coded)>,
-        rows: Option<&[u32]>,
-        wanted: impl Fn(usize) -> bool,
-    ) -> Option<Self> {
-        let mut radix: u64 = 1;
-        for (_, c) in &coded {
-            radix = radix.checked_mul(c.values.len().max(1) as u64)?;
-        }
-        let id = |r: usize| {
-            (coded.iter()).fold(0u64, |id, (_, c)| {
-                id * c.values.len() as u64 + u64::from(c.codes[r])
-            })
-        };
-        // Each row's group, in order of first appearance.
-        let mut members: Vec<Vec<u32>> = Vec::new();
-        let mut dense: Vec<u32> = Vec::new();
-        let mut sparse: HashMap<u64, u32> = HashMap::new();
-        if radix <= DENSE {
-            dense = vec![u32::MAX; radix as usize];
-        }
-        let mut place = |r: u32| {
-            let i = id(r as usize);
-            let slot = match radix <= DENSE {
-                true => &mut dense[i as usize],
-                false => sparse.entry(i).or_insert(u32::MAX),
-            };
-            if *slot == u32::MAX {
-                *slot = members.len() as u32;
-                members.push(Vec::new());
-            }
-            members[*slot as usize].push(r);
-        };
-        match rows {
-            Some(rows) => rows.iter().for_each(|r| place(*r)),
-            None => (0..batch.num_rows() as u32).for_each(place),
-        }
-        let mut groups: Vec<Group> = (members.iter())
-            .map(|m| Group {
-                key: (coded.iter())
-                    .map(|(_, c)| c.values[c.codes[m[0] as usize] as usize].clone())
-                    .collect(),
-                rows: m.len() as u64,
-                synopsis: Vec::with_capacity(batch.num_columns()),
-            })
-            .collect();
-        // One gather per column, the rows of each group together.
-        let at = UInt32Array::from(members.concat());
-        for (c, column) in batch.columns().iter().enumerate() {
-            if !wanted(c) {
-                groups
-                    .iter_mut()
-                    .for_each(|g| g.synopsis.push(ColumnSynopsis::default()));
-                continue;
-            }
-            let taken = take(column.as_ref(), &at, None).ok()?;
-            let mut offset = 0;
-            for g in &mut groups {
-                let n = g.rows as usize;
-                g.synopsis.push(ColumnSynopsis::of(&taken.slice(offset, n)));
-                offset += n;
-            }
-        }
-        groups.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-        Some(Self {
-            keys: coded.iter().map(|(c, _)| *c).collect(),
-            groups,
-        })
+/// The groups of the rows at `rows` (all when `None`) by the coded keys, each with the
+/// synopses of the columns `wanted` picks, ordered by key.
+fn grouped(
+    batch: &RecordBatch,
+    coded: &[Coded],
+    rows: Option<&[u32]>,
+    wanted: impl Fn(usize) -> bool,
+) -> Option<Vec<Group>> {
+    let mut radix: u64 = 1;
+    for c in coded {
+        radix = radix.checked_mul(c.values.len().max(1) as u64)?;
     }
+    let id = |r: usize| {
+        (coded.iter()).fold(0u64, |id, c| {
+            id * c.values.len() as u64 + u64::from(c.codes[r])
+        })
+    };
+    // Each row's group, in order of first appearance.
+    let mut members: Vec<Vec<u32>> = Vec::new();
+    let mut dense: Vec<u32> = Vec::new();
+    let mut sparse: HashMap<u64, u32> = HashMap::new();
+    if radix <= DENSE {
+        dense = vec![u32::MAX; radix as usize];
+    }
+    let mut place = |r: u32| {
+        let i = id(r as usize);
+        let slot = match radix <= DENSE {
+            true => &mut dense[i as usize],
+            false => sparse.entry(i).or_insert(u32::MAX),
+        };
+        if *slot == u32::MAX {
+            *slot = members.len() as u32;
+            members.push(Vec::new());
+        }
+        members[*slot as usize].push(r);
+    };
+    match rows {
+        Some(rows) => rows.iter().for_each(|r| place(*r)),
+        None => (0..batch.num_rows() as u32).for_each(place),
+    }
+    let mut groups: Vec<Group> = (members.iter())
+        .map(|m| Group {
+            key: (coded.iter())
+                .map(|c| c.values[c.codes[m[0] as usize] as usize].clone())
+                .collect(),
+            rows: m.len() as u64,
+            synopsis: Vec::with_capacity(batch.num_columns()),
+        })
+        .collect();
+    // One gather per column, the rows of each group together.
+    let at = UInt32Array::from(members.concat());
+    for (c, column) in batch.columns().iter().enumerate() {
+        if !wanted(c) {
+            groups
+                .iter_mut()
+                .for_each(|g| g.synopsis.push(ColumnSynopsis::default()));
+            continue;
+        }
+        let taken = take(column.as_ref(), &at, None).ok()?;
+        let mut offset = 0;
+        for g in &mut groups {
+            let n = g.rows as usize;
+            g.synopsis.push(ColumnSynopsis::of(&taken.slice(offset, n)));
+            offset += n;
+        }
+    }
+    groups.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    Some(groups)
 }
 
 /// A `GROUP BY` answer being added up: per combination of values of the grouped columns,
 /// the rows and the synopses of the aggregated columns.
 #[derive(Debug)]
 pub struct Answer {
-    /// The grouped columns (positions in the table).
-    pub keys: Vec<usize>,
+    /// What it groups by.
+    pub keys: Vec<GroupKey>,
     /// The aggregated columns.
     pub columns: Vec<usize>,
     pub groups: HashMap<Vec<Key>, (u64, Vec<ColumnSynopsis>)>,
 }
 
 impl Answer {
-    pub fn new(keys: Vec<usize>, columns: Vec<usize>) -> Self {
+    pub fn new(keys: Vec<GroupKey>, columns: Vec<usize>) -> Self {
         Self {
             keys,
             columns,
@@ -276,10 +306,17 @@ impl Answer {
     /// Adds the groups of `groups` that `filter`'s equalities and number comparisons admit
     /// (its time bounds are the caller's), or nothing and `false` when that cannot be told
     /// group by group: a grouped or equality column that is not a key of `groups`, or a
-    /// comparison that a group's synopsis does not decide.
+    /// comparison that a group's synopsis does not decide, a group whose rows span days
+    /// for a [`GroupKey::Day`].
     pub fn add(&mut self, groups: &Groups, filter: &RowFilter) -> bool {
         let at = |c: usize| groups.keys.iter().position(|k| *k == c);
-        let Some(keys) = self.keys.iter().map(|c| at(*c)).collect::<Option<Vec<_>>>() else {
+        let Some(keys) = (self.keys.iter())
+            .map(|k| match *k {
+                GroupKey::Column(c) => Some(GroupKey::Column(at(c)?)),
+                day => Some(day),
+            })
+            .collect::<Option<Vec<_>>>()
+        else {
             return false;
         };
         let Some(equal) = (filter.equal.iter())
@@ -306,18 +343,36 @@ impl Answer {
                     None => return false,
                 }
             }
-            admitted.push(g);
+            let key = (keys.iter()).map(|k| match *k {
+                GroupKey::Column(at) => Some(g.key[at].clone()),
+                GroupKey::Day(c) => day_of(g.synopsis.get(c).unwrap_or(&none), g.rows),
+            });
+            let Some(key) = key.collect::<Option<Vec<Key>>>() else {
+                return false;
+            };
+            admitted.push((key, g));
         }
-        for g in admitted {
-            let key: Vec<Key> = keys.iter().map(|k| g.key[*k].clone()).collect();
-            let (rows, syn) = (self.groups.entry(key))
-                .or_insert_with(|| (0, vec![ColumnSynopsis::default(); self.columns.len()]));
-            *rows += g.rows;
-            for (o, c) in syn.iter_mut().zip(&self.columns) {
-                o.merge(g.synopsis.get(*c).unwrap_or(&none));
-            }
+        for (key, g) in admitted {
+            self.merge(key, g);
         }
         true
+    }
+
+    /// Adds groups keyed as this answer is ([`Groups::by`] by its keys).
+    pub fn add_rows(&mut self, groups: Vec<Group>) {
+        for mut g in groups {
+            self.merge(std::mem::take(&mut g.key), &g);
+        }
+    }
+
+    fn merge(&mut self, key: Vec<Key>, g: &Group) {
+        let none = ColumnSynopsis::default();
+        let (rows, syn) = (self.groups.entry(key))
+            .or_insert_with(|| (0, vec![ColumnSynopsis::default(); self.columns.len()]));
+        *rows += g.rows;
+        for (o, c) in syn.iter_mut().zip(&self.columns) {
+            o.merge(g.synopsis.get(*c).unwrap_or(&none));
+        }
     }
 }
 
@@ -380,14 +435,27 @@ mod tests {
         // Too few rows for 20 groups at 16 rows each: the site alone.
         assert_eq!(Groups::of(&batch(300)).unwrap().keys, vec![0]);
         // Chosen keys, some rows: the answer is over those rows only.
-        let some = Groups::by(&b, &[2], Some(&[5, 9, 9]), &[3]).unwrap();
-        assert_eq!(some.groups.len(), 2);
-        assert_eq!(some.groups[1].rows, 2);
+        let some = Groups::by(&b, &[b.column(2).clone()], Some(&[5, 9, 9]), &[3]).unwrap();
+        assert_eq!(some.len(), 2);
+        assert_eq!(some[1].rows, 2);
+        assert_eq!(some[1].synopsis[3].sum, Some(Num::Float(9.0)));
+        assert_eq!(some[1].synopsis[1].count, 0, "not asked for");
         assert_eq!(
-            some.groups[1].synopsis[3].sum,
-            Some(crate::synopsis::Num::Float(9.0))
+            Groups::by(&b, &[b.column(3).clone()], None, &[]),
+            None,
+            "a float is no key"
         );
-        assert_eq!(some.groups[1].synopsis[1].count, 0, "not asked for");
-        assert_eq!(Groups::by(&b, &[3], None, &[]), None, "a float is no key");
+        let day = |lo: i128, hi: i128, count| ColumnSynopsis {
+            count,
+            min: Some(Num::Int(lo)),
+            max: Some(Num::Int(hi)),
+            ordered: true,
+            ..Default::default()
+        };
+        let d = MICROS_PER_DAY;
+        assert_eq!(day_of(&day(-1, 0, 2), 2), None, "two days");
+        assert_eq!(day_of(&day(-d, -1, 2), 2), Some(Key::Int(-1)));
+        assert_eq!(day_of(&day(3 * d, 4 * d - 1, 2), 3), None, "a NULL time");
+        assert_eq!(day_of(&ColumnSynopsis::default(), 3), Some(Key::Null));
     }
 }

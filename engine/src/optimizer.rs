@@ -15,7 +15,7 @@
 
 use crate::catalog::TableDef;
 use crate::chunk::{RowFilter, comparable};
-use crate::groups::{Answer, Key};
+use crate::groups::{Answer, GroupKey, Key};
 use crate::provider::{SluiceTable, row_filter};
 use crate::synopsis::{ColumnSynopsis, Num};
 use async_trait::async_trait;
@@ -138,8 +138,8 @@ fn column<'a>(e: &'a Expr, schema: &SchemaRef) -> Option<&'a str> {
 #[derive(Debug, Clone)]
 pub struct SynopsisNode {
     table: Arc<SluiceTable>,
-    /// The grouped columns (`GROUP BY`), answered from group synopses.
-    group: Vec<usize>,
+    /// What a `GROUP BY` groups by, answered from group synopses.
+    group: Vec<GroupKey>,
     wants: Vec<Want>,
     /// The table's columns the aggregates read, each once.
     columns: Vec<usize>,
@@ -244,13 +244,7 @@ impl SynopsisNode {
         let schema = datafusion::datasource::TableProvider::schema(table);
         let mut group = Vec::with_capacity(agg.group_expr.len());
         for (e, field) in agg.group_expr.iter().zip(agg.schema.fields().iter()) {
-            let Expr::Column(c) = e else { return None };
-            let i = def.column_index(&c.name)?;
-            let ty = schema.field(i).data_type();
-            if ty != field.data_type() || !crate::groups::keyable(ty) {
-                return None;
-            }
-            group.push(i);
+            group.push(group_key(e, &def, &schema, field.data_type())?);
         }
         let (row_filter, unbound) = match filters.iter().any(|e| of_the_moment(e)) {
             false => (exact_filter(&def, filters.iter().copied())?, None),
@@ -429,6 +423,29 @@ fn value(want: Want, rows: u64, syn: &[ColumnSynopsis], ty: &DataType) -> Option
         Want::Max(s) => bound(syn.get(s)?, syn.get(s)?.max, ty)?,
     };
     (v.data_type() == *ty).then_some(v)
+}
+
+/// What group synopses group by for `GROUP BY e` (a column of a key type, or `date(ts)` of
+/// a microsecond timestamp column), when the group's values are of type `ty`.
+fn group_key(e: &Expr, def: &TableDef, schema: &SchemaRef, ty: &DataType) -> Option<GroupKey> {
+    let column = |e: &Expr| match e {
+        Expr::Column(c) => def.column_index(&c.name),
+        _ => None,
+    };
+    match e {
+        Expr::Column(_) => {
+            let i = column(e)?;
+            let of = schema.field(i).data_type();
+            (of == ty && crate::groups::keyable(of)).then_some(GroupKey::Column(i))
+        }
+        Expr::ScalarFunction(f) if f.func.name() == "date" && f.args.len() == 1 => {
+            let i = column(&f.args[0])?;
+            let of = schema.field(i).data_type();
+            let micros = DataType::Timestamp(TimeUnit::Microsecond, None);
+            (*of == micros && *ty == DataType::Date32).then_some(GroupKey::Day(i))
+        }
+        _ => None,
+    }
 }
 
 /// Filters that read the clock, with the schema their columns are named in.
@@ -716,6 +733,9 @@ fn key_value(k: &Key, ty: &DataType) -> Option<ScalarValue> {
         Key::Null => return null(ty),
         Key::Bool(b) => ScalarValue::Boolean(Some(*b)),
         Key::Str(s) => ScalarValue::Utf8(Some(s.to_string())),
+        Key::Int(i) if *ty == DataType::Date32 => {
+            ScalarValue::Date32(Some(i32::try_from(*i).ok()?))
+        }
         Key::Int(i) => int_value(*i, ty)?,
     };
     (v.data_type() == *ty).then_some(v)
