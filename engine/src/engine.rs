@@ -137,7 +137,7 @@ impl Engine {
             .collect();
         let orphans: Vec<String> = match config.cluster {
             None => (storage.list("tables").await?.into_iter())
-                .filter(|p| !live.contains(p.as_str()))
+                .filter(|p| !live.contains(p.strip_suffix(".groups").unwrap_or(p)))
                 .collect(),
             // The shared store holds every node's files: none is this node's to remove.
             Some(_) => Vec::new(),

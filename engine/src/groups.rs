@@ -22,8 +22,8 @@ use datafusion::arrow::datatypes::{
     UInt32Type, UInt64Type,
 };
 use datafusion::arrow::record_batch::RecordBatch;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::chunk::RowFilter;
 
@@ -39,18 +39,19 @@ const MIN_GROUPS: usize = 16;
 const DENSE: u64 = 1 << 16;
 
 /// One value of a key column.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Key {
     /// NULL: a group of its own, as in SQL's GROUP BY.
     Null,
     Bool(bool),
     /// Every integer type.
     Int(i128),
-    Str(Box<str>),
+    /// Shared: a value is in many groups and answers.
+    Str(Arc<str>),
 }
 
 /// The rows holding one combination of key values.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Group {
     /// One value per key column.
     pub key: Vec<Key>,
@@ -60,7 +61,7 @@ pub struct Group {
 }
 
 /// Group synopses of some rows.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Groups {
     /// The key columns (positions in the table), ascending.
     pub keys: Vec<usize>,
@@ -149,7 +150,7 @@ impl Coded {
         }
         match a.data_type() {
             DataType::Utf8 => code(a.as_string::<i32>().iter(), a.len(), limit, |s| {
-                Key::Str(Box::from(s))
+                Key::Str(Arc::from(s))
             }),
             DataType::Boolean => code(a.as_boolean().iter(), a.len(), limit, Key::Bool),
             DataType::Int8 => ints!(Int8Type),
@@ -210,6 +211,155 @@ impl Groups {
             .map(|a| Coded::of(a, usize::MAX))
             .collect::<Option<Vec<_>>>()?;
         grouped(batch, &coded, rows, |c| columns.contains(&c))
+    }
+}
+
+/// First bytes of an encoded [`Groups`] (format 1).
+const MAGIC: &[u8] = b"SLGRP1";
+
+impl Groups {
+    /// The bytes of a file's sidecar object: key columns, then per group its key, rows and
+    /// synopses (integers as LEB128 varints, zigzagged when signed; floats as 8 bytes).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = MAGIC.to_vec();
+        let mut uint = |out: &mut Vec<u8>, mut v: u128| loop {
+            let byte = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                out.push(byte);
+                break;
+            }
+            out.push(byte | 0x80);
+        };
+        let int = |out: &mut Vec<u8>, v: i128, uint: &mut dyn FnMut(&mut Vec<u8>, u128)| {
+            uint(out, ((v << 1) ^ (v >> 127)) as u128)
+        };
+        uint(&mut out, self.keys.len() as u128);
+        for k in &self.keys {
+            uint(&mut out, *k as u128);
+        }
+        uint(&mut out, self.groups.len() as u128);
+        for g in &self.groups {
+            for k in &g.key {
+                match k {
+                    Key::Null => out.push(0),
+                    Key::Bool(b) => out.push(1 + u8::from(*b)),
+                    Key::Int(i) => {
+                        out.push(3);
+                        int(&mut out, *i, &mut uint);
+                    }
+                    Key::Str(s) => {
+                        out.push(4);
+                        uint(&mut out, s.len() as u128);
+                        out.extend_from_slice(s.as_bytes());
+                    }
+                }
+            }
+            uint(&mut out, u128::from(g.rows));
+            uint(&mut out, g.synopsis.len() as u128);
+            for syn in &g.synopsis {
+                uint(&mut out, u128::from(syn.count));
+                let tag = |n: Option<Num>| match n {
+                    None => 0u8,
+                    Some(Num::Int(_)) => 1,
+                    Some(Num::Float(_)) => 2,
+                };
+                out.push(
+                    tag(syn.sum)
+                        | tag(syn.min) << 2
+                        | tag(syn.max) << 4
+                        | u8::from(syn.ordered) << 6,
+                );
+                for n in [syn.sum, syn.min, syn.max].into_iter().flatten() {
+                    match n {
+                        Num::Int(i) => int(&mut out, i, &mut uint),
+                        Num::Float(f) => out.extend_from_slice(&f.to_le_bytes()),
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The groups [`Groups::encode`] wrote, or `None` when the bytes are not such (a torn or
+    /// foreign object: the file is then answered by the scan).
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let mut at = bytes.strip_prefix(MAGIC)?;
+        let mut byte = || -> Option<u8> {
+            let (b, rest) = at.split_first()?;
+            at = rest;
+            Some(*b)
+        };
+        fn uint(byte: &mut dyn FnMut() -> Option<u8>) -> Option<u128> {
+            let mut v = 0u128;
+            for shift in (0..128).step_by(7) {
+                let b = byte()?;
+                v |= u128::from(b & 0x7f) << shift;
+                if b & 0x80 == 0 {
+                    return Some(v);
+                }
+            }
+            None
+        }
+        let int = |byte: &mut dyn FnMut() -> Option<u8>| {
+            let v = uint(byte)?;
+            Some((v >> 1) as i128 ^ -((v & 1) as i128))
+        };
+        let small = |byte: &mut dyn FnMut() -> Option<u8>| usize::try_from(uint(byte)?).ok();
+        let keys: Vec<usize> = (0..small(&mut byte)?)
+            .map(|_| small(&mut byte))
+            .collect::<Option<_>>()?;
+        let n = small(&mut byte)?;
+        let mut groups = Vec::with_capacity(n.min(MAX_GROUPS));
+        for _ in 0..n {
+            let mut key = Vec::with_capacity(keys.len());
+            for _ in &keys {
+                key.push(match byte()? {
+                    0 => Key::Null,
+                    1 => Key::Bool(false),
+                    2 => Key::Bool(true),
+                    3 => Key::Int(int(&mut byte)?),
+                    4 => {
+                        let len = small(&mut byte)?;
+                        let text: Vec<u8> = (0..len).map(|_| byte()).collect::<Option<_>>()?;
+                        Key::Str(Arc::from(String::from_utf8(text).ok()?))
+                    }
+                    _ => return None,
+                });
+            }
+            let rows = u64::try_from(uint(&mut byte)?).ok()?;
+            let columns = small(&mut byte)?;
+            let mut synopsis = Vec::with_capacity(columns.min(4096));
+            for _ in 0..columns {
+                let count = u64::try_from(uint(&mut byte)?).ok()?;
+                let tags = byte()?;
+                let mut num = |tag: u8| -> Option<Option<Num>> {
+                    Some(match tag & 3 {
+                        0 => None,
+                        1 => Some(Num::Int(int(&mut byte)?)),
+                        2 => {
+                            let b: Vec<u8> = (0..8).map(|_| byte()).collect::<Option<_>>()?;
+                            Some(Num::Float(f64::from_le_bytes(b.try_into().ok()?)))
+                        }
+                        _ => return None,
+                    })
+                };
+                let (sum, min, max) = (num(tags)?, num(tags >> 2)?, num(tags >> 4)?);
+                synopsis.push(ColumnSynopsis {
+                    count,
+                    sum,
+                    min,
+                    max,
+                    ordered: tags & 0x40 != 0,
+                });
+            }
+            groups.push(Group {
+                key,
+                rows,
+                synopsis,
+            });
+        }
+        at.is_empty().then_some(Self { keys, groups })
     }
 }
 
@@ -432,6 +582,25 @@ mod tests {
             total += group.rows;
         }
         assert_eq!(total, 2_000);
+        // Through the sidecar's bytes and back; a torn one is refused.
+        let bytes = g.encode();
+        assert_eq!(Groups::decode(&bytes), Some(g.clone()));
+        assert_eq!(Groups::decode(&bytes[..bytes.len() - 1]), None);
+        let odd = Groups {
+            keys: vec![0, 7],
+            groups: vec![Group {
+                key: vec![Key::Int(i128::MIN), Key::Bool(true)],
+                rows: u64::MAX,
+                synopsis: vec![ColumnSynopsis {
+                    count: 3,
+                    sum: Some(Num::Int(-5)),
+                    min: Some(Num::Float(-0.0)),
+                    max: Some(Num::Float(f64::INFINITY)),
+                    ordered: false,
+                }],
+            }],
+        };
+        assert_eq!(Groups::decode(&odd.encode()), Some(odd));
         // Too few rows for 20 groups at 16 rows each: the site alone.
         assert_eq!(Groups::of(&batch(300)).unwrap().keys, vec![0]);
         // Chosen keys, some rows: the answer is over those rows only.

@@ -673,6 +673,9 @@ impl ExecutionPlan for SynopsisExec {
         let schema_of_rows = schema.clone();
         let batches = futures::stream::once(async move {
             let now = Utc::now();
+            if !node.group.is_empty() {
+                node.table.load_groups(&node.filter).await;
+            }
             if let Some(batch) = node.answer(now) {
                 from_synopsis.add(1);
                 let one: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(

@@ -7,7 +7,7 @@ use crate::chunk::{Pick, RowFilter};
 use crate::groups::Answer;
 use crate::parts::PartsSpec;
 use crate::state::{Partition, TableState, Tables};
-use crate::storage::Storage;
+use crate::storage::{FileMeta, Storage};
 use crate::synopsis::ColumnSynopsis;
 use crate::types::Value;
 use async_trait::async_trait;
@@ -604,7 +604,8 @@ impl SluiceTable {
                         lo <= a && b <= hi
                     }
                 };
-                if inside && (f.groups.as_ref()).is_some_and(|g| answer.add(g, &untimed)) {
+                let groups = f.groups.get().and_then(Option::as_ref);
+                if inside && groups.is_some_and(|g| answer.add(g, &untimed)) {
                     continue;
                 }
                 for c in self.shared.hot.get(&f.path)? {
@@ -617,6 +618,32 @@ impl SluiceTable {
             }
         }
         Some(())
+    }
+
+    /// Reads the group synopses of the files of the partitions `filter` admits that this
+    /// process has not yet read (files it did not write: after a restart, or another
+    /// node's), several at a time.
+    pub async fn load_groups(&self, filter: &RowFilter) {
+        let Some((_, _, keys)) = self.time_bounds(filter) else {
+            return;
+        };
+        let unread: Vec<FileMeta> = {
+            let parts = self.state.parts.read();
+            (self.selected(&parts, &keys).into_iter())
+                .flat_map(|(_, p)| p.files.iter())
+                .filter(|f| f.groups.get().is_none())
+                .cloned()
+                .collect()
+        };
+        // A file's copy shares its cell: what is read is kept for the file itself.
+        let reads = unread.into_iter().map(|f| {
+            let storage = self.shared.storage.clone();
+            async move { storage.groups(&f).await.is_some() }
+        });
+        futures::stream::iter(reads)
+            .buffer_unordered(8)
+            .for_each(|_| async {})
+            .await;
     }
 
     /// The time bounds of `filter` (on the partition column only) and the partitions they

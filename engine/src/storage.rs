@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use sluice_conf::StorageConfig;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Format number of manifest documents.
 const MANIFEST_FORMAT: u32 = 1;
@@ -48,13 +48,29 @@ pub struct FileMeta {
     pub min_time: Option<i64>,
     /// Largest time value.
     pub max_time: Option<i64>,
-    /// Per column count, sum, min and max (absent in files written before synopses).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Per column count, sum, min and max (absent in files written before synopses, and
+    /// in those whose synopsis an older manifest could not hold: see [`lenient`]).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
     pub synopsis: Option<Arc<Vec<ColumnSynopsis>>>,
     /// Synopses per combination of values of the file's few-valued columns, when it has
-    /// such columns. Not in the manifest: kept while this process knows the file.
+    /// such columns ([`crate::groups`]). Not in the manifest: set when the file is written,
+    /// read from its sidecar object ([`groups_path`]) when first asked after.
     #[serde(skip)]
-    pub groups: Option<Arc<Groups>>,
+    pub groups: Arc<OnceLock<Option<Arc<Groups>>>>,
+}
+
+/// A file's synopsis, or none when it does not read: manifests written before floats were
+/// spelled out held a NaN or infinite sum or bound as `null`, which says not which it was,
+/// so such a file is answered by the scan.
+fn lenient<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Arc<Vec<ColumnSynopsis>>>, D::Error> {
+    let value = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(value).ok())
 }
 
 /// A partition's persisted state.
@@ -231,15 +247,30 @@ impl Storage {
         Ok(self.store.get(&ObjPath::from(path)).await?.bytes().await?)
     }
 
-    /// Deletes objects, ignoring ones already gone.
+    /// Deletes objects (a Parquet file with its group synopses), ignoring ones already
+    /// gone.
     pub async fn delete(&self, paths: &[String]) -> Result<()> {
-        for p in paths {
+        let sidecars = (paths.iter())
+            .filter(|p| p.ends_with(".parquet"))
+            .map(|p| groups_path(p));
+        for p in paths.iter().cloned().chain(sidecars) {
             match self.store.delete(&ObjPath::from(p.as_str())).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
         }
         Ok(())
+    }
+
+    /// The group synopses of the file `meta`: from memory, else from its sidecar object
+    /// (then kept); `None` when it has none, or the sidecar is missing or does not decode.
+    pub async fn groups(&self, meta: &FileMeta) -> Option<Arc<Groups>> {
+        if let Some(kept) = meta.groups.get() {
+            return kept.clone();
+        }
+        let read = self.get(&groups_path(&meta.path)).await;
+        let groups = read.ok().and_then(|b| Groups::decode(&b)).map(Arc::new);
+        meta.groups.get_or_init(|| groups).clone()
     }
 
     /// Lists object paths under a prefix.
@@ -360,8 +391,15 @@ impl Storage {
             min_time: file.time_range.map(|r| r.0),
             max_time: file.time_range.map(|r| r.1),
             synopsis: Some(Arc::new(file.synopsis)),
-            groups: file.groups.map(Arc::new),
+            groups: Arc::new(OnceLock::from(file.groups.clone().map(Arc::new))),
         };
+        // The sidecar first: a file named by a manifest has one unless a crash tore it, and
+        // then it is only a cache (one that does not decode is not used).
+        if let Some(groups) = &file.groups {
+            let path = ObjPath::from(groups_path(&meta.path));
+            let bytes = PutPayload::from(groups.encode());
+            self.store.put(&path, bytes).await?;
+        }
         self.put_durable(&meta.path, file.bytes).await?;
         Ok(meta)
     }
@@ -371,6 +409,11 @@ impl Storage {
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
         Ok(reader.collect::<Result<Vec<_>, _>>()?)
     }
+}
+
+/// The object holding the group synopses of the Parquet file at `path`.
+pub fn groups_path(path: &str) -> String {
+    format!("{path}.groups")
 }
 
 /// Min and max of a timestamp or date column, in microseconds.
@@ -386,4 +429,22 @@ pub fn time_range(col: &datafusion::arrow::array::ArrayRef) -> Option<(i64, i64)
     }
     let _ = col.len();
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A manifest written before floats were spelled out (a NaN sum as `null`) still opens;
+    /// that file's synopsis is dropped, so the scan answers for it.
+    #[test]
+    fn an_old_manifest_with_a_null_float_opens() {
+        let old = r#"{"path":"tables/1/1/a.parquet","rows":2,"bytes":10,"min_time":null,"max_time":null,"synopsis":[{"count":2,"sum":{"Float":null},"ordered":false}]}"#;
+        let meta: FileMeta = serde_json::from_str(old).unwrap();
+        assert_eq!((meta.rows, meta.synopsis), (2, None));
+        let good = r#"{"path":"b","rows":1,"bytes":1,"min_time":null,"max_time":null,"synopsis":[{"count":1,"sum":{"Float":"inf"},"ordered":true}]}"#;
+        let meta: FileMeta = serde_json::from_str(good).unwrap();
+        let sum = meta.synopsis.unwrap()[0].sum;
+        assert_eq!(sum, Some(crate::synopsis::Num::Float(f64::INFINITY)));
+    }
 }

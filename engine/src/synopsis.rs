@@ -18,7 +18,51 @@ pub enum Num {
     /// Integers, dates (days) and times (the column's unit), exactly.
     Int(i128),
     /// Floating point.
-    Float(f64),
+    Float(#[serde(with = "float")] f64),
+}
+
+/// Floats as manifests (JSON) hold them: numbers, and `"NaN"`, `"inf"` and `"-inf"`, which
+/// JSON numbers cannot be (serde_json would write `null`, and then refuse to read it).
+mod float {
+    use serde::de::{Error, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        match *v {
+            v if v.is_finite() => s.serialize_f64(v),
+            v if v.is_nan() => s.serialize_str("NaN"),
+            v if v > 0.0 => s.serialize_str("inf"),
+            _ => s.serialize_str("-inf"),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        struct Float;
+        impl Visitor<'_> for Float {
+            type Value = f64;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number, \"NaN\", \"inf\" or \"-inf\"")
+            }
+            fn visit_f64<E: Error>(self, v: f64) -> Result<f64, E> {
+                Ok(v)
+            }
+            fn visit_i64<E: Error>(self, v: i64) -> Result<f64, E> {
+                Ok(v as f64)
+            }
+            fn visit_u64<E: Error>(self, v: u64) -> Result<f64, E> {
+                Ok(v as f64)
+            }
+            fn visit_str<E: Error>(self, v: &str) -> Result<f64, E> {
+                match v {
+                    "NaN" => Ok(f64::NAN),
+                    "inf" => Ok(f64::INFINITY),
+                    "-inf" => Ok(f64::NEG_INFINITY),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(Float)
+    }
 }
 
 impl Num {
@@ -184,6 +228,21 @@ mod tests {
         assert_eq!((e.count, e.sum, e.min), (0, None, None));
         e.merge(&s);
         assert_eq!(e, s);
+        // Through a manifest (JSON) and back, NaN and infinities included.
+        let odd = ColumnSynopsis {
+            count: 3,
+            sum: Some(Num::Float(f64::NAN)),
+            min: Some(Num::Float(f64::NEG_INFINITY)),
+            max: Some(Num::Float(f64::INFINITY)),
+            ordered: false,
+        };
+        let text = serde_json::to_string(&odd).unwrap();
+        let back: ColumnSynopsis = serde_json::from_str(&text).unwrap();
+        assert!(
+            matches!(back.sum, Some(Num::Float(f)) if f.is_nan()),
+            "{text}"
+        );
+        assert_eq!((back.min, back.max), (odd.min, odd.max));
         let t: ArrayRef = Arc::new(StringArray::from(vec!["a"]));
         let ts = ColumnSynopsis::of(&t);
         assert_eq!((ts.count, ts.ordered, ts.sum), (1, false, None));
