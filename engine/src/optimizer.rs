@@ -1,9 +1,10 @@
-//! Answers from synopses: an aggregate without GROUP BY whose functions are `count`, `sum`,
+//! Answers from synopses: an aggregate (grouped by nothing, or by few-valued columns and
+//! `date(ts)`, see [`crate::groups`]) whose functions are `count`, `sum`,
 //! `min`, `max` and `avg` over plain columns of one Sluice table, scanning whole partitions
 //! (`WHERE PARTS` is fine), or filtered only by bounds on its time partition column
 //! (`ts >= '...'`, `ts > now() - INTERVAL '30 seconds'`) and string equalities
 //! (`device = 'd-7'`, `site IN ('a', 'b')`), becomes a [`SynopsisNode`]. When it runs it
-//! computes its one-row answer from the synopses of the files and buffer chunks wholly
+//! computes its answer (one row, or a row per group) from the synopses of the files and buffer chunks wholly
 //! inside the bounds ([`crate::synopsis`]), from per-value synopses kept by indexed chunks
 //! for the equalities, and from the filtered rows of the chunks that straddle a bound. When
 //! that cannot be done then (a file written before synopses, a file to filter that is not in
