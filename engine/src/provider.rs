@@ -380,6 +380,17 @@ pub fn row_filter(def: &TableDef, filters: &[Expr]) -> RowFilter {
     f
 }
 
+/// Where file `f` lies against the time bounds `lo..=hi` (when `bounded`): `Some(None)`
+/// wholly outside them, else `Some(Some(inside))` (whether wholly inside); `None` when the
+/// bounds need a time range the file does not have.
+fn placed(f: &FileMeta, bounded: bool, lo: i64, hi: i64) -> Option<Option<bool>> {
+    if !bounded {
+        return Some(Some(true));
+    }
+    let (a, b) = (f.min_time?, f.max_time?);
+    Some((b >= lo && a <= hi).then_some(lo <= a && b <= hi))
+}
+
 /// A number literal as a synopsis number (not NaN, which no synopsis bound orders).
 fn number(e: &Expr) -> Option<crate::synopsis::Num> {
     use crate::synopsis::Num;
@@ -594,15 +605,8 @@ impl SluiceTable {
         let parts = self.state.parts.read();
         for (_, p) in self.selected(&parts, &keys) {
             for f in &p.files {
-                let inside = match filter.time.is_empty() {
-                    true => true,
-                    false => {
-                        let (a, b) = (f.min_time?, f.max_time?);
-                        if b < lo || a > hi {
-                            continue;
-                        }
-                        lo <= a && b <= hi
-                    }
+                let Some(inside) = placed(f, !filter.time.is_empty(), lo, hi)? else {
+                    continue;
                 };
                 let groups = f.groups.get().and_then(Option::as_ref);
                 if inside && groups.is_some_and(|g| answer.add(g, &untimed)) {
@@ -694,15 +698,8 @@ impl SluiceTable {
         };
         for (_, p) in self.selected(&parts, &keys) {
             for f in &p.files {
-                let inside = match filter.time.is_empty() {
-                    true => true,
-                    false => {
-                        let (a, b) = (f.min_time?, f.max_time?);
-                        if b < lo || a > hi {
-                            continue;
-                        }
-                        lo <= a && b <= hi
-                    }
+                let Some(inside) = placed(f, !filter.time.is_empty(), lo, hi)? else {
+                    continue;
                 };
                 if inside && filter.equal.is_empty() {
                     let syn = f.synopsis.as_ref()?;
