@@ -12,9 +12,9 @@
 
 use crate::groups::{Answer, GroupKey, Groups};
 use crate::synopsis::{ColumnSynopsis, Num};
-use datafusion::arrow::array::BooleanArray;
 use datafusion::arrow::array::UInt32Array;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
+use datafusion::arrow::array::{BooleanArray, PrimitiveArray};
 use datafusion::arrow::compute::{interleave_record_batch, take};
 use datafusion::arrow::datatypes::{DataType, TimeUnit, TimestampMicrosecondType};
 use datafusion::logical_expr::Operator;
@@ -168,6 +168,15 @@ impl Chunk {
         }
     }
 
+    /// Column `col` when it is a microsecond timestamp column.
+    fn timestamps(&self, col: usize) -> Option<&PrimitiveArray<TimestampMicrosecondType>> {
+        let array = self.batch.columns().get(col)?;
+        let DataType::Timestamp(TimeUnit::Microsecond, _) = array.data_type() else {
+            return None;
+        };
+        Some(array.as_primitive::<TimestampMicrosecondType>())
+    }
+
     /// The synopsis of column `col` (kept for a sealed chunk).
     pub fn synopsis(&self, col: usize) -> ColumnSynopsis {
         match self.column(col) {
@@ -201,11 +210,7 @@ impl Chunk {
         let none = || (0, vec![ColumnSynopsis::default(); columns.len()]);
         let mut mask: Option<BooleanArray> = None;
         for &(col, lo, hi) in &filter.time {
-            let array = self.batch.columns().get(col)?;
-            let DataType::Timestamp(TimeUnit::Microsecond, _) = array.data_type() else {
-                return None;
-            };
-            let ts = array.as_primitive::<TimestampMicrosecondType>();
+            let ts = self.timestamps(col)?;
             let Some((min, max)) = self.range(col) else {
                 // Every time NULL: no row compares true.
                 return Some(none());
@@ -216,8 +221,7 @@ impl Chunk {
             if lo <= min && max <= hi && ts.null_count() == 0 {
                 continue;
             }
-            let inside = BooleanArray::from_unary(ts, |t| lo <= t && t <= hi);
-            and_into(&mut mask, null_is_false(inside, ts.nulls()));
+            and_into(&mut mask, within(ts, lo, hi));
         }
         // Number comparisons the synopsis (of the rows one indexed equality picks) decides
         // for every row are left out; the others are checked row by row below.
@@ -309,13 +313,7 @@ impl Chunk {
         }
         if let (true, Some(index)) = (inside, &self.index)
             && let Some(groups) = index.groups.get_or_init(|| Groups::of(&self.batch))
-            && answer.add(
-                groups,
-                &RowFilter {
-                    time: Vec::new(),
-                    ..filter.clone()
-                },
-            )
+            && answer.add(groups, filter)
         {
             return Some(());
         }
@@ -336,13 +334,7 @@ impl Chunk {
     fn admitted(&self, filter: &RowFilter) -> Option<Option<Vec<u32>>> {
         let mut mask: Option<BooleanArray> = None;
         for &(col, lo, hi) in &filter.time {
-            let array = self.batch.columns().get(col)?;
-            let DataType::Timestamp(TimeUnit::Microsecond, _) = array.data_type() else {
-                return None;
-            };
-            let ts = array.as_primitive::<TimestampMicrosecondType>();
-            let inside = BooleanArray::from_unary(ts, |t| lo <= t && t <= hi);
-            and_into(&mut mask, null_is_false(inside, ts.nulls()));
+            and_into(&mut mask, within(self.timestamps(col)?, lo, hi));
         }
         for &(col, op, v) in &filter.value {
             let array = self.batch.columns().get(col)?;
@@ -439,6 +431,12 @@ impl Chunk {
     fn rows(&self, col: usize, values: &[String]) -> Option<Vec<u32>> {
         Some(self.value_index(col)?.rows(values))
     }
+}
+
+/// Which rows of `ts` lie within `lo..=hi` (a NULL time does not).
+fn within(ts: &PrimitiveArray<TimestampMicrosecondType>, lo: i64, hi: i64) -> BooleanArray {
+    let inside = BooleanArray::from_unary(ts, |t| lo <= t && t <= hi);
+    null_is_false(inside, ts.nulls())
 }
 
 /// Which rows of a string column hold one of `values` (`None` if not a string column).

@@ -598,10 +598,6 @@ impl SluiceTable {
     /// synopses by those columns that is not in the hot cache, a filter they cannot decide.
     pub fn groups_where(&self, answer: &mut Answer, filter: &RowFilter) -> Option<()> {
         let (lo, hi, keys) = self.time_bounds(filter)?;
-        let untimed = RowFilter {
-            time: Vec::new(),
-            ..filter.clone()
-        };
         let parts = self.state.parts.read();
         for (_, p) in self.selected(&parts, &keys) {
             for f in &p.files {
@@ -609,7 +605,7 @@ impl SluiceTable {
                     continue;
                 };
                 let groups = f.groups.get().and_then(Option::as_ref);
-                if inside && groups.is_some_and(|g| answer.add(g, &untimed)) {
+                if inside && groups.is_some_and(|g| answer.add(g, filter)) {
                     continue;
                 }
                 for c in self.shared.hot.get(&f.path)? {

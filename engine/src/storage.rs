@@ -263,13 +263,29 @@ impl Storage {
     }
 
     /// The group synopses of the file `meta`: from memory, else from its sidecar object
-    /// (then kept); `None` when it has none, or the sidecar is missing or does not decode.
+    /// (then kept); `None` when it has none, or the sidecar is missing or does not decode
+    /// (also kept), or cannot be read now (asked again next time).
     pub async fn groups(&self, meta: &FileMeta) -> Option<Arc<Groups>> {
         if let Some(kept) = meta.groups.get() {
             return kept.clone();
         }
-        let read = self.get(&groups_path(&meta.path)).await;
-        let groups = read.ok().and_then(|b| Groups::decode(&b)).map(Arc::new);
+        let groups = match self.get(&groups_path(&meta.path)).await {
+            Ok(bytes) => {
+                let groups = Groups::decode(&bytes);
+                if groups.is_none() {
+                    let path = groups_path(&meta.path);
+                    tracing::warn!(%path, "group synopses do not decode; the scan answers");
+                }
+                groups.map(Arc::new)
+            }
+            Err(Error::ObjectStore {
+                source: object_store::Error::NotFound { .. },
+            }) => None,
+            Err(e) => {
+                tracing::warn!(file = %meta.path, error = %e, "could not read group synopses");
+                return None;
+            }
+        };
         meta.groups.get_or_init(|| groups).clone()
     }
 

@@ -504,16 +504,21 @@ mod tests {
     /// the hot cache of that size, if given.
     async fn engine(ddl: &str, hot_cache: Option<usize>) -> (tempfile::TempDir, Arc<Engine>) {
         let dir = tempfile::tempdir().unwrap();
+        let e = open(dir.path(), hot_cache).await;
+        e.execute(ddl).await.unwrap();
+        (dir, e)
+    }
+
+    /// The engine over `dir`, with a hot cache of `hot_cache` bytes (default when `None`).
+    async fn open(dir: &std::path::Path, hot_cache: Option<usize>) -> Arc<Engine> {
         let mut config = sluice_conf::Config {
-            data_dir: dir.path().to_path_buf(),
+            data_dir: dir.to_path_buf(),
             ..Default::default()
         };
         if let Some(bytes) = hot_cache {
             config.query.hot_cache_bytes = bytes;
         }
-        let e: Arc<Engine> = Engine::open(config).await.unwrap();
-        e.execute(ddl).await.unwrap();
-        (dir, e)
+        Engine::open(config).await.unwrap()
     }
 
     async fn write(e: &Engine, rows: std::ops::Range<usize>) {
@@ -824,15 +829,7 @@ mod tests {
         if hot {
             return;
         }
-        let reopen = || async {
-            let config = sluice_conf::Config {
-                data_dir: dir.path().to_path_buf(),
-                query: sluice_conf::QueryConfig { hot_cache_bytes: 0 },
-                ..Default::default()
-            };
-            let e: Arc<Engine> = Engine::open(config).await.unwrap();
-            e
-        };
+        let reopen = || open(dir.path(), hot_cache);
         // After a restart, the files' group synopses are read from their sidecar objects.
         let e = reopen().await;
         check(e.clone(), "reopened", true, true).await;
