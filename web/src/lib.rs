@@ -15,6 +15,7 @@ mod console;
 mod error;
 mod format;
 mod live;
+mod spin;
 mod ws;
 
 pub use auth::{Authenticator, Open};
@@ -109,6 +110,10 @@ pub async fn serve(
     let app = router(db, config, extras, cancel.clone());
     // Responses go out at once, not held back until the client acknowledges the previous
     // segment (Nagle's algorithm costs an alert query's round trip).
+    let listener = spin::SpinListener::new(
+        listener,
+        std::time::Duration::from_micros(config.busy_poll_us),
+    );
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set on an HTTP connection");

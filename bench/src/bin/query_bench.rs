@@ -61,6 +61,10 @@ struct Args {
     /// result of an identical query over unchanged tables: measures the execution path.
     #[arg(long)]
     no_result_cache: bool,
+    /// Only measure the alert-query rate against a server already running at this address
+    /// (host:port of its HTTP listener, table `benchmark.nyct_lite` loaded): for profiling.
+    #[arg(long)]
+    alert_only: Option<String>,
 }
 
 /// One benchmark query in each system's spelling.
@@ -181,6 +185,9 @@ struct Report {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(addr) = &args.alert_only {
+        return alert_only(addr, &args);
+    }
     let tmp;
     let dir = match &args.keep_data_dir {
         Some(d) => {
@@ -360,6 +367,25 @@ async fn run_sluice(bin: &Path, dir: &Path, files: &[PathBuf], args: &Args) -> R
         queries,
         alert,
     })
+}
+
+/// The alert-query rate alone, from 1 and from 4 clients, against a running server.
+fn alert_only(addr: &str, args: &Args) -> Result<()> {
+    let cache = if args.no_result_cache {
+        "&cache=off"
+    } else {
+        ""
+    };
+    let url = format!("http://{addr}/v1/sql?format=json&db=benchmark{cache}");
+    let duration = Duration::from_secs_f64(args.duration_secs);
+    let rt = sluice_bench::runtime()?;
+    for clients in ALERT_CLIENTS {
+        match rt.block_on(rate(&url, ALERT.sluice, clients, duration)) {
+            Ok(qps) => println!("Sluice alert, {clients} client(s): {qps:.0} q/s"),
+            Err(e) => println!("Sluice alert, {clients} client(s): {e}"),
+        }
+    }
+    Ok(())
 }
 
 /// Writes every file into the table from `connections` concurrent keep-alive connections,
