@@ -477,8 +477,11 @@ fn reopen(path: &Path) -> io::Result<File> {
     OpenOptions::new().write(true).open(path)
 }
 
-/// Space reserved at a time past the end of the records.
-const RESERVE: u64 = 16 << 20;
+/// Zeros written at a time past the end of the records.
+const RESERVE: u64 = 2 << 20;
+
+/// What [`RESERVE`] is written from.
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 /// The open log file: records up to `end`, space reserved up to `reserved`.
 struct LogFile {
@@ -501,16 +504,16 @@ impl LogFile {
         use std::os::unix::fs::FileExt;
         let end = self.end + buf.len() as u64;
         if end > self.reserved {
-            // Best effort: without it (no space, no support) writes still work.
-            self.reserved = end + RESERVE;
-            let len = libc::off_t::try_from(self.reserved).unwrap_or(libc::off_t::MAX);
-            // SAFETY: a plain syscall on a file descriptor this value owns.
-            let rc = unsafe {
-                libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&self.file), 0, len)
-            };
-            if rc != 0 {
-                tracing::debug!(path = %path.display(), errno = rc, "raft log not reserved ahead");
+            // Zeros written ahead, not space only reserved (`fallocate`): a sync after
+            // writing over blocks already written flushes data only, where each write into
+            // reserved blocks also makes the sync commit their change to "written" in the
+            // file system's journal (here 100-130 µs against 170 µs a write and sync).
+            // Best effort: writes go on without it; a replay reads zeros as the clean end.
+            let (from, to) = (self.reserved.max(self.end), end + RESERVE);
+            if let Err(e) = write_zeros(&self.file, from, to) {
+                tracing::debug!(path = %path.display(), error = %e, "raft log not zeroed ahead");
             }
+            self.reserved = to;
         }
         self.file
             .write_all_at(buf, self.end)
@@ -521,6 +524,18 @@ impl LogFile {
         self.end = end;
         Ok(())
     }
+}
+
+/// Writes zeros over `from..to` of `file`.
+fn write_zeros(file: &File, from: u64, to: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(ZEROS.len() as u64) as usize;
+        file.write_all_at(&ZEROS[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 impl Drop for LogFile {

@@ -230,6 +230,7 @@ impl Wal {
             config: config.clone(),
             segments: segments.clone(),
             poisoned: None,
+            zeroed: SEGMENT_MAGIC.len() as u64,
         };
         let w = std::thread::Builder::new()
             .name("sluice-wal".into())
@@ -414,7 +415,15 @@ struct Writer {
     config: WalConfig,
     segments: Arc<parking_lot::Mutex<Vec<(u64, PathBuf)>>>,
     poisoned: Option<String>,
+    /// Bytes of the segment already written, with records or with zeros ahead of them.
+    zeroed: u64,
 }
+
+/// Zeros written at a time ahead of the records (see [`Writer::zero_ahead`]).
+const ZERO_AHEAD: u64 = 2 << 20;
+
+/// What [`ZERO_AHEAD`] is written from.
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 impl Writer {
     fn run(
@@ -512,6 +521,7 @@ impl Writer {
             encode_frame(lsn, record.kind(), payload, buf);
         }
         let before = self.size;
+        self.zero_ahead(before + buf.len() as u64);
         let written = self
             .file
             .write_all(buf)
@@ -523,6 +533,7 @@ impl Writer {
             // Undo a partial write so the next group does not follow garbage. If even that
             // fails, or the sync itself failed (the page cache state is then unknown), the
             // log refuses further writes rather than risk acknowledging lost data.
+            self.zeroed = before;
             let undone = self.file.set_len(before).and_then(|_| {
                 use std::io::Seek;
                 self.file.seek(std::io::SeekFrom::Start(before)).map(|_| ())
@@ -540,6 +551,32 @@ impl Writer {
         Ok(first)
     }
 
+    /// Makes sure the segment is written, with zeros if not yet with records, up to `end`.
+    /// A sync after writing over written blocks flushes data only; writing into blocks
+    /// merely reserved (`fallocate`, or past the end) makes each sync also commit their
+    /// change in the file system's journal: 100-130 µs against 170 µs per write and sync
+    /// here. The zeros are synced with the next group, one [`ZERO_AHEAD`] at a time. Best
+    /// effort: the records are written all the same, and a replay reads zeros as the clean
+    /// end.
+    fn zero_ahead(&mut self, end: u64) {
+        if end <= self.zeroed || self.config.durability == Durability::None {
+            return;
+        }
+        use std::os::unix::fs::FileExt;
+        // Not past the segment's own size: a rotation gives the rest back anyway.
+        let to = (end + ZERO_AHEAD).min(self.config.segment_bytes.max(end));
+        let mut at = self.zeroed.max(self.size);
+        while at < to {
+            let n = (to - at).min(ZEROS.len() as u64) as usize;
+            if let Err(e) = self.file.write_all_at(&ZEROS[..n], at) {
+                tracing::debug!(path = %self.path.display(), error = %e, "WAL not zeroed ahead");
+                break;
+            }
+            at += n as u64;
+        }
+        self.zeroed = to;
+    }
+
     fn rotate(&mut self) -> Result<()> {
         let path = segment_path(&self.dir, self.next_lsn);
         let file = new_segment(&path, self.config.segment_bytes)?;
@@ -549,6 +586,7 @@ impl Writer {
         self.segments.lock().push((self.next_lsn, path.clone()));
         self.path = path;
         self.size = SEGMENT_MAGIC.len() as u64;
+        self.zeroed = self.size;
         Ok(())
     }
 }
