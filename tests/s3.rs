@@ -16,35 +16,54 @@ impl Drop for Moto {
 }
 
 fn start_moto() -> (Moto, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new("moto_server")
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("moto_server is needed (pip install 'moto[server]'; scripts/test.sh installs it)");
-    let moto = Moto(child);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "moto_server did not start");
-        std::thread::park_timeout(Duration::from_millis(50));
+    // A port found free may be taken before moto binds it (another test picks ports too):
+    // then moto exits, and another port is tried.
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect(
+                "moto_server is needed (pip install 'moto[server]'; scripts/test.sh installs it)",
+            );
+        let mut moto = Moto(child);
+        loop {
+            assert!(Instant::now() < deadline, "moto_server did not start");
+            if moto.0.try_wait().unwrap().is_some() {
+                break;
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return (moto, port);
+            }
+            std::thread::park_timeout(Duration::from_millis(50));
+        }
     }
-    (moto, port)
 }
 
 /// moto with a bucket `sluice-test`, and the `SLUICE_*` settings that point Sluice at it.
 async fn bucket(prefix: &str) -> (Moto, String, Vec<(String, String)>) {
     let (moto, port) = start_moto();
     let endpoint = format!("http://127.0.0.1:{port}");
-    let r = reqwest::Client::new()
-        .put(format!("{endpoint}/sluice-test"))
-        .send()
-        .await
-        .unwrap();
+    // Retried while moto finishes starting (its port may answer before it serves).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let r = loop {
+        match (reqwest::Client::new())
+            .put(format!("{endpoint}/sluice-test"))
+            .send()
+            .await
+        {
+            Ok(r) => break r,
+            Err(e) => assert!(Instant::now() < deadline, "create bucket: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(r.status().is_success(), "create bucket: {}", r.status());
     let env = [
         ("SLUICE_STORAGE_URL", format!("s3://sluice-test/{prefix}")),

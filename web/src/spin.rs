@@ -343,8 +343,15 @@ mod tests {
                 format!("echo:q{i}")
             );
         }
+        // A request may also come before the read (then nothing spins), and on a busy
+        // machine some more than the budget after: only a spin that waits for a response
+        // that is not out yet misses every time.
         let caught = shared.caught.load(Ordering::Relaxed);
-        assert!(caught >= 200, "{caught} of 299 requests read by spinning");
+        let missed = shared.missed.load(Ordering::Relaxed);
+        assert!(
+            caught > missed,
+            "{caught} spins read a request, {missed} ran out"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -376,34 +383,24 @@ mod tests {
         }
     }
 
+    /// Two clients of the server at `addr` taking turns, each answer checked.
+    async fn take_turns(addr: std::net::SocketAddr) {
+        let mut clients = [connect(addr).await, connect(addr).await];
+        for i in 0..50 {
+            for (name, conn) in ["a", "b"].iter().zip(&mut clients) {
+                let body = format!("{name}{i}");
+                assert_eq!(ask(conn, &body, None).await, format!("echo:{body}"));
+            }
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn several_clients_are_answered_and_a_zero_budget_never_spins() {
         let (addr, shared) = serve(Duration::ZERO).await;
-        let (mut a, mut b) = (connect(addr).await, connect(addr).await);
-        for i in 0..50 {
-            assert_eq!(
-                ask(&mut a, &format!("a{i}"), None).await,
-                format!("echo:a{i}")
-            );
-            assert_eq!(
-                ask(&mut b, &format!("b{i}"), None).await,
-                format!("echo:b{i}")
-            );
-        }
+        take_turns(addr).await;
         let spins = shared.caught.load(Ordering::Relaxed) + shared.missed.load(Ordering::Relaxed);
         assert_eq!(spins, 0);
         // With a budget, two clients taking turns are answered alike.
-        let (addr, _shared) = serve(Duration::from_millis(50)).await;
-        let (mut a, mut b) = (connect(addr).await, connect(addr).await);
-        for i in 0..50 {
-            assert_eq!(
-                ask(&mut a, &format!("a{i}"), None).await,
-                format!("echo:a{i}")
-            );
-            assert_eq!(
-                ask(&mut b, &format!("b{i}"), None).await,
-                format!("echo:b{i}")
-            );
-        }
+        take_turns(serve(Duration::from_millis(50)).await.0).await;
     }
 }
