@@ -94,9 +94,7 @@ impl SpinListener {
             next_id: 0,
         }
     }
-}
 
-impl SpinListener {
     /// Spins so far that read a request, and that ran out of budget (or gave way).
     #[cfg(test)]
     fn spins(&self) -> Arc<Shared> {

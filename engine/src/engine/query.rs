@@ -522,16 +522,34 @@ mod tests {
     }
 
     async fn write(e: &Engine, rows: std::ops::Range<usize>) {
-        let def = e.table("t", "r").unwrap();
         let body: String = rows
             .map(|i| {
                 let (ts, d, id, temp) = row(i);
                 format!("{ts},{d},{id},{temp}\n")
             })
             .collect();
+        write_csv(e, "r", body).await;
+    }
+
+    /// Stores the CSV rows `body` in table `t.{table}`.
+    async fn write_csv(e: &Engine, table: &str, body: String) {
+        let def = e.table("t", table).unwrap();
         e.write_message(&def, Format::Csv, body.as_bytes(), &[], None)
             .await
             .unwrap();
+    }
+
+    /// The answer to `sql`, computed (not a kept result), as a text table.
+    async fn computed(e: &Engine, sql: &str) -> String {
+        let options = QueryOptions {
+            no_result_cache: true,
+            ..Default::default()
+        };
+        let out = Database::query(e, sql, &options).await.unwrap();
+        let batches: Vec<_> = out.stream.try_collect().await.unwrap();
+        datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string()
     }
 
     /// count and sum of `temp` over the query's rows.
@@ -587,7 +605,6 @@ mod tests {
             None,
         )
         .await;
-        let def = e.table("t", "n").unwrap();
         // Floats with both zeros, infinities, NULLs and (in the first 10,000 rows only, so
         // later chunks are decided by their synopses) NaN; integers with NULLs.
         let rows = |range: std::ops::Range<usize>| -> String {
@@ -624,14 +641,7 @@ mod tests {
                 })
                 .collect()
         };
-        let write = |range| {
-            let (e, def, body) = (e.clone(), def.clone(), rows(range));
-            async move {
-                e.write_message(&def, Format::Csv, body.as_bytes(), &[], None)
-                    .await
-                    .unwrap();
-            }
-        };
+        let write = |range| write_csv(&e, "n", rows(range));
         let mut filters = Vec::new();
         for op in ["<", "<=", ">", ">=", "="] {
             for v in ["-1.5", "0", "-0.0", "2.5", "7", "1000", "-1000"] {
@@ -646,21 +656,6 @@ mod tests {
         filters.push("device = 'b' AND x >= 2.5".into());
         filters.push("device = 'c' AND k = 4 AND f < 100".into());
         filters.push("device IN ('a', 'c') AND x = 3".into());
-        let text = |sql: &str| {
-            let e = e.clone();
-            let sql = sql.to_string();
-            async move {
-                let options = QueryOptions {
-                    no_result_cache: true,
-                    ..Default::default()
-                };
-                let out = Database::query(e.as_ref(), &sql, &options).await.unwrap();
-                let batches: Vec<_> = out.stream.try_collect().await.unwrap();
-                datafusion::arrow::util::pretty::pretty_format_batches(&batches)
-                    .unwrap()
-                    .to_string()
-            }
-        };
         let check = |stage: &'static str| {
             let filters = filters.clone();
             let e = e.clone();
@@ -672,9 +667,9 @@ mod tests {
                         )
                     };
                     // `sum(k + 0)` is no plain column: the scan answers.
-                    let scanned = text(&of("sum(k + 0)")).await;
+                    let scanned = computed(&e, &of("sum(k + 0)")).await;
                     let synopsis = of("sum(k)");
-                    assert_eq!(text(&synopsis).await, scanned, "{filter} ({stage})");
+                    assert_eq!(computed(&e, &synopsis).await, scanned, "{filter} ({stage})");
                     let from = |name| metric(&e, &synopsis, "SluiceSynopsisExec", name);
                     assert_eq!(
                         (from("from_synopsis").await, from("from_scan").await),
@@ -711,7 +706,6 @@ mod tests {
             hot_cache,
         )
         .await;
-        let def = e.table("t", "g").unwrap();
         let rows = |range: std::ops::Range<usize>| -> String {
             range
                 .map(|i| {
@@ -740,14 +734,7 @@ mod tests {
                 })
                 .collect()
         };
-        let write = |range| {
-            let (e, def, body) = (e.clone(), def.clone(), rows(range));
-            async move {
-                e.write_message(&def, Format::Csv, body.as_bytes(), &[], None)
-                    .await
-                    .unwrap();
-            }
-        };
+        let write = |range| write_csv(&e, "g", rows(range));
         // (group columns, filter, whether the files' group synopses answer it whole: the
         // rows of chunks, and of files in the hot cache, answer the others)
         let queries = [
@@ -773,17 +760,6 @@ mod tests {
             // A column with a value per row is no key of a file's group synopses.
             ("id", "kind = 2", false),
         ];
-        let text = |e: Arc<Engine>, sql: String| async move {
-            let options = QueryOptions {
-                no_result_cache: true,
-                ..Default::default()
-            };
-            let out = Database::query(e.as_ref(), &sql, &options).await.unwrap();
-            let batches: Vec<_> = out.stream.try_collect().await.unwrap();
-            datafusion::arrow::util::pretty::pretty_format_batches(&batches)
-                .unwrap()
-                .to_string()
-        };
         // `sidecars`: whether the files' group synopses can be read.
         let check = |e: Arc<Engine>, stage: &'static str, flushed: bool, sidecars: bool| {
             async move {
@@ -798,11 +774,11 @@ mod tests {
                         )
                     };
                     // `sum(kind + 0)` is no plain column: the scan answers.
-                    let scanned = text(e.clone(), of("sum(kind + 0)")).await;
+                    let scanned = computed(&e, &of("sum(kind + 0)")).await;
                     let synopsis = of("sum(kind)");
                     let stage = format!("{stage}, hot cache {hot_cache:?}");
                     assert_eq!(
-                        text(e.clone(), synopsis.clone()).await,
+                        computed(&e, &synopsis).await,
                         scanned,
                         "{group} {filter} ({stage})"
                     );
