@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 const ENTRY: u8 = 1;
@@ -61,6 +62,15 @@ const REWRITE_MIN: u64 = 64 << 20;
 const REWRITE_LIVE_SHARE: u64 = 4;
 /// Most jobs written before one sync.
 const MAX_BATCH: usize = 8192;
+/// While writes keep coming, a sync starts at least this long after the one before: the
+/// writes that come meanwhile share it. Each sync has a fixed cost besides the disk's time
+/// (in a virtual machine the disk notification is a VM exit; then the completion interrupt
+/// and two thread wake-ups), and three nodes on one two-core machine each syncing as soon as
+/// the last sync ended (~2,000 a second each) spent the CPU their writes needed:
+/// `mqtt_load --cluster 3` went from ~130k to ~150k messages/s with 800 µs (400 µs gave
+/// ~145k) and its p50 latency fell. A write that finds the log idle (nothing came in while
+/// the last batch was written) is synced at once.
+const SYNC_SPACING: Duration = Duration::from_micros(800);
 
 /// A group's number in the file.
 fn key(group: GroupId) -> u64 {
@@ -365,7 +375,23 @@ fn next_record(bytes: &[u8], at: usize, min_after_kind: usize) -> Option<(u8, &[
 
 fn write_loop(inner: &Inner, rx: &mpsc::Receiver<Job>) {
     let mut buf = Vec::new();
-    while let Ok(first) = rx.recv() {
+    let mut waiting = None;
+    let mut last_sync = Instant::now();
+    loop {
+        let first = match waiting.take() {
+            // Writes came in while the last batch was written: let more gather.
+            Some(job) => {
+                if let Some(wait) = SYNC_SPACING.checked_sub(last_sync.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+                job
+            }
+            None => match rx.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            },
+        };
+        last_sync = Instant::now();
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
@@ -380,6 +406,7 @@ fn write_loop(inner: &Inner, rx: &mpsc::Receiver<Job>) {
         if rewrite {
             inner.rewrite(rx, &mut buf);
         }
+        waiting = rx.try_recv().ok();
     }
 }
 
