@@ -88,6 +88,35 @@ fn json_forms() {
 }
 
 #[test]
+fn json_numbers_read_as_the_nearest_double() {
+    // Computed readings printed as the shortest text that reads back as the same double
+    // (what `json.dumps` and `JSON.stringify` print): JSON must store the very double the
+    // device had, the same one CSV stores for the same text.
+    let t = table();
+    for text in [
+        "21.872415827013562",
+        "20.044498412795534",
+        "29.748818307431122",
+        "24.330617390044594",
+        "0.30000000000000004",
+        "-39147.67052159493",
+        "1e-7",
+        "23.7",
+    ] {
+        let exact: f64 = text.parse().unwrap();
+        let json = format!(r#"{{"device":"d","temp":{text}}}"#);
+        let row = &decode(&t, Format::Json, json.as_bytes(), 0).unwrap()[0];
+        let Value::Float(got) = row[2] else {
+            panic!("{text}: {:?}", row[2])
+        };
+        assert_eq!(got.to_bits(), exact.to_bits(), "{text} read as {got}");
+        let csv = format!("2016-01-31 13:45:00,d,{text},");
+        let row = &decode(&t, Format::Csv, csv.as_bytes(), 0).unwrap()[0];
+        assert_eq!(row[2], Value::Float(exact), "{text} as CSV");
+    }
+}
+
+#[test]
 fn nested_json_into_string_and_null_unknown_fields() {
     let t = table();
     let rows = decode(
