@@ -13,7 +13,8 @@
 //! need not record a new file size), syncs the file once, then reports each append durable to openraft (the
 //! single-node WAL's discipline: log, then apply, then ack). One file means one `fdatasync`
 //! per batch however many groups wrote to it; a file per group cost one each (about a fifth
-//! of the CPU of a three-node cluster on one machine). Entries are readable from memory as
+//! of the CPU of a three-node cluster on one machine). While writes keep coming, syncs are
+//! paced ([`SYNC_SPACING`]) so that more writes share each. Entries are readable from memory as
 //! soon as `append` returns; their callback fires after the sync. The vote and truncations
 //! wait for their sync before returning.
 //!
