@@ -108,12 +108,12 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     use axum::serve::ListenerExt;
     let app = router(db, config, extras, cancel.clone());
-    // Responses go out at once, not held back until the client acknowledges the previous
-    // segment (Nagle's algorithm costs an alert query's round trip).
     let listener = spin::SpinListener::new(
         listener,
         std::time::Duration::from_micros(config.busy_poll_us),
     );
+    // Responses go out at once, not held back until the client acknowledges the previous
+    // segment (Nagle's algorithm costs an alert query's round trip).
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set on an HTTP connection");

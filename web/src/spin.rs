@@ -133,7 +133,7 @@ pub(crate) struct SpinStream {
     id: u64,
     budget: Duration,
     shared: Arc<Shared>,
-    /// When a read last found nothing to read.
+    /// When a read first found nothing to read since the last response went out.
     idle_since: Option<Instant>,
     /// Whether the last gap between requests was within the budget.
     eager: bool,
@@ -146,6 +146,16 @@ pub(crate) struct SpinStream {
 impl SpinStream {
     pub(crate) fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
         self.tcp.set_nodelay(nodelay)
+    }
+
+    /// Notes a write: once (part of) a response is out, the client's turn begins, and the
+    /// gap to its next request is counted from here (not from a read that found nothing
+    /// while the request was being answered).
+    fn after_write(&mut self, r: &Poll<io::Result<usize>>) {
+        if matches!(r, Poll::Ready(Ok(n)) if *n > 0) {
+            self.wrote = true;
+            self.idle_since = None;
+        }
     }
 
     /// Reads without blocking until data comes, the budget is spent, or another connection
@@ -193,17 +203,19 @@ impl AsyncRead for SpinStream {
         let this = self.get_mut();
         let filled = buf.filled().len();
         let mut result = Pin::new(&mut this.tcp).poll_read(cx, buf);
-        if result.is_pending() && this.eager && this.wrote && !this.budget.is_zero() {
-            let started = Instant::now();
-            match this.spin(buf) {
-                Some(r) => result = Poll::Ready(r),
-                None => this.eager = started.elapsed() < this.budget,
+        if result.is_pending() {
+            // The gap to the next request starts now, before any spin.
+            let idle_since = *this.idle_since.get_or_insert_with(Instant::now);
+            if this.eager && this.wrote && !this.budget.is_zero() {
+                match this.spin(buf) {
+                    Some(r) => result = Poll::Ready(r),
+                    // Ran out (not merely gave way at once): this gap was too long.
+                    None => this.eager = idle_since.elapsed() < this.budget,
+                }
             }
         }
         match &result {
-            Poll::Pending => {
-                this.idle_since.get_or_insert_with(Instant::now);
-            }
+            Poll::Pending => {}
             Poll::Ready(Ok(())) if buf.filled().len() > filled => {
                 if let Some(since) = this.idle_since.take() {
                     this.eager = since.elapsed() <= this.budget;
@@ -225,7 +237,7 @@ impl AsyncWrite for SpinStream {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let r = Pin::new(&mut this.tcp).poll_write(cx, buf);
-        this.wrote |= matches!(r, Poll::Ready(Ok(n)) if n > 0);
+        this.after_write(&r);
         r
     }
 
@@ -236,7 +248,7 @@ impl AsyncWrite for SpinStream {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let r = Pin::new(&mut this.tcp).poll_write_vectored(cx, bufs);
-        this.wrote |= matches!(r, Poll::Ready(Ok(n)) if n > 0);
+        this.after_write(&r);
         r
     }
 
