@@ -5,16 +5,27 @@
 //! (a text). Requests on one connection are answered out of order: each is handled on a task
 //! of its own, so a snapshot being installed for one group never holds back another group's
 //! heartbeats. A connection that fails is dropped, and the next call dials again.
+//!
+//! Replication is pipelined: a leader sends a follower each AppendEntries of a replication
+//! stream ([`APPEND_STREAM`]) as soon as openraft has it, without waiting for the answer to
+//! the one before, and the follower hands the stream's requests to its raft in the order the
+//! connection delivered them (openraft's `Raft::stream_append`), answering each once it is on
+//! disk. Waiting for each answer before sending the next (openraft's default) left a
+//! follower idle for a whole round trip per request: on three nodes sharing two cores a
+//! round trip was ~1.4 ms, of which the follower's append and sync took ~0.5 ms.
 
 use crate::types::{GroupId, Tc, as_bytes, from_cbor, to_cbor};
 use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::stream::{BoxStream, Stream, StreamExt};
+use openraft::OptionalSend;
 use openraft::error::{
     NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable,
 };
 use openraft::network::{RPCOption, RPCTypes};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
-    TransferLeaderResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult,
+    TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf, VoteOf};
 use openraft::{BasicNode, RaftNetworkFactory, RaftNetworkV2};
@@ -45,6 +56,13 @@ pub(crate) const TRANSFER_LEADER: u8 = 14;
 pub(crate) const CLIENT_WRITE: u8 = 15;
 /// The index a read must see applied (ReadIndex), asked of the node leading a group.
 pub(crate) const READ_INDEX: u8 = 16;
+/// One AppendEntries of a leader's replication stream to a group (a [`StreamRequest`]):
+/// a follower takes a stream's requests in the order they came.
+pub(crate) const APPEND_STREAM: u8 = 17;
+/// A replication stream ended (its id, CBOR): sent without an answer.
+pub(crate) const STREAM_END: u8 = 18;
+/// AppendEntries a replication stream has sent and not yet had answered, at most.
+const PIPELINE: usize = 64;
 /// Largest frame accepted (a snapshot is one frame).
 const MAX_FRAME: usize = 1 << 30;
 /// How long dialing a peer may take.
@@ -55,6 +73,42 @@ pub trait Handler: Send + Sync + 'static {
     /// Answers request `kind` with `body` (CBOR), or says why not.
     fn handle(&self, kind: u8, body: Bytes)
     -> impl Future<Output = Result<Vec<u8>, String>> + Send;
+
+    /// Takes a request of a replication stream ([`APPEND_STREAM`], [`STREAM_END`]) before the
+    /// connection's next frame is read, so a stream's requests keep their order; `reply`
+    /// answers it whenever it is done (a [`STREAM_END`] gets no answer). `conn` tells the
+    /// connections apart: a stream is known by its connection and its id.
+    fn take_ordered(&self, conn: u64, kind: u8, body: Bytes, reply: Reply);
+
+    /// Connection `conn` closed: its streams end.
+    fn connection_closed(&self, conn: u64);
+}
+
+/// Where the answer to one request goes.
+#[derive(Debug)]
+pub struct Reply {
+    id: u64,
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+impl Reply {
+    /// Sends the answer (dropped if the connection is gone).
+    pub fn send(self, answer: Result<Vec<u8>, String>) {
+        let frame = match answer {
+            Ok(b) => frame_bytes(self.id, OK, &b),
+            Err(e) => frame_bytes(self.id, FAILED, e.as_bytes()),
+        };
+        let _ = self.tx.send(frame);
+    }
+}
+
+/// An AppendEntries of a replication stream, as [`APPEND_STREAM`] carries it (in a
+/// [`ToGroup`]).
+#[derive(Serialize, Deserialize)]
+pub(crate) struct StreamRequest {
+    /// The stream, unique on its connection.
+    pub(crate) stream: u64,
+    pub(crate) request: AppendEntriesRequest<Tc>,
 }
 
 /// Accepts node-to-node connections on `listener` until `stop`, answering with `handler`.
@@ -78,6 +132,8 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>, stop: Can
 }
 
 async fn serve_connection<H: Handler>(stream: TcpStream, handler: Arc<H>, stop: CancellationToken) {
+    static CONNECTIONS: AtomicU64 = AtomicU64::new(0);
+    let conn = CONNECTIONS.fetch_add(1, Ordering::Relaxed);
     let peer = stream.peer_addr().ok();
     let (rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel::<Vec<u8>>();
@@ -96,15 +152,15 @@ async fn serve_connection<H: Handler>(stream: TcpStream, handler: Arc<H>, stop: 
                 break;
             }
         };
-        let (handler, tx) = (handler.clone(), tx.clone());
-        tokio::spawn(async move {
-            let answer = match handler.handle(kind, body).await {
-                Ok(b) => frame_bytes(id, OK, &b),
-                Err(e) => frame_bytes(id, FAILED, e.as_bytes()),
-            };
-            let _ = tx.send(answer);
-        });
+        let reply = Reply { id, tx: tx.clone() };
+        if kind == APPEND_STREAM || kind == STREAM_END {
+            handler.take_ordered(conn, kind, body, reply);
+            continue;
+        }
+        let handler = handler.clone();
+        tokio::spawn(async move { reply.send(handler.handle(kind, body).await) });
     }
+    handler.connection_closed(conn);
     drop(tx);
     writer.abort();
 }
@@ -163,8 +219,65 @@ struct Peer {
 
 #[derive(Debug)]
 struct Conn {
+    addr: String,
     tx: mpsc::UnboundedSender<Vec<u8>>,
     waiting: Arc<Mutex<Waiting>>,
+}
+
+/// A request sent, its answer to come.
+struct Sent {
+    id: u64,
+    answer: oneshot::Receiver<(u8, Bytes)>,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+}
+
+impl Conn {
+    fn lost(&self) -> CallError {
+        CallError::Unreachable(self.addr.clone(), "connection lost".into())
+    }
+
+    /// Queues request `kind` with `body` under `id`; its answer is due within `timeout`.
+    fn send(&self, id: u64, kind: u8, body: &[u8], timeout: Duration) -> Result<Sent, CallError> {
+        let (tx, answer) = oneshot::channel();
+        match self.waiting.lock().as_mut() {
+            Some(w) => w.insert(id, tx),
+            None => return Err(self.lost()),
+        };
+        self.tx
+            .send(frame_bytes(id, kind, body))
+            .map_err(|_| self.lost())?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        Ok(Sent {
+            id,
+            answer,
+            deadline,
+            timeout,
+        })
+    }
+
+    /// Queues request `kind` with `body`, which gets no answer.
+    fn post(&self, id: u64, kind: u8, body: &[u8]) {
+        let _ = self.tx.send(frame_bytes(id, kind, body));
+    }
+
+    /// Waits for the answer to `sent`.
+    async fn answer(&self, sent: Sent) -> Result<Bytes, CallError> {
+        match tokio::time::timeout_at(sent.deadline, sent.answer).await {
+            Err(_) => {
+                if let Some(w) = self.waiting.lock().as_mut() {
+                    w.remove(&sent.id);
+                }
+                Err(CallError::Timeout(self.addr.clone(), sent.timeout))
+            }
+            Ok(Err(_)) => Err(self.lost()),
+            Ok(Ok((OK, b))) => Ok(b),
+            Ok(Ok((_, b))) => Err(CallError::Remote(
+                self.addr.clone(),
+                String::from_utf8_lossy(&b).into_owned(),
+            )),
+        }
+    }
 }
 
 /// Calls in flight on a connection; `None` once it failed.
@@ -199,42 +312,13 @@ impl Pool {
         body: &[u8],
         timeout: Duration,
     ) -> Result<Bytes, CallError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let conn = self.conn(addr).await?;
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut w = conn.waiting.lock();
-            let Some(w) = w.as_mut() else {
-                return Err(CallError::Unreachable(
-                    addr.into(),
-                    "connection lost".into(),
-                ));
-            };
-            w.insert(id, tx);
-        }
-        if conn.tx.send(frame_bytes(id, kind, body)).is_err() {
-            return Err(CallError::Unreachable(
-                addr.into(),
-                "connection lost".into(),
-            ));
-        }
-        match tokio::time::timeout(timeout, rx).await {
-            Err(_) => {
-                if let Some(w) = conn.waiting.lock().as_mut() {
-                    w.remove(&id);
-                }
-                Err(CallError::Timeout(addr.into(), timeout))
-            }
-            Ok(Err(_)) => Err(CallError::Unreachable(
-                addr.into(),
-                "connection lost".into(),
-            )),
-            Ok(Ok((OK, b))) => Ok(b),
-            Ok(Ok((_, b))) => Err(CallError::Remote(
-                addr.into(),
-                String::from_utf8_lossy(&b).into_owned(),
-            )),
-        }
+        let sent = conn.send(self.next_id(), kind, body, timeout)?;
+        conn.answer(sent).await
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// The live connection to `addr`, dialing it if there is none.
@@ -276,7 +360,11 @@ impl Pool {
             // Every call still waiting fails now (their senders drop).
             w.lock().take();
         });
-        let c = Arc::new(Conn { tx, waiting });
+        let c = Arc::new(Conn {
+            addr: addr.to_string(),
+            tx,
+            waiting,
+        });
         *slot = Some(c.clone());
         Ok(c)
     }
@@ -349,15 +437,59 @@ impl GroupPeer {
         .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         match self.pool.call(&self.addr, kind, &body, ttl).await {
             Ok(b) => from_cbor(&b).map_err(|e| RPCError::Network(NetworkError::new(&e))),
-            Err(CallError::Timeout(..)) => Err(RPCError::Timeout(Timeout {
-                action,
-                id: 0,
-                target: self.target,
-                timeout: ttl,
-            })),
-            Err(e @ CallError::Unreachable(..)) => Err(RPCError::Unreachable(Unreachable::new(&e))),
-            Err(e @ CallError::Remote(..)) => Err(RPCError::Network(NetworkError::new(&e))),
+            Err(e) => Err(rpc_error(e, action, self.target)),
         }
+    }
+}
+
+/// openraft's name for a failed call to `target`.
+fn rpc_error(e: CallError, action: RPCTypes, target: u64) -> RPCError<Tc> {
+    match e {
+        CallError::Timeout(_, timeout) => RPCError::Timeout(Timeout {
+            action,
+            id: 0,
+            target,
+            timeout,
+        }),
+        e @ CallError::Unreachable(..) => RPCError::Unreachable(Unreachable::new(&e)),
+        e @ CallError::Remote(..) => RPCError::Network(NetworkError::new(&e)),
+    }
+}
+
+/// Sends the requests of replication stream `stream` as openraft makes them, each without
+/// waiting for the answer to the one before, and passes what was sent on to `sent` (which
+/// waits for the answers in order); at the end tells the follower the stream ended.
+async fn send_stream<S>(
+    pool: Arc<Pool>,
+    conn: Arc<Conn>,
+    group: GroupId,
+    stream: u64,
+    mut input: S,
+    sent: mpsc::Sender<Result<Sent, CallError>>,
+    timeout: Duration,
+) where
+    S: Stream<Item = AppendEntriesRequest<Tc>> + Unpin,
+{
+    loop {
+        let request = tokio::select! {
+            _ = sent.closed() => break,
+            r = input.next() => match r {
+                Some(r) => r,
+                None => break,
+            },
+        };
+        let message = StreamRequest { stream, request };
+        let one = match to_cbor(&ToGroup { group, message }) {
+            Ok(body) => conn.send(pool.next_id(), APPEND_STREAM, &body, timeout),
+            Err(e) => Err(CallError::Remote(conn.addr.clone(), e.to_string())),
+        };
+        let failed = one.is_err();
+        if sent.send(one).await.is_err() || failed {
+            break;
+        }
+    }
+    if let Ok(body) = to_cbor(&stream) {
+        conn.post(pool.next_id(), STREAM_END, &body);
     }
 }
 
@@ -371,6 +503,57 @@ impl RaftNetworkV2<Tc> for GroupPeer {
     ) -> Result<AppendEntriesResponse<Tc>, RPCError<Tc>> {
         self.rpc(APPEND, rpc, RPCTypes::AppendEntries, option.soft_ttl())
             .await
+    }
+
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<
+        's,
+        Result<BoxStream<'s, Result<StreamAppendResult<Tc>, RPCError<Tc>>>, RPCError<Tc>>,
+    >
+    where
+        S: Stream<Item = AppendEntriesRequest<Tc>> + OptionalSend + Unpin + 'static,
+    {
+        let (pool, addr, group, target) = (
+            self.pool.clone(),
+            self.addr.clone(),
+            self.group,
+            self.target,
+        );
+        let action = RPCTypes::AppendEntries;
+        Box::pin(async move {
+            let conn = (pool.conn(&addr).await).map_err(|e| rpc_error(e, action, target))?;
+            let (tx, rx) = mpsc::channel(PIPELINE);
+            let stream = pool.next_id();
+            let ttl = option.soft_ttl();
+            tokio::spawn(send_stream(
+                pool,
+                conn.clone(),
+                group,
+                stream,
+                input,
+                tx,
+                ttl,
+            ));
+            let answers = futures::stream::unfold(rx, move |mut rx| {
+                let conn = conn.clone();
+                async move {
+                    let answer = match rx.recv().await? {
+                        Ok(sent) => conn.answer(sent).await,
+                        Err(e) => Err(e),
+                    };
+                    let result = answer
+                        .map_err(|e| rpc_error(e, action, target))
+                        .and_then(|b| {
+                            from_cbor(&b).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+                        });
+                    Some((result, rx))
+                }
+            });
+            Ok(answers.boxed())
+        })
     }
 
     async fn vote(

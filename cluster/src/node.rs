@@ -2,18 +2,22 @@
 //! log file and its network on the node's one pool, and answering the requests peers send.
 
 use crate::log::{LogStore, LogWriter};
-use crate::net::{self, GroupNetwork, Handler, Pool, SnapshotRequest, ToGroup};
+use crate::net::{
+    self, GroupNetwork, Handler, Pool, Reply, SnapshotRequest, StreamRequest, ToGroup,
+};
 use crate::sm::{Apply, StateMachine};
 use crate::types::{Command, GroupId, Response, Tc, from_cbor, to_cbor};
 use bytes::Bytes;
+use futures::StreamExt;
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, RaftError};
+use openraft::raft::AppendEntriesRequest;
 use openraft::type_config::alias::SnapshotOf;
 use openraft::{Config, Raft, ReadPolicy, SnapshotPolicy};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -79,6 +83,70 @@ pub struct Node {
     groups: RwLock<HashMap<GroupId, GroupRaft>>,
     /// Node-to-node addresses of every node (for forwarding writes to leaders).
     peers: RwLock<BTreeMap<u64, String>>,
+    /// The replication streams leaders send this node, by connection and stream id.
+    streams: Mutex<HashMap<(u64, u64), AppendStream>>,
+}
+
+/// A replication stream from a leader: its requests go to the group's raft in order, and
+/// each answer to the reply waiting longest.
+struct AppendStream {
+    requests: tokio::sync::mpsc::UnboundedSender<AppendEntriesRequest<Tc>>,
+    replies: Arc<Mutex<Replies>>,
+}
+
+#[derive(Default)]
+struct Replies {
+    waiting: VecDeque<Reply>,
+    /// The raft ended the stream (a conflict, a higher vote, or it stopped): later requests
+    /// are refused.
+    ended: bool,
+}
+
+impl AppendStream {
+    fn open(raft: &GroupRaft) -> Self {
+        let (requests, rx) = tokio::sync::mpsc::unbounded_channel();
+        let input =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+        let answers = raft.stream_append(input);
+        let replies = Arc::new(Mutex::new(Replies::default()));
+        let r = replies.clone();
+        tokio::spawn(async move {
+            let mut answers = std::pin::pin!(answers);
+            while let Some(answer) = answers.next().await {
+                let answer = match answer {
+                    Ok(result) => to_cbor(&result).map_err(|e| e.to_string()),
+                    Err(fatal) => Err(fatal.to_string()),
+                };
+                match r.lock().waiting.pop_front() {
+                    Some(reply) => reply.send(answer),
+                    None => break,
+                }
+            }
+            let mut r = r.lock();
+            r.ended = true;
+            for reply in r.waiting.drain(..) {
+                reply.send(Err("the replication stream ended".into()));
+            }
+        });
+        Self { requests, replies }
+    }
+
+    /// Passes `request` on; `reply` gets its answer.
+    fn take(&self, request: AppendEntriesRequest<Tc>, reply: Reply) {
+        let mut r = self.replies.lock();
+        if r.ended {
+            drop(r);
+            return reply.send(Err("the replication stream ended".into()));
+        }
+        r.waiting.push_back(reply);
+        if self.requests.send(request).is_err() {
+            let reply = r.waiting.pop_back();
+            drop(r);
+            if let Some(reply) = reply {
+                reply.send(Err("the replication stream ended".into()));
+            }
+        }
+    }
 }
 
 /// How long [`Node::write`] keeps looking for a leader that takes its command.
@@ -146,6 +214,7 @@ impl Node {
             writer: LogWriter::open(&dir.join("raft.log"))?,
             groups: RwLock::new(HashMap::new()),
             peers: RwLock::new(BTreeMap::new()),
+            streams: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -459,5 +528,39 @@ impl Handler for Node {
             }
             k => Err(format!("unknown request kind {k}")),
         }
+    }
+
+    fn take_ordered(&self, conn: u64, kind: u8, body: Bytes, reply: Reply) {
+        if kind == net::STREAM_END {
+            if let Ok(stream) = from_cbor::<u64>(&body) {
+                self.streams.lock().remove(&(conn, stream));
+            }
+            return;
+        }
+        let req: ToGroup<StreamRequest> = match from_cbor(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return reply.send(Err(format!(
+                    "a replication request that does not decode: {e}"
+                )));
+            }
+        };
+        let mut streams = self.streams.lock();
+        let key = (conn, req.message.stream);
+        let stream = match streams.entry(key) {
+            std::collections::hash_map::Entry::Occupied(s) => s.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => match self.group(req.group) {
+                Some(raft) => v.insert(AppendStream::open(&raft)),
+                None => {
+                    drop(streams);
+                    return reply.send(Err(format!("node {} has no group {}", self.id, req.group)));
+                }
+            },
+        };
+        stream.take(req.message.request, reply);
+    }
+
+    fn connection_closed(&self, conn: u64) {
+        self.streams.lock().retain(|(c, _), _| *c != conn);
     }
 }
