@@ -25,11 +25,11 @@
 //! of 64 MiB or more that is at most a quarter live, so a write and sync of up to 16 MiB or
 //! so, well inside the election timeout.
 
-use crate::types::{GroupId, Tc, from_cbor, to_cbor};
+use crate::types::{Command, GroupId, Tc, cbor_into, from_cbor, to_cbor};
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, RaftLogStorage};
 use openraft::type_config::alias::{EntryOf, LogIdOf, VoteOf};
-use openraft::{LogState, RaftLogReader};
+use openraft::{EntryPayload, LogState, RaftLogReader};
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -670,16 +670,16 @@ impl State {
     /// Appends every live record of group `k` to `out`, as a rewritten file holds them.
     fn snapshot(&self, k: u64, out: &mut Vec<u8>) -> io::Result<()> {
         if let Some(v) = &self.vote {
-            record(out, VOTE, k, &to_cbor(v)?);
+            record_cbor(out, VOTE, k, v)?;
         }
         if self.committed.is_some() {
-            record(out, COMMITTED, k, &to_cbor(&self.committed)?);
+            record_cbor(out, COMMITTED, k, &self.committed)?;
         }
         if let Some(p) = &self.last_purged {
-            record(out, PURGE, k, &to_cbor(p)?);
+            record_cbor(out, PURGE, k, p)?;
         }
         for (e, _) in self.entries.values() {
-            record(out, ENTRY, k, &to_cbor(e)?);
+            record_cbor(out, ENTRY, k, e)?;
         }
         if self.taken_over {
             record(out, TAKEN, k, &[]);
@@ -697,18 +697,41 @@ impl State {
 
 /// Appends one record of group `k` to `out`; returns its size.
 fn record(out: &mut Vec<u8>, kind: u8, k: u64, cbor: &[u8]) -> u64 {
-    let len = 1 + 8 + cbor.len();
-    let group = k.to_le_bytes();
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&[kind]);
-    crc.update(&group);
-    crc.update(cbor);
-    out.extend_from_slice(&(len as u32).to_le_bytes());
-    out.extend_from_slice(&crc.finalize().to_le_bytes());
-    out.push(kind);
-    out.extend_from_slice(&group);
+    let start = begin_record(out, kind, k);
     out.extend_from_slice(cbor);
-    (8 + len) as u64
+    end_record(out, start)
+}
+
+/// Appends one record of group `k` to `out`, `value` encoded in place; returns its size.
+fn record_cbor<T: serde::Serialize>(
+    out: &mut Vec<u8>,
+    kind: u8,
+    k: u64,
+    value: &T,
+) -> io::Result<u64> {
+    let start = begin_record(out, kind, k);
+    if let Err(e) = cbor_into(value, out) {
+        out.truncate(start);
+        return Err(e);
+    }
+    Ok(end_record(out, start))
+}
+
+/// Starts a record at the end of `out` (its length and crc to come); returns where.
+fn begin_record(out: &mut Vec<u8>, kind: u8, k: u64) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0; 8]);
+    out.push(kind);
+    out.extend_from_slice(&k.to_le_bytes());
+    start
+}
+
+/// Fills in the length and crc of the record begun at `start`; returns its size.
+fn end_record(out: &mut [u8], start: usize) -> u64 {
+    let (head, body) = out[start..].split_at_mut(8);
+    head[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
+    head[4..].copy_from_slice(&crc32fast::hash(body).to_le_bytes());
+    (8 + body.len()) as u64
 }
 
 impl LogStore {
@@ -838,7 +861,11 @@ impl RaftLogStorage<Tc> for LogStore {
         let mut bytes = Vec::new();
         let mut added = Vec::new();
         for e in entries {
-            let size = record(&mut bytes, ENTRY, self.shared.key, &to_cbor(&e)?);
+            if let EntryPayload::Normal(Command::Write(rows)) = &e.payload {
+                // The rows, and room for the rest (CBOR heads, the log id).
+                bytes.reserve(HEAD + 64 + rows.len());
+            }
+            let size = record_cbor(&mut bytes, ENTRY, self.shared.key, &e)?;
             added.push((e, size));
         }
         let mut st = self.shared.group.state.lock();

@@ -3,7 +3,7 @@
 
 use crate::log::{LogStore, LogWriter};
 use crate::net::{
-    self, GroupNetwork, Handler, Pool, Reply, SnapshotRequest, StreamRequest, ToGroup,
+    self, Frame, GroupNetwork, Handler, Pool, Reply, SnapshotRequest, StreamRequest, ToGroup,
 };
 use crate::sm::{Apply, StateMachine};
 use crate::types::{Command, GroupId, Response, Tc, from_cbor, to_cbor};
@@ -358,14 +358,11 @@ impl Node {
         let Some(addr) = self.peers.read().get(&to).cloned() else {
             return ReadAnswer::NotLeader;
         };
-        let Ok(body) = to_cbor(&ToGroup { group, message: () }) else {
+        let message = ToGroup { group, message: () };
+        let Ok(frame) = Frame::cbor(net::READ_INDEX, &message, 0) else {
             return ReadAnswer::Failed("encoding a read request".into());
         };
-        match (self
-            .pool
-            .call(&addr, net::READ_INDEX, &body, FORWARD_TIMEOUT))
-        .await
-        {
+        match (self.pool.call(&addr, frame, FORWARD_TIMEOUT)).await {
             Ok(b) => from_cbor(&b).unwrap_or_else(|e| ReadAnswer::Failed(e.to_string())),
             Err(e) => ReadAnswer::Failed(e.to_string()),
         }
@@ -388,18 +385,19 @@ impl Node {
         let Some(addr) = self.peers.read().get(&to).cloned() else {
             return WriteAnswer::NotLeader(None);
         };
-        let body = match to_cbor(&ToGroup {
+        let hint = match command {
+            Command::Write(rows) => rows.len(),
+            _ => 0,
+        };
+        let message = ToGroup {
             group,
             message: command,
-        }) {
-            Ok(b) => b,
+        };
+        let frame = match Frame::cbor(net::CLIENT_WRITE, &message, hint) {
+            Ok(f) => f,
             Err(e) => return WriteAnswer::Failed(e.to_string()),
         };
-        match self
-            .pool
-            .call(&addr, net::CLIENT_WRITE, &body, FORWARD_TIMEOUT)
-            .await
-        {
+        match (self.pool.call(&addr, frame, FORWARD_TIMEOUT)).await {
             Ok(b) => from_cbor(&b).unwrap_or_else(|e| WriteAnswer::Unknown(e.to_string())),
             // Whether the leader got it is unknown: the applier drops a second copy.
             Err(e) => WriteAnswer::Unknown(e.to_string()),
