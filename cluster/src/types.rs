@@ -162,7 +162,8 @@ const KEPT_SCRATCH: usize = 4 << 20;
 /// buffer-full at a time, into a vector that grows as it goes: with its default 4 KiB
 /// scratch a 1 MiB entry took 256 pieces and a dozen reallocations, each copying what came
 /// before. A scratch as long as the input reads every byte string in one piece into a
-/// vector of its exact size. The scratch is kept per thread up to [`KEPT_SCRATCH`].
+/// vector of its exact size. The scratch is kept per thread, at most [`KEPT_SCRATCH`] long
+/// (a longer byte string, such as a large snapshot, comes in pieces of that size).
 pub fn from_cbor<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> std::io::Result<T> {
     thread_local! {
         static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -171,10 +172,7 @@ pub fn from_cbor<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> std::io::Resul
         ciborium::de::from_reader_with_buffer(bytes, scratch)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
     };
-    let want = bytes.len().max(4096);
-    if want > KEPT_SCRATCH {
-        return decode(&mut vec![0; want]);
-    }
+    let want = bytes.len().clamp(4096, KEPT_SCRATCH);
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
         Ok(mut scratch) => {
             if scratch.len() < want {
