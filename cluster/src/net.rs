@@ -258,7 +258,6 @@ struct Conn {
 struct Sent {
     id: u64,
     answer: oneshot::Receiver<(u8, Bytes)>,
-    deadline: tokio::time::Instant,
     timeout: Duration,
 }
 
@@ -267,7 +266,7 @@ impl Conn {
         CallError::Unreachable(self.addr.clone(), "connection lost".into())
     }
 
-    /// Queues request `frame` under `id`; its answer is due within `timeout`.
+    /// Queues request `frame` under `id`; its answer is due within `timeout` of being awaited.
     fn send(&self, id: u64, frame: Frame, timeout: Duration) -> Result<Sent, CallError> {
         let (tx, answer) = oneshot::channel();
         match self.waiting.lock().as_mut() {
@@ -275,11 +274,9 @@ impl Conn {
             None => return Err(self.lost()),
         };
         self.tx.send(frame.sent_as(id)).map_err(|_| self.lost())?;
-        let deadline = tokio::time::Instant::now() + timeout;
         Ok(Sent {
             id,
             answer,
-            deadline,
             timeout,
         })
     }
@@ -291,7 +288,10 @@ impl Conn {
 
     /// Waits for the answer to `sent`.
     async fn answer(&self, sent: Sent) -> Result<Bytes, CallError> {
-        match tokio::time::timeout_at(sent.deadline, sent.answer).await {
+        // Counted from when the answer is awaited: a replication stream awaits its answers in
+        // turn, and a request far back in a long pipeline is not late while those before it
+        // are still being answered.
+        match tokio::time::timeout(sent.timeout, sent.answer).await {
             Err(_) => {
                 if let Some(w) = self.waiting.lock().as_mut() {
                     w.remove(&sent.id);
@@ -500,13 +500,19 @@ async fn send_stream<S>(
     S: Stream<Item = AppendEntriesRequest<Tc>> + Unpin,
 {
     loop {
+        // Biased: once openraft dropped this stream's answers, the requests its input yields
+        // belong to the next replication stream, which shares that input; none may go here.
         let request = tokio::select! {
+            biased;
             _ = sent.closed() => break,
             r = input.next() => match r {
                 Some(r) => r,
                 None => break,
             },
         };
+        if sent.is_closed() {
+            break;
+        }
         let hint = rows_len(&request.entries);
         let message = ToGroup {
             group,
@@ -577,9 +583,11 @@ impl RaftNetworkV2<Tc> for GroupPeer {
                 tx,
                 ttl,
             ));
-            let answers = futures::stream::unfold(rx, move |mut rx| {
+            // The stream ends after its first error, as openraft expects.
+            let answers = futures::stream::unfold(Some(rx), move |rx| {
                 let conn = conn.clone();
                 async move {
+                    let mut rx = rx?;
                     let answer = match rx.recv().await? {
                         Ok(sent) => conn.answer(sent).await,
                         Err(e) => Err(e),
@@ -589,7 +597,8 @@ impl RaftNetworkV2<Tc> for GroupPeer {
                         .and_then(|b| {
                             from_cbor(&b).map_err(|e| RPCError::Network(NetworkError::new(&e)))
                         });
-                    Some((result, rx))
+                    let rest = result.is_ok().then_some(rx);
+                    Some((result, rest))
                 }
             });
             Ok(answers.boxed())
