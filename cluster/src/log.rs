@@ -25,11 +25,11 @@
 //! of 64 MiB or more that is at most a quarter live, so a write and sync of up to 16 MiB or
 //! so, well inside the election timeout.
 
-use crate::types::{Command, GroupId, Tc, cbor_into, from_cbor, to_cbor};
+use crate::types::{GroupId, Tc, cbor_into, entry_size_hint, from_cbor, to_cbor};
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, RaftLogStorage};
 use openraft::type_config::alias::{EntryOf, LogIdOf, VoteOf};
-use openraft::{EntryPayload, LogState, RaftLogReader};
+use openraft::{LogState, RaftLogReader};
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -861,10 +861,7 @@ impl RaftLogStorage<Tc> for LogStore {
         let mut bytes = Vec::new();
         let mut added = Vec::new();
         for e in entries {
-            if let EntryPayload::Normal(Command::Write(rows)) = &e.payload {
-                // The rows, and room for the rest (CBOR heads, the log id).
-                bytes.reserve(HEAD + 64 + rows.len());
-            }
+            bytes.reserve(HEAD + entry_size_hint(&e));
             let size = record_cbor(&mut bytes, ENTRY, self.shared.key, &e)?;
             added.push((e, size));
         }

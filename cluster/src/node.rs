@@ -385,10 +385,7 @@ impl Node {
         let Some(addr) = self.peers.read().get(&to).cloned() else {
             return WriteAnswer::NotLeader(None);
         };
-        let hint = match command {
-            Command::Write(rows) => rows.len(),
-            _ => 0,
-        };
+        let hint = command.size_hint();
         let message = ToGroup {
             group,
             message: command,

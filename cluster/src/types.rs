@@ -130,14 +130,27 @@ pub(crate) mod as_bytes {
     }
 }
 
-/// The bytes of rows `entries` carry (what their encoding mostly is).
-pub(crate) fn rows_len(entries: &[openraft::type_config::alias::EntryOf<Tc>]) -> usize {
-    (entries.iter())
-        .map(|e| match &e.payload {
-            openraft::EntryPayload::Normal(Command::Write(rows)) => rows.len() + 64,
+impl Command {
+    /// About how many bytes the command takes encoded (its rows, and room for the rest).
+    pub(crate) fn size_hint(&self) -> usize {
+        match self {
+            Command::Write(rows) => rows.len() + 64,
             _ => 64,
-        })
-        .sum()
+        }
+    }
+}
+
+/// About how many bytes `entry` takes encoded.
+pub(crate) fn entry_size_hint(entry: &openraft::type_config::alias::EntryOf<Tc>) -> usize {
+    match &entry.payload {
+        openraft::EntryPayload::Normal(c) => c.size_hint() + 16,
+        _ => 64,
+    }
+}
+
+/// About how many bytes `entries` take encoded.
+pub(crate) fn entries_size_hint(entries: &[openraft::type_config::alias::EntryOf<Tc>]) -> usize {
+    entries.iter().map(entry_size_hint).sum()
 }
 
 /// Encodes `value` as CBOR.
