@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -240,6 +241,7 @@ async fn read_frame<R: tokio::io::AsyncRead + Unpin>(rd: &mut R) -> io::Result<(
 pub struct Pool {
     peers: Mutex<HashMap<String, Arc<Peer>>>,
     next_id: AtomicU64,
+    failed_dials: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -344,6 +346,11 @@ impl Pool {
         conn.answer(sent).await
     }
 
+    /// Dials to peers that failed since the pool was made.
+    pub(crate) fn failed_dials(&self) -> u64 {
+        self.failed_dials.load(Ordering::Relaxed)
+    }
+
     fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -363,7 +370,10 @@ impl Pool {
         {
             return Ok(c.clone());
         }
-        let unreachable = |e: String| CallError::Unreachable(addr.to_string(), e);
+        let unreachable = |e: String| {
+            self.failed_dials.fetch_add(1, Ordering::Relaxed);
+            CallError::Unreachable(addr.to_string(), e)
+        };
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
             .await
             .map_err(|_| unreachable("connect timed out".into()))?
@@ -570,6 +580,14 @@ impl RaftNetworkV2<Tc> for GroupPeer {
         );
         let action = RPCTypes::AppendEntries;
         Box::pin(async move {
+            // The first request is awaited before connecting: openraft sleeps out its backoff
+            // inside the input stream, so a stream that failed to connect without polling it
+            // would be retried at once, tens of thousands of times a second while a peer is
+            // down.
+            let mut input = input.peekable();
+            if Pin::new(&mut input).peek().await.is_none() {
+                return Ok(futures::stream::empty().boxed());
+            }
             let conn = (pool.conn(&addr).await).map_err(|e| rpc_error(e, action, target))?;
             let (tx, rx) = mpsc::channel(PIPELINE);
             let stream = pool.next_id();

@@ -401,6 +401,12 @@ impl Node {
         }
     }
 
+    /// Dials to peers that failed since the node started. A peer that is down is dialed
+    /// again at openraft's backoff (a few times a second per group), not in a tight loop.
+    pub fn failed_dials(&self) -> u64 {
+        self.pool.failed_dials()
+    }
+
     /// This node's id.
     pub fn id(&self) -> u64 {
         self.id

@@ -161,6 +161,15 @@ async fn three_nodes_replicate_fail_over_and_catch_up() {
     stop(old).await;
     let second = leader(&nodes).await;
     assert_ne!(second, first);
+    // The new leader dials the stopped node again at the backoff, not in a tight loop (it
+    // once retried tens of thousands of times a second, burning a core).
+    let before = nodes[&second].node.failed_dials();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let dials = nodes[&second].node.failed_dials() - before;
+    assert!(
+        dials <= 20,
+        "{dials} failed dials to a stopped peer in one second"
+    );
     write(&nodes[&second].raft, 200..300, &mut want).await;
     for r in nodes.values() {
         applied(r, &want).await;
