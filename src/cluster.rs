@@ -1511,7 +1511,7 @@ impl Apply for ShardApply {
         let Some(engine) = self.engine.upgrade() else {
             return Response::default();
         };
-        let (mut rows, mut error) = (0, None);
+        let (mut writes, mut error) = (Vec::new(), None);
         let mut rest = &body[..];
         while let Some((len, tail)) = rest.split_first_chunk::<4>() {
             let len = u32::from_le_bytes(*len) as usize;
@@ -1520,19 +1520,17 @@ impl Apply for ShardApply {
                 break;
             };
             rest = tail;
-            let Some((header, _)) = entry.split_first_chunk::<WRITE_HEADER>() else {
+            let Some((header, payload)) = entry.split_first_chunk::<WRITE_HEADER>() else {
                 continue;
             };
-            if self.is_copy(index, header) {
-                continue;
+            if !self.is_copy(index, header) {
+                writes.push(payload);
             }
-            match engine.apply_replicated(self.shard, index, &entry[WRITE_HEADER..]) {
-                Ok(n) => rows += n,
-                Err(e) => {
-                    tracing::error!(error = %e, "a committed write could not be applied");
-                    error.get_or_insert(e.to_string());
-                }
-            }
+        }
+        let (rows, failed) = engine.apply_replicated(self.shard, index, &writes);
+        if let Some(e) = failed {
+            tracing::error!(error = %e, "a committed write could not be applied");
+            error.get_or_insert(e.to_string());
         }
         Response { rows, error }
     }

@@ -21,6 +21,9 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// How long a write waits for flushes to make room in full buffers before it is refused.
+const BUFFERS_FULL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 mod maintenance;
 mod messages;
 mod query;
@@ -342,7 +345,7 @@ impl Engine {
         wait: bool,
         origin: Option<Origin>,
     ) -> Result<WriteReceipt> {
-        self.room_in_buffers()?;
+        self.room_in_buffers().await?;
         let n = rows.len();
         let record = write_record(def, rows, origin);
         if let Some(r) = self.replicator.get() {
@@ -356,10 +359,16 @@ impl Engine {
         Ok(WriteReceipt { rows: n, lsn })
     }
 
-    /// Refuses writes while the buffers hold twice their budget (flushing has fallen behind).
-    fn room_in_buffers(&self) -> Result<()> {
-        let bytes = self.shared.tables.buffered_bytes();
+    /// Holds writes back while the buffers hold twice their budget (flushing has fallen
+    /// behind): a write waits for flushes to make room, up to `BUFFERS_FULL_WAIT`, and is
+    /// refused after that (the store or disk is failing, or the load outruns them for long).
+    async fn room_in_buffers(&self) -> Result<()> {
         let limit = 2 * self.config.buffer.total_max_bytes as u64;
+        if self.shared.tables.buffered_bytes() <= limit {
+            return Ok(());
+        }
+        let deadline = tokio::time::Instant::now() + BUFFERS_FULL_WAIT;
+        let bytes = self.shared.tables.wait_below(limit, deadline).await;
         match bytes > limit {
             true => Err(Error::BuffersFull { bytes, limit }),
             false => Ok(()),
@@ -463,7 +472,7 @@ impl Database for Engine {
 
     async fn publish_batch(&self, pubs: Vec<Publication<'_>>) -> Result<Vec<Option<WriteReceipt>>> {
         let mut out = vec![None; pubs.len()];
-        if self.room_in_buffers().is_err() {
+        if self.room_in_buffers().await.is_err() {
             return Ok(out);
         }
         let now = now_micros();

@@ -77,9 +77,10 @@ pub enum Error {
         pending: usize,
     },
     /// Too many rows wait in memory because persisting them keeps failing (object store
-    /// unreachable, disk full): writes are refused until flushes succeed again.
+    /// unreachable, disk full) or lags far behind: writes wait for room, and are refused
+    /// when none comes in time.
     #[error(
-        "{bytes} bytes are waiting to be persisted (limit {limit}); the object store or disk is failing, see the server log"
+        "{bytes} bytes are still waiting to be persisted (limit {limit}): flushes to the object store or disk are failing or far behind, see the server log"
     )]
     BuffersFull {
         /// Bytes in buffers.

@@ -222,6 +222,8 @@ pub struct Tables {
     pub by_id: RwLock<HashMap<u64, Arc<TableState>>>,
     /// Bytes held in buffers (unpersisted), kept exact by apply, flush, retention and drop.
     buffered: AtomicU64,
+    /// Woken whenever bytes leave the buffers (writes waiting for room listen).
+    released: tokio::sync::Notify,
 }
 
 impl Tables {
@@ -233,6 +235,23 @@ impl Tables {
     /// Records that `bytes` left memory (persisted or dropped).
     pub fn release(&self, bytes: usize) {
         self.buffered.fetch_sub(bytes as u64, Ordering::Relaxed);
+        self.released.notify_waiters();
+    }
+
+    /// Waits until the buffers hold at most `limit` bytes, or `deadline` passes; returns
+    /// the bytes they hold then.
+    pub async fn wait_below(&self, limit: u64, deadline: tokio::time::Instant) -> u64 {
+        loop {
+            let released = self.released.notified();
+            let bytes = self.buffered_bytes();
+            if bytes <= limit {
+                return bytes;
+            }
+            tokio::select! {
+                _ = released => {}
+                _ = tokio::time::sleep_until(deadline) => return self.buffered_bytes(),
+            }
+        }
     }
 
     /// Removes a table, releasing its buffered bytes.
@@ -270,45 +289,48 @@ impl Tables {
 }
 
 impl Tables {
-    /// Applies a write committed at `index` of shard `shard`'s log (a cluster's apply):
-    /// rows of a partition whose files already hold that entry are skipped.
-    pub fn apply_shard(&self, shard: u32, index: u64, record: &WriteRecord) {
-        self.apply_rows(index, record, Some(shard));
+    /// Applies the writes of the entry committed at `index` of shard `shard`'s log (a
+    /// cluster's apply): rows of a partition whose files already hold that entry are skipped.
+    pub fn apply_shard(&self, shard: u32, index: u64, records: &[WriteRecord]) {
+        self.apply_rows(index, records, Some(shard));
     }
 
-    /// Adds a record's rows to the buffers: the single-node ones (`shard` None, `lsn` the
+    /// Adds records' rows to the buffers: the single-node ones (`shard` None, `lsn` the
     /// WAL's) or a shard's (`lsn` its log index). Rows of a partition whose files already
-    /// hold that LSN are skipped (a replay), as are those of a dropped table.
-    fn apply_rows(&self, lsn: u64, record: &WriteRecord, shard: Option<u32>) {
-        let Some(table) = self.get(record.table_id) else {
-            return;
-        };
-        let def = table.def();
-        let time_col = def.time_column();
-        let pc = def.partition_column;
-        let mut parts = table.parts.write();
-        if table.dropped.load(Ordering::Relaxed) {
-            return;
-        }
-        let mut added = 0;
-        for row in &record.rows {
-            let key = row.get(pc).map_or(0, |v| def.partition.key(v));
-            let part = table.partition_mut(&mut parts, key);
-            let (flushed, buffer) = match shard {
-                None => (part.flushed_lsn, &mut part.buffer),
-                Some(s) => {
-                    let rows = table.shard_rows(part, s);
-                    (rows.flushed, &mut rows.buffer)
-                }
+    /// hold that LSN are skipped (a replay), as are those of a dropped table. Consecutive
+    /// records of one table take its lock once.
+    fn apply_rows(&self, lsn: u64, records: &[WriteRecord], shard: Option<u32>) {
+        for run in records.chunk_by(|a, b| a.table_id == b.table_id) {
+            let Some(table) = self.get(run[0].table_id) else {
+                continue;
             };
-            if lsn <= flushed {
+            let def = table.def();
+            let time_col = def.time_column();
+            let pc = def.partition_column;
+            let mut parts = table.parts.write();
+            if table.dropped.load(Ordering::Relaxed) {
                 continue;
             }
-            added += buffer.push(lsn, row, time_col);
+            let mut added = 0;
+            for row in run.iter().flat_map(|r| &r.rows) {
+                let key = row.get(pc).map_or(0, |v| def.partition.key(v));
+                let part = table.partition_mut(&mut parts, key);
+                let (flushed, buffer) = match shard {
+                    None => (part.flushed_lsn, &mut part.buffer),
+                    Some(s) => {
+                        let rows = table.shard_rows(part, s);
+                        (rows.flushed, &mut rows.buffer)
+                    }
+                };
+                if lsn <= flushed {
+                    continue;
+                }
+                added += buffer.push(lsn, row, time_col);
+            }
+            self.buffered.fetch_add(added as u64, Ordering::Relaxed);
+            drop(parts);
+            table.changed();
         }
-        self.buffered.fetch_add(added as u64, Ordering::Relaxed);
-        drop(parts);
-        table.changed();
     }
 
     /// Drops shard `shard`'s buffered rows up to log index `through` from every partition
@@ -346,6 +368,6 @@ impl Tables {
 
 impl Applier for Tables {
     fn apply(&self, lsn: u64, record: &WriteRecord) {
-        self.apply_rows(lsn, record, None);
+        self.apply_rows(lsn, std::slice::from_ref(record), None);
     }
 }
