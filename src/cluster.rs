@@ -1529,7 +1529,6 @@ impl Apply for ShardApply {
         }
         let (rows, failed) = engine.apply_replicated(self.shard, index, &writes);
         if let Some(e) = failed {
-            tracing::error!(error = %e, "a committed write could not be applied");
             error.get_or_insert(e.to_string());
         }
         Response { rows, error }

@@ -364,6 +364,13 @@ where
             if cancel.is_cancelled() {
                 return Ok(());
             }
+            // While this side stops reading (the client's window is full of messages still
+            // being stored, which may wait for room in the buffers), the client's silence
+            // proves nothing: its keep-alive counts again from when reading resumes.
+            let reading = pending.len() < cap;
+            if !reading {
+                deadline = tokio::time::Instant::now() + keep_alive;
+            }
             tokio::select! {
                 biased;
                 Some((ack, routed)) = pending.next(), if !pending.is_empty() => {
@@ -387,7 +394,7 @@ where
                     shared.metrics.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
                     deadline = tokio::time::Instant::now() + keep_alive;
                 }
-                _ = tokio::time::sleep_until(deadline), if !keep_alive.is_zero() => {
+                _ = tokio::time::sleep_until(deadline), if !keep_alive.is_zero() && reading => {
                     return Err(Error::KeepAlive);
                 }
                 _ = cancel.cancelled() => return Ok(()),

@@ -167,7 +167,7 @@ async fn three_nodes_replicate_fail_over_and_catch_up() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let dials = nodes[&second].node.failed_dials() - before;
     assert!(
-        dials <= 20,
+        dials <= 50,
         "{dials} failed dials to a stopped peer in one second"
     );
     write(&nodes[&second].raft, 200..300, &mut want).await;

@@ -23,6 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 /// How long a write waits for flushes to make room in full buffers before it is refused.
 const BUFFERS_FULL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How many writes may wait for room in full buffers at a time; more are refused at once.
+const ROOM_WAITERS: usize = 64;
 
 mod maintenance;
 mod messages;
@@ -362,13 +364,20 @@ impl Engine {
     /// Holds writes back while the buffers hold twice their budget (flushing has fallen
     /// behind): a write waits for flushes to make room, up to `BUFFERS_FULL_WAIT`, and is
     /// refused after that (the store or disk is failing, or the load outruns them for long).
+    /// Once a wait ran out, writes are refused at once until there is room again, and at
+    /// most `ROOM_WAITERS` writes wait at a time (each holds its decoded rows meanwhile).
     async fn room_in_buffers(&self) -> Result<()> {
         let limit = 2 * self.config.buffer.total_max_bytes as u64;
-        if self.shared.tables.buffered_bytes() <= limit {
+        let tables = &self.shared.tables;
+        let bytes = tables.buffered_bytes();
+        if bytes <= limit {
             return Ok(());
         }
+        let Some(_waiting) = tables.room_waiter(ROOM_WAITERS) else {
+            return Err(Error::BuffersFull { bytes, limit });
+        };
         let deadline = tokio::time::Instant::now() + BUFFERS_FULL_WAIT;
-        let bytes = self.shared.tables.wait_below(limit, deadline).await;
+        let bytes = tables.wait_below(limit, deadline).await;
         match bytes > limit {
             true => Err(Error::BuffersFull { bytes, limit }),
             false => Ok(()),

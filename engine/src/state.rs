@@ -13,7 +13,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use parking_lot::RwLock;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// Rows taken out of a buffer for a flush; queries see them until the file replaces them.
 #[derive(Debug)]
@@ -224,6 +224,20 @@ pub struct Tables {
     buffered: AtomicU64,
     /// Woken whenever bytes leave the buffers (writes waiting for room listen).
     released: tokio::sync::Notify,
+    /// Writes waiting for room now.
+    room_waiters: AtomicUsize,
+    /// A wait for room ran out and no room came since: writes are refused without waiting.
+    gave_up: AtomicBool,
+}
+
+/// A write's place among those waiting for room in the buffers.
+#[derive(Debug)]
+pub struct RoomWaiter<'a>(&'a AtomicUsize);
+
+impl Drop for RoomWaiter<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Tables {
@@ -235,11 +249,24 @@ impl Tables {
     /// Records that `bytes` left memory (persisted or dropped).
     pub fn release(&self, bytes: usize) {
         self.buffered.fetch_sub(bytes as u64, Ordering::Relaxed);
+        self.gave_up.store(false, Ordering::Relaxed);
         self.released.notify_waiters();
     }
 
+    /// A place among the writes waiting for room, if fewer than `max` wait and no wait ran
+    /// out since there was last room.
+    pub fn room_waiter(&self, max: usize) -> Option<RoomWaiter<'_>> {
+        if self.gave_up.load(Ordering::Relaxed) {
+            return None;
+        }
+        let was = self.room_waiters.fetch_add(1, Ordering::Relaxed);
+        let waiter = RoomWaiter(&self.room_waiters);
+        (was < max).then_some(waiter)
+    }
+
     /// Waits until the buffers hold at most `limit` bytes, or `deadline` passes; returns
-    /// the bytes they hold then.
+    /// the bytes they hold then. Running out marks the buffers given up on (see
+    /// [`Tables::room_waiter`]) until there is room again.
     pub async fn wait_below(&self, limit: u64, deadline: tokio::time::Instant) -> u64 {
         loop {
             let released = self.released.notified();
@@ -249,7 +276,10 @@ impl Tables {
             }
             tokio::select! {
                 _ = released => {}
-                _ = tokio::time::sleep_until(deadline) => return self.buffered_bytes(),
+                _ = tokio::time::sleep_until(deadline) => {
+                    self.gave_up.store(true, Ordering::Relaxed);
+                    return self.buffered_bytes();
+                }
             }
         }
     }
@@ -369,5 +399,44 @@ impl Tables {
 impl Applier for Tables {
     fn apply(&self, lsn: u64, record: &WriteRecord) {
         self.apply_rows(lsn, std::slice::from_ref(record), None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use tokio::time::{Duration, Instant};
+
+    #[tokio::test]
+    async fn writes_wait_for_room_and_give_up_in_time() {
+        let tables = Arc::new(Tables::default());
+        tables.buffered.store(1_000, Ordering::Relaxed);
+        // Room comes: a waiter wakes when a release brings the buffers under the limit.
+        let t = tables.clone();
+        let releaser = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            t.release(300); // still over the limit: the waiter keeps waiting
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            t.release(300);
+        });
+        let far = Instant::now() + Duration::from_secs(30);
+        let waiter = tables.room_waiter(2).expect("a place");
+        assert_eq!(tables.wait_below(500, far).await, 400);
+        drop(waiter);
+        releaser.await.unwrap();
+        // No room comes: the wait runs out, and later writes are refused without waiting
+        // until some bytes leave the buffers.
+        let soon = Instant::now() + Duration::from_millis(50);
+        assert_eq!(tables.wait_below(100, soon).await, 400);
+        assert!(tables.room_waiter(2).is_none());
+        tables.release(10);
+        assert!(tables.room_waiter(2).is_some());
+        // At most `max` wait at a time.
+        let (a, b) = (tables.room_waiter(2), tables.room_waiter(2));
+        assert!(a.is_some() && b.is_some());
+        assert!(tables.room_waiter(2).is_none());
+        drop(a);
+        assert!(tables.room_waiter(2).is_some());
     }
 }

@@ -367,8 +367,20 @@ fn alert_only(addr: &str, args: &Args) -> Result<()> {
     let url = format!("http://{addr}/v1/sql?format=json&db=benchmark{cache}");
     let duration = Duration::from_secs_f64(args.duration_secs);
     let rt = sluice_bench::runtime()?;
-    rt.block_on(alert_rates(addr, &url, ALERT.sluice, duration));
-    Ok(())
+    let mut failed = None;
+    for (how, r) in rt.block_on(alert_rates(addr, &url, ALERT.sluice, duration)) {
+        match r {
+            Ok(qps) => println!("Sluice alert, {how}: {qps:.0} q/s"),
+            Err(e) => {
+                println!("Sluice alert, {how}: {e}");
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    match failed {
+        Some(e) => bail!("the alert query failed: {e}"),
+        None => Ok(()),
+    }
 }
 
 /// The alert query's rate from each of `ALERT_CLIENTS` lean clients, then from one client
@@ -625,6 +637,8 @@ impl LeanConn {
                 }
                 body
             }
+            // No body: informational, 204 and 304 answers.
+            (None, false) if status < 200 || status == 204 || status == 304 => Vec::new(),
             (None, false) => {
                 let mut rest = Vec::new();
                 self.stream.read_to_end(&mut rest).map_err(io)?;
@@ -640,13 +654,12 @@ impl LeanConn {
 
     fn fill(&mut self) -> std::io::Result<()> {
         use std::io::Read;
-        let at = self.buf.len();
-        self.buf.resize(at + (16 << 10), 0);
-        let n = self.stream.read(&mut self.buf[at..])?;
-        self.buf.truncate(at + n);
+        let mut piece = [0u8; 16 << 10];
+        let n = self.stream.read(&mut piece)?;
         if n == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
+        self.buf.extend_from_slice(&piece[..n]);
         Ok(())
     }
 }

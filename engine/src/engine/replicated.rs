@@ -182,16 +182,19 @@ impl Engine {
                 .split_first()
                 .and_then(|(kind, body)| WriteRecord::decode(*kind, body));
             let Some(record) = record else {
-                error.get_or_insert(Error::Corrupt {
+                let e = Error::Corrupt {
                     what: "write from a shard log".into(),
                     reason: "the record does not decode".into(),
-                });
+                };
+                tracing::error!(shard, index, error = %e, "a committed write could not be applied");
+                error.get_or_insert(e);
                 continue;
             };
             let known = records
                 .last()
                 .is_some_and(|r: &WriteRecord| r.table_id == record.table_id);
             if !known && let Err(e) = self.await_table(record.table_id) {
+                tracing::error!(shard, index, error = %e, "a committed write could not be applied");
                 error.get_or_insert(e);
                 continue;
             }
