@@ -348,6 +348,12 @@ async fn run_sluice(bin: &Path, dir: &Path, files: &[PathBuf], args: &Args) -> R
     }
     let duration = Duration::from_secs_f64(args.duration_secs);
     let alert = alert_rates(&sluice.http, &url, &text(&ALERT), duration).await;
+    for (how, r) in &alert {
+        match r {
+            Ok(qps) => eprintln!("Sluice alert, {how}: {qps:.0} q/s"),
+            Err(e) => eprintln!("Sluice alert, {how}: {e}"),
+        }
+    }
     Ok(Report {
         system: "Sluice",
         version: bin.display().to_string(),
@@ -406,19 +412,10 @@ async fn alert_rates(
             "{clients} client{} over HTTP (keep-alive)",
             if clients == 1 { "" } else { "s" }
         );
-        match &r {
-            Ok(qps) => eprintln!("Sluice alert, {how}: {qps:.0} q/s"),
-            Err(e) => eprintln!("Sluice alert, {how}: {e}"),
-        }
         out.push((how, r));
     }
     let r = rate(url, sql, 1, duration).await;
-    let how = "1 client over HTTP, reqwest (async)".to_string();
-    match &r {
-        Ok(qps) => eprintln!("Sluice alert, {how}: {qps:.0} q/s"),
-        Err(e) => eprintln!("Sluice alert, {how}: {e}"),
-    }
-    out.push((how, r));
+    out.push(("1 client over HTTP, reqwest (async)".to_string(), r));
     out
 }
 
