@@ -302,6 +302,7 @@ impl Engine {
     /// persists all buffers so the next start replays nothing.
     pub async fn shutdown(&self) -> Result<()> {
         self.wal.close();
+        self.shared.tables.close();
         if self.clustered() {
             // The raft logs keep the rows; the buffers are rebuilt from them at start.
             return Ok(());
@@ -373,11 +374,18 @@ impl Engine {
         if bytes <= limit {
             return Ok(());
         }
-        let Some(_waiting) = tables.room_waiter(ROOM_WAITERS) else {
+        let waiting = tables.room_waiter(ROOM_WAITERS);
+        if tables.closing() {
+            return Err(Error::ShuttingDown);
+        }
+        let Some(_waiting) = waiting else {
             return Err(Error::BuffersFull { bytes, limit });
         };
         let deadline = tokio::time::Instant::now() + BUFFERS_FULL_WAIT;
         let bytes = tables.wait_below(limit, deadline).await;
+        if tables.closing() {
+            return Err(Error::ShuttingDown);
+        }
         match bytes > limit {
             true => Err(Error::BuffersFull { bytes, limit }),
             false => Ok(()),

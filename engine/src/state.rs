@@ -228,6 +228,8 @@ pub struct Tables {
     room_waiters: AtomicUsize,
     /// A wait for room ran out and no room came since: writes are refused without waiting.
     gave_up: AtomicBool,
+    /// The engine is shutting down: nobody waits for room any more.
+    closing: AtomicBool,
 }
 
 /// A write's place among those waiting for room in the buffers.
@@ -253,10 +255,21 @@ impl Tables {
         self.released.notify_waiters();
     }
 
+    /// Stops every wait for room (the engine is shutting down).
+    pub fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.released.notify_waiters();
+    }
+
+    /// Whether [`Tables::close`] was called.
+    pub fn closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
     /// A place among the writes waiting for room, if fewer than `max` wait and no wait ran
     /// out since there was last room.
     pub fn room_waiter(&self, max: usize) -> Option<RoomWaiter<'_>> {
-        if self.gave_up.load(Ordering::Relaxed) {
+        if self.gave_up.load(Ordering::Relaxed) || self.closing() {
             return None;
         }
         let was = self.room_waiters.fetch_add(1, Ordering::Relaxed);
@@ -271,7 +284,7 @@ impl Tables {
         loop {
             let released = self.released.notified();
             let bytes = self.buffered_bytes();
-            if bytes <= limit {
+            if bytes <= limit || self.closing() {
                 return bytes;
             }
             tokio::select! {
@@ -438,5 +451,12 @@ mod tests {
         assert!(tables.room_waiter(2).is_none());
         drop(a);
         assert!(tables.room_waiter(2).is_some());
+        // Shutting down ends a wait at once.
+        let t = tables.clone();
+        let wait = tokio::spawn(async move { t.wait_below(100, far).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        tables.close();
+        assert_eq!(wait.await.unwrap(), 390);
+        assert!(tables.room_waiter(2).is_none());
     }
 }
