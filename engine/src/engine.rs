@@ -374,15 +374,13 @@ impl Engine {
         if bytes <= limit {
             return Ok(());
         }
-        let waiting = tables.room_waiter(ROOM_WAITERS);
-        if tables.closing() {
-            return Err(Error::ShuttingDown);
-        }
-        let Some(_waiting) = waiting else {
-            return Err(Error::BuffersFull { bytes, limit });
+        let bytes = match tables.room_waiter(ROOM_WAITERS) {
+            Some(_place) => {
+                let deadline = tokio::time::Instant::now() + BUFFERS_FULL_WAIT;
+                tables.wait_below(limit, deadline).await
+            }
+            None => bytes,
         };
-        let deadline = tokio::time::Instant::now() + BUFFERS_FULL_WAIT;
-        let bytes = tables.wait_below(limit, deadline).await;
         if tables.closing() {
             return Err(Error::ShuttingDown);
         }

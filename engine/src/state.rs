@@ -427,10 +427,11 @@ mod tests {
         tables.buffered.store(1_000, Ordering::Relaxed);
         // Room comes: a waiter wakes when a release brings the buffers under the limit.
         let t = tables.clone();
+        // The test's runtime has one thread: the releaser runs while the waiter waits, and
+        // each yield hands the thread back to the waiter.
         let releaser = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(20)).await;
             t.release(300); // still over the limit: the waiter keeps waiting
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::task::yield_now().await;
             t.release(300);
         });
         let far = Instant::now() + Duration::from_secs(30);
@@ -454,7 +455,7 @@ mod tests {
         // Shutting down ends a wait at once.
         let t = tables.clone();
         let wait = tokio::spawn(async move { t.wait_below(100, far).await });
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::task::yield_now().await; // the waiter now waits
         tables.close();
         assert_eq!(wait.await.unwrap(), 390);
         assert!(tables.room_waiter(2).is_none());

@@ -176,26 +176,27 @@ impl Engine {
         payloads: &[&[u8]],
     ) -> (u64, Option<Error>) {
         let mut error = None;
+        let mut failed = |e: Error| {
+            tracing::error!(shard, index, error = %e, "a committed write could not be applied");
+            error.get_or_insert(e);
+        };
         let mut records = Vec::with_capacity(payloads.len());
         for payload in payloads {
             let record = payload
                 .split_first()
                 .and_then(|(kind, body)| WriteRecord::decode(*kind, body));
             let Some(record) = record else {
-                let e = Error::Corrupt {
+                failed(Error::Corrupt {
                     what: "write from a shard log".into(),
                     reason: "the record does not decode".into(),
-                };
-                tracing::error!(shard, index, error = %e, "a committed write could not be applied");
-                error.get_or_insert(e);
+                });
                 continue;
             };
             let known = records
                 .last()
                 .is_some_and(|r: &WriteRecord| r.table_id == record.table_id);
             if !known && let Err(e) = self.await_table(record.table_id) {
-                tracing::error!(shard, index, error = %e, "a committed write could not be applied");
-                error.get_or_insert(e);
+                failed(e);
                 continue;
             }
             records.push(record);
