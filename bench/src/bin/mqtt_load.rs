@@ -41,9 +41,14 @@ struct Args {
     /// QoS of the messages: 0 or 1.
     #[arg(long, default_value_t = 1)]
     qos: u8,
-    /// Unacknowledged QoS 1 messages per connection.
-    #[arg(long, default_value_t = 64)]
-    inflight: usize,
+    /// Unacknowledged QoS 1 messages per connection; a list (`64,256,1024`) measures each
+    /// window in turn on the same servers, and with `--cluster` also compares the two sides'
+    /// peak rates (each side's best window).
+    #[arg(long, value_delimiter = ',', default_value = "64")]
+    inflight: Vec<usize>,
+    /// The window of the load being run (one of `inflight`).
+    #[arg(skip)]
+    window: usize,
     /// Payload format: csv or json.
     #[arg(long, default_value = "csv")]
     payload: String,
@@ -70,111 +75,155 @@ fn main() -> Result<()> {
     if args.qos > 1 {
         bail!("--qos must be 0 or 1");
     }
+    if args.inflight.is_empty() || args.inflight.iter().any(|w| !(1..=60_000).contains(w)) {
+        bail!("--inflight takes windows of 1 to 60000");
+    }
     let dir = tempfile::tempdir()?;
     let sluice = Sluice::binary(args.sluice.as_deref())?;
     let rt = sluice_bench::runtime()?;
-    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let windows = args.inflight.len();
+    // Per window, each round's figures.
+    let (mut ours, mut theirs) = (vec![Vec::new(); windows], vec![Vec::new(); windows]);
     for round in 0..args.rounds.max(1) {
         let round_dir = dir.path().join(format!("round{round}"));
         std::fs::create_dir_all(&round_dir)?;
-        if args.cluster > 1 {
+        let sides: Vec<(&str, Vec<Figures>)> = if args.cluster > 1 {
             let c = rt.block_on(run_cluster(&sluice, &round_dir, &args))?;
-            eprintln!(
-                "round {round}: {}-node cluster {:.0} msg/s (p50 {:.2} ms, p99 {:.2} ms)",
-                args.cluster, c.0, c.1, c.2
-            );
-            ours.push(c);
-        }
-        let s = rt.block_on(run_sluice(&sluice, &round_dir, &args))?;
-        eprintln!(
-            "round {round}: Sluice {:.0} msg/s (p50 {:.2} ms, p99 {:.2} ms)",
-            s.0, s.1, s.2
-        );
-        if args.cluster > 1 {
-            theirs.push(s);
-            continue;
-        }
-        ours.push(s);
-        if !args.no_mosquitto {
-            let m = rt.block_on(run_mosquitto(&round_dir, &args))?;
-            eprintln!(
-                "round {round}: Mosquitto {:.0} msg/s (p50 {:.2} ms, p99 {:.2} ms)",
-                m.0, m.1, m.2
-            );
-            theirs.push(m);
+            let s = rt.block_on(run_sluice(&sluice, &round_dir, &args))?;
+            vec![("cluster", c), ("single node", s)]
+        } else {
+            let s = rt.block_on(run_sluice(&sluice, &round_dir, &args))?;
+            let mut sides = vec![("Sluice", s)];
+            if !args.no_mosquitto {
+                sides.push(("Mosquitto", rt.block_on(run_mosquitto(&round_dir, &args))?));
+            }
+            sides
+        };
+        for (side, (name, figures)) in sides.into_iter().enumerate() {
+            for (w, f) in figures.into_iter().enumerate() {
+                eprintln!(
+                    "round {round}, window {}: {name} {:.0} msg/s (p50 {:.2} ms, p99 {:.2} ms)",
+                    args.inflight[w], f.0, f.1, f.2
+                );
+                let per_window = if side == 0 { &mut ours } else { &mut theirs };
+                per_window[w].push(f);
+            }
         }
     }
     let median = |v: &mut Vec<Figures>| {
         v.sort_by(|a, b| a.0.total_cmp(&b.0));
-        v[v.len() / 2]
+        v.get(v.len() / 2).copied()
     };
-    let ours = median(&mut ours);
-    if args.cluster > 1 {
-        let single = median(&mut theirs);
-        println!(
-            "\nQoS {}, {} connections, window {}, {} payloads, {} messages, median of {} rounds\n",
-            args.qos, args.connections, args.inflight, args.payload, args.messages, args.rounds
-        );
-        println!("| Sluice | messages/s | p50 ms | p99 ms |");
-        println!("|---|---|---|---|");
-        println!(
-            "| {}-node cluster, replication factor {} | {:.0} | {:.2} | {:.2} |",
-            args.cluster, args.cluster, ours.0, ours.1, ours.2
-        );
-        println!(
-            "| single node | {:.0} | {:.2} | {:.2} |",
-            single.0, single.1, single.2
-        );
-        println!("\nratio cluster / single node: {:.2}x", ours.0 / single.0);
-        return Ok(());
-    }
-    let what = format!(
-        "QoS {}, {} connections, window {}, {} payloads, {} messages",
-        args.qos, args.connections, args.inflight, args.payload, args.messages
-    );
-    println!("\n{what}, median of {} rounds\n", args.rounds.max(1));
-    println!("| broker | messages/s | p50 ms | p99 ms |");
-    println!("|---|---|---|---|");
-    let ack = if args.qos == 1 {
-        "acked when durable (fsync)"
+    let ours: Vec<Figures> = ours.iter_mut().filter_map(median).collect();
+    let theirs: Vec<Figures> = theirs.iter_mut().filter_map(median).collect();
+    let (us, them) = if args.cluster > 1 {
+        (
+            format!(
+                "{}-node cluster, replication factor {}",
+                args.cluster, args.cluster
+            ),
+            "single node",
+        )
+    } else if args.qos == 1 {
+        (
+            "Sluice (acked when durable, fsync)".to_string(),
+            "Mosquitto (no persistence)",
+        )
     } else {
-        "every message stored"
+        (
+            "Sluice (every message stored)".to_string(),
+            "Mosquitto (no persistence)",
+        )
     };
     println!(
-        "| Sluice ({ack}) | {:.0} | {:.2} | {:.2} |",
-        ours.0, ours.1, ours.2
+        "\nQoS {}, {} connections, {} payloads, {} messages per window, median of {} rounds\n",
+        args.qos,
+        args.connections,
+        args.payload,
+        args.messages,
+        args.rounds.max(1)
     );
-    if !theirs.is_empty() {
-        let m = median(&mut theirs);
+    println!("| Sluice | window | messages/s | p50 ms | p99 ms |");
+    println!("|---|---|---|---|---|");
+    for (name, figures) in [(us.as_str(), &ours), (them, &theirs)] {
+        for (w, f) in figures.iter().enumerate() {
+            println!(
+                "| {name} | {} | {:.0} | {:.2} | {:.2} |",
+                args.inflight[w], f.0, f.1, f.2
+            );
+        }
+    }
+    if theirs.is_empty() {
+        return Ok(());
+    }
+    println!();
+    for (w, (a, b)) in ours.iter().zip(&theirs).enumerate() {
         println!(
-            "| Mosquitto (no persistence) | {:.0} | {:.2} | {:.2} |",
-            m.0, m.1, m.2
+            "window {}: ratio {us} / {them}: {:.2}x",
+            args.inflight[w],
+            a.0 / b.0
         );
-        println!("\nratio Sluice / Mosquitto: {:.2}x", ours.0 / m.0);
+    }
+    if windows > 1 {
+        // Each side's durable rate: the most it acknowledged at any window.
+        let peak = |v: &[Figures]| {
+            (v.iter().enumerate())
+                .max_by(|a, b| a.1.0.total_cmp(&b.1.0))
+                .map(|(w, f)| (args.inflight[w], *f))
+                .unwrap_or((0, (f64::NAN, f64::NAN, f64::NAN)))
+        };
+        let ((wa, a), (wb, b)) = (peak(&ours), peak(&theirs));
+        println!(
+            "peak rates: {us} {:.0} msg/s (window {wa}, p99 {:.2} ms), {them} {:.0} msg/s \
+             (window {wb}, p99 {:.2} ms): ratio {:.2}x",
+            a.0,
+            a.2,
+            b.0,
+            b.2,
+            a.0 / b.0
+        );
     }
     Ok(())
 }
 
-async fn run_sluice(bin: &Path, dir: &Path, args: &Args) -> Result<Figures> {
+/// Each window's load against one `sluice serve` (on the same server in turn); checks every
+/// message was stored.
+async fn run_sluice(bin: &Path, dir: &Path, args: &Args) -> Result<Vec<Figures>> {
     let sluice = Sluice::start(bin, dir)?;
     sluice.sql("CREATE DATABASE bench").await?;
     sluice
         .sql("CREATE TABLE bench.readings (ts TIMESTAMP, device STRING, seq BIGINT, temp DOUBLE) PARTITION BY ymdh(ts)")
         .await?;
-    let figures = load(&sluice.mqtt, args).await?;
-    let count = sluice
-        .sql("SELECT count(*) AS n FROM bench.readings")
-        .await?;
-    let stored = (args.messages / args.connections) * args.connections;
-    if !count.contains(&format!("\"n\":{stored}")) {
-        bail!("Sluice stored {count}, expected {stored} rows");
+    let mut all = Vec::new();
+    for (w, args) in windows(args).enumerate() {
+        all.push(load(&sluice.mqtt, &args).await?);
+        let count = sluice
+            .sql("SELECT count(*) AS n FROM bench.readings")
+            .await?;
+        let stored = stored_after(&args, w);
+        if !count.contains(&format!("\"n\":{stored}")) {
+            bail!("Sluice stored {count}, expected {stored} rows");
+        }
     }
-    Ok(figures)
+    Ok(all)
+}
+
+/// The runs of `args`, one per window.
+fn windows(args: &Args) -> impl Iterator<Item = Args> + '_ {
+    (args.inflight.iter()).map(|&window| Args {
+        window,
+        ..args.clone()
+    })
+}
+
+/// Rows stored once the load of window number `w` (counting from 0) is done.
+fn stored_after(args: &Args, w: usize) -> usize {
+    (args.messages / args.connections) * args.connections * (w + 1)
 }
 
 /// Starts an `args.cluster`-node cluster under `dir`, loads it through all its nodes, and
 /// checks every node stored every message.
-async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<Figures> {
+async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<Vec<Figures>> {
     let ports: Vec<u16> = (0..args.cluster)
         .map(|_| {
             let l = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -220,19 +269,22 @@ async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<Figures> {
         .sql("CREATE TABLE bench.readings (ts TIMESTAMP, device STRING, seq BIGINT, temp DOUBLE) PARTITION BY ymdh(ts)")
         .await?;
     let addrs: Vec<String> = nodes.iter().map(|n| n.mqtt.clone()).collect();
-    let figures = load_spread(&addrs, args).await?;
-    let stored = (args.messages / args.connections) * args.connections;
-    for (i, n) in nodes.iter().enumerate() {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let count = n.sql("SELECT count(*) AS n FROM bench.readings").await?;
-            if count.contains(&format!("\"n\":{stored}")) {
-                break;
+    let mut figures = Vec::new();
+    for (w, args) in windows(args).enumerate() {
+        figures.push(load_spread(&addrs, &args).await?);
+        let stored = stored_after(&args, w);
+        for (i, n) in nodes.iter().enumerate() {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let count = n.sql("SELECT count(*) AS n FROM bench.readings").await?;
+                if count.contains(&format!("\"n\":{stored}")) {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("node {} stored {count}, expected {stored} rows", i + 1);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            if Instant::now() > deadline {
-                bail!("node {} stored {count}, expected {stored} rows", i + 1);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
     let (stall, total) = failover(&nodes).await?;
@@ -295,7 +347,7 @@ async fn failover(nodes: &[Sluice]) -> Result<(Duration, Duration)> {
     Ok((stall, killed.elapsed()))
 }
 
-async fn run_mosquitto(dir: &Path, args: &Args) -> Result<Figures> {
+async fn run_mosquitto(dir: &Path, args: &Args) -> Result<Vec<Figures>> {
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         l.local_addr()?.port()
@@ -323,7 +375,11 @@ async fn run_mosquitto(dir: &Path, args: &Args) -> Result<Figures> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    load(&addr, args).await
+    let mut all = Vec::new();
+    for args in windows(args) {
+        all.push(load(&addr, &args).await?);
+    }
+    Ok(all)
 }
 
 /// Runs the load against `addr`; returns messages/s and ack latency percentiles.
@@ -401,7 +457,7 @@ fn payload(kind: &str, c: usize, seq: usize) -> String {
 /// Publishes `n` messages on one connection; returns the ack latencies of QoS 1 messages.
 async fn publish(stream: TcpStream, c: usize, n: usize, args: &Args) -> Result<Vec<Duration>> {
     let (mut rd, mut wr) = stream.into_split();
-    let window = Arc::new(Semaphore::new(args.inflight.clamp(1, 60_000)));
+    let window = Arc::new(Semaphore::new(args.window));
     let sent: Arc<parking_lot::Mutex<Vec<Option<Instant>>>> =
         Arc::new(parking_lot::Mutex::new(vec![None; 65_536]));
     let acks_expected = if args.qos == 1 { n } else { 1 };
