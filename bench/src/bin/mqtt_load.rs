@@ -84,11 +84,13 @@ fn main() -> Result<()> {
     let windows = args.inflight.len();
     // Per window, each round's figures.
     let (mut ours, mut theirs) = (vec![Vec::new(); windows], vec![Vec::new(); windows]);
+    let mut failovers = Vec::new();
     for round in 0..args.rounds.max(1) {
         let round_dir = dir.path().join(format!("round{round}"));
         std::fs::create_dir_all(&round_dir)?;
         let sides: Vec<(&str, Vec<Figures>)> = if args.cluster > 1 {
-            let c = rt.block_on(run_cluster(&sluice, &round_dir, &args))?;
+            let (c, stall) = rt.block_on(run_cluster(&sluice, &round_dir, &args))?;
+            failovers.push(stall);
             let s = rt.block_on(run_sluice(&sluice, &round_dir, &args))?;
             vec![("cluster", c), ("single node", s)]
         } else {
@@ -152,6 +154,14 @@ fn main() -> Result<()> {
                 args.inflight[w], f.0, f.1, f.2
             );
         }
+    }
+    if let (Some(lo), Some(hi)) = (failovers.iter().min(), failovers.iter().max()) {
+        println!(
+            "\nfailover (node 1 killed, longest PUBACK wait after it): {:.0}-{:.0} ms over {} rounds",
+            lo.as_secs_f64() * 1000.0,
+            hi.as_secs_f64() * 1000.0,
+            failovers.len()
+        );
     }
     if theirs.is_empty() {
         return Ok(());
@@ -223,7 +233,7 @@ fn stored_after(args: &Args, w: usize) -> usize {
 
 /// Starts an `args.cluster`-node cluster under `dir`, loads it through all its nodes, and
 /// checks every node stored every message.
-async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<Vec<Figures>> {
+async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<(Vec<Figures>, Duration)> {
     let ports: Vec<u16> = (0..args.cluster)
         .map(|_| {
             let l = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -294,7 +304,7 @@ async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<Vec<Figures>
         stall.as_secs_f64() * 1000.0,
         total.as_secs_f64() * 1000.0
     );
-    Ok(figures)
+    Ok((figures, stall))
 }
 
 /// Messages published one at a time through node 2 after node 1 is killed.
