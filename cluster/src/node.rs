@@ -274,7 +274,8 @@ impl Node {
                     None => WriteAnswer::NotLeader(None),
                 }
             } else {
-                self.forward(to, group, &command).await
+                self.forward_until_moved(to, group, &command, local.as_ref())
+                    .await
             };
             match answer {
                 WriteAnswer::Done(r) => return Ok(r),
@@ -378,6 +379,42 @@ impl Node {
                 WriteAnswer::Unknown(e.to_string())
             }
             Err(e) => WriteAnswer::Failed(e.to_string()),
+        }
+    }
+
+    /// [`Self::forward`]s `command` to `to`, but stops waiting once this node's replica of
+    /// the group (`local`) sees another leader: `to` froze or was cut off, and the write goes
+    /// to the new leader at once instead of after [`FORWARD_TIMEOUT`]. It may have been
+    /// committed all the same: the applier drops the second copy by its id.
+    async fn forward_until_moved(
+        &self,
+        to: u64,
+        group: GroupId,
+        command: &Command,
+        local: Option<&GroupRaft>,
+    ) -> WriteAnswer {
+        let Some(raft) = local else {
+            return self.forward(to, group, command).await;
+        };
+        // Leadership and membership only: this channel does not change with every entry.
+        let mut server = raft.server_metrics();
+        // Only a change counts: a replica that has not yet heard of `to` winning must not
+        // send the write back to the leader it knew, and from there to `to` again.
+        let known = server.borrow_watched().current_leader;
+        let moved = async {
+            loop {
+                if server.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+                let leader = server.borrow_watched().current_leader;
+                if leader != known && leader.is_some_and(|l| l != to) {
+                    return leader;
+                }
+            }
+        };
+        tokio::select! {
+            answer = self.forward(to, group, command) => answer,
+            leader = moved => WriteAnswer::NotLeader(leader),
         }
     }
 
