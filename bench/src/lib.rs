@@ -142,6 +142,50 @@ impl Sluice {
     }
 }
 
+/// The configuration files of an `n`-node cluster under `dir` (node `i + 1`'s is the `i`th):
+/// node-to-node ports the OS picked, the shared store in `dir/shared`.
+pub fn cluster_configs(dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<String>> {
+    let ports: Vec<u16> = (0..n)
+        .map(|_| {
+            Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port())
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let peers: Vec<String> = (ports.iter().enumerate())
+        .map(|(i, p)| format!("{} = \"127.0.0.1:{p}\"", i + 1))
+        .collect();
+    Ok((ports.iter().enumerate())
+        .map(|(i, port)| {
+            format!(
+                "[cluster]\nnode_id = {}\nlisten = \"127.0.0.1:{port}\"\n\
+                 shared_store = \"file://{}\"\npeers = {{ {} }}\n",
+                i + 1,
+                dir.join("shared").display(),
+                peers.join(", ")
+            )
+        })
+        .collect())
+}
+
+impl Sluice {
+    /// Waits until this cluster node sees a leader for each of its groups.
+    pub async fn await_leaders(&self, within: std::time::Duration) -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let r =
+                (self.sql("SELECT count(*) - count(leader) AS missing FROM system.shards")).await;
+            match r {
+                Ok(r) if r.contains("\"missing\":0") => return Ok(()),
+                _ if std::time::Instant::now() > deadline => {
+                    anyhow::bail!("no leader for every group in {within:?}: {r:?}")
+                }
+                _ => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            }
+        }
+    }
+}
+
 /// The runners' async runtime: two workers, like the machine.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()

@@ -234,45 +234,16 @@ fn stored_after(args: &Args, w: usize) -> usize {
 /// Starts an `args.cluster`-node cluster under `dir`, loads it through all its nodes, and
 /// checks every node stored every message.
 async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<(Vec<Figures>, Duration)> {
-    let ports: Vec<u16> = (0..args.cluster)
-        .map(|_| {
-            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-            Ok(l.local_addr()?.port())
-        })
-        .collect::<Result<_>>()?;
-    let peers: Vec<String> = (ports.iter().enumerate())
-        .map(|(i, p)| format!("{} = \"127.0.0.1:{p}\"", i + 1))
-        .collect();
     let mut nodes = Vec::new();
-    for (i, port) in ports.iter().enumerate() {
-        let config = format!(
-            "[cluster]\nnode_id = {}\nlisten = \"127.0.0.1:{port}\"\n\
-             shared_store = \"file://{}\"\npeers = {{ {} }}\n",
-            i + 1,
-            dir.join("shared").display(),
-            peers.join(", ")
-        );
-        nodes.push(Sluice::start_with_config(
-            bin,
-            &dir.join(format!("node{}", i + 1)),
-            Some(&config),
-        )?);
+    for (i, config) in sluice_bench::cluster_configs(dir, args.cluster)?
+        .iter()
+        .enumerate()
+    {
+        let node_dir = dir.join(format!("node{}", i + 1));
+        nodes.push(Sluice::start_with_config(bin, &node_dir, Some(config))?);
     }
-    // Every node sees a leader for each of its groups.
-    let deadline = Instant::now() + Duration::from_secs(30);
     for n in &nodes {
-        loop {
-            let r = n
-                .sql("SELECT count(*) - count(leader) AS missing FROM system.shards")
-                .await?;
-            if r.contains("\"missing\":0") {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("the cluster elected no leaders in 30 s: {r}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        n.await_leaders(Duration::from_secs(30)).await?;
     }
     nodes[0].sql("CREATE DATABASE bench").await?;
     nodes[0]

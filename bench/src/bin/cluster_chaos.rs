@@ -1,0 +1,467 @@
+//! Chaos runner for a three-node cluster, the way issue 7 is judged: three `sluice serve`
+//! nodes on 127.0.0.1; devices publish numbered QoS 1 readings (MQTT 5, a window of
+//! unacknowledged messages each) through every node while, cycle after cycle, one node is
+//! killed with SIGKILL and restarted and another is frozen with SIGSTOP and resumed. At the
+//! end, every node's SQL must hold each message acknowledged with success exactly once, no
+//! message twice, and no message the cluster refused (a failure PUBACK) or never heard of.
+//!
+//! A device whose connection breaks, or goes 5 s (`--stall`) without an acknowledgement (its node died
+//! or froze), connects to the next node and goes on with new numbers. The messages it had
+//! not had acknowledged are "in doubt": each may be stored or not, but at most once.
+//!
+//! `cargo build --release -p sluice -p sluice-bench --bins`, then
+//! `~/.cache/sluice-target/release/cluster_chaos --cycles 3`
+
+use anyhow::{Context, Result, bail};
+use bytes::BytesMut;
+use clap::Parser;
+use parking_lot::Mutex;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{
+    ConnAck, Connect, ConnectReturnCode, Disconnect, DisconnectReasonCode, Packet, PubAckReason,
+    Publish,
+};
+use sluice_bench::Sluice;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Cycles; each kills and restarts one node, then freezes and resumes another.
+    #[arg(long, default_value_t = 3)]
+    cycles: usize,
+    /// Devices publishing at once, spread over the nodes.
+    #[arg(long, default_value_t = 6)]
+    devices: usize,
+    /// Unacknowledged messages per device.
+    #[arg(long, default_value_t = 16)]
+    window: usize,
+    /// Seconds between faults, and how long a node stays dead or frozen.
+    #[arg(long, default_value_t = 3)]
+    pause: u64,
+    /// The faults of each cycle, in order: `kill` (node `cycle % 3 + 1`, then restarted)
+    /// and `freeze` (the next node, then resumed).
+    #[arg(long, value_delimiter = ',', default_value = "kill,freeze")]
+    faults: Vec<String>,
+    /// Seconds a device waits for an acknowledgement before it gives up its connection (its
+    /// node is dead or frozen) and connects to the next node.
+    #[arg(long, default_value_t = 5)]
+    stall: u64,
+    /// The sluice binary (default: next to this runner).
+    #[arg(long)]
+    sluice: Option<PathBuf>,
+}
+
+/// Nodes in the cluster.
+const NODES: usize = 3;
+
+/// What one device saw.
+#[derive(Debug, Default)]
+struct Outcome {
+    /// Acknowledged with success: stored exactly once.
+    acked: Vec<u64>,
+    /// Acknowledged with a failure reason: not stored.
+    refused: Vec<(u64, PubAckReason)>,
+    /// Sent on a connection that ended before their acknowledgement: stored at most once.
+    in_doubt: Vec<u64>,
+    /// Connections made.
+    connections: u64,
+    /// Waits of over [`WAIT_NOTED`] between two acknowledgements on one connection (the
+    /// wait of a connection given up is not counted).
+    waits: Vec<Wait>,
+}
+
+/// A wait between two acknowledgements: the node the connection went to, when it began and
+/// when it ended (seconds into the run).
+type Wait = (usize, f64, f64);
+
+/// Waits noted.
+const WAIT_NOTED: Duration = Duration::from_millis(200);
+
+/// When the run started.
+static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// Seconds since the run started.
+fn now() -> f64 {
+    START.get_or_init(Instant::now).elapsed().as_secs_f64()
+}
+
+/// A node of the cluster: its directory and config, and its process while it runs.
+struct Node {
+    dir: PathBuf,
+    config: String,
+    server: Option<Sluice>,
+}
+
+impl Node {
+    fn server(&self) -> Result<&Sluice> {
+        self.server.as_ref().context("the node is not running")
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let dir = tempfile::tempdir()?;
+    let bin = Sluice::binary(args.sluice.as_deref())?;
+    sluice_bench::runtime()?.block_on(run(&bin, dir.path(), &args))
+}
+
+/// Starts a node (returns once it listens; it may not have joined its groups yet).
+async fn start(bin: &Path, dir: &Path, config: &str) -> Result<Sluice> {
+    let (bin, dir, config) = (bin.to_path_buf(), dir.to_path_buf(), config.to_string());
+    tokio::task::spawn_blocking(move || Sluice::start_with_config(&bin, &dir, Some(&config)))
+        .await?
+}
+
+fn signal(s: &Sluice, sig: i32) {
+    // SAFETY: kill(2) on a child process this runner started and has not reaped.
+    unsafe { libc::kill(s.pid() as i32, sig) };
+}
+
+async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
+    let mut nodes = Vec::new();
+    for (i, config) in sluice_bench::cluster_configs(dir, NODES)?
+        .into_iter()
+        .enumerate()
+    {
+        let node_dir = dir.join(format!("node{}", i + 1));
+        let server = Some(start(bin, &node_dir, &config).await?);
+        nodes.push(Node {
+            dir: node_dir,
+            config,
+            server,
+        });
+    }
+    for n in &nodes {
+        n.server()?.await_leaders(Duration::from_secs(30)).await?;
+    }
+    let first = nodes[0].server()?;
+    first.sql("CREATE DATABASE bench").await?;
+    first
+        .sql("CREATE TABLE bench.chaos (ts TIMESTAMP, device STRING, seq BIGINT) PARTITION BY ymdh(ts)")
+        .await?;
+    for n in &nodes {
+        n.server()?.sql("DESCRIBE bench.chaos").await?;
+    }
+
+    let addrs: Vec<String> = (nodes.iter())
+        .map(|n| Ok(n.server()?.mqtt.clone()))
+        .collect::<Result<_>>()?;
+    let addrs = Arc::new(Mutex::new(addrs));
+    let acked = Arc::new(AtomicU64::new(0));
+    let stop = CancellationToken::new();
+    let devices: Vec<_> = (0..args.devices)
+        .map(|d| {
+            let (addrs, acked, stop) = (addrs.clone(), acked.clone(), stop.clone());
+            let (window, stall) = (args.window.max(1), Duration::from_secs(args.stall));
+            tokio::spawn(device(d, addrs, acked, stop, window, stall))
+        })
+        .collect();
+
+    let pause = Duration::from_secs(args.pause);
+    let started = *START.get_or_init(Instant::now);
+    // Acknowledgements per half second, to see each fault's gap.
+    let ticker = {
+        let (acked, stop) = (acked.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut last = 0;
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            while !stop.is_cancelled() {
+                tick.tick().await;
+                let now = acked.load(Ordering::Relaxed);
+                eprintln!(
+                    "{:6.1} s  {} acknowledged in the last 0.5 s",
+                    started.elapsed().as_secs_f64(),
+                    now - last
+                );
+                last = now;
+            }
+        })
+    };
+    let say = |what: String| {
+        eprintln!(
+            "{:6.1} s  {what} ({} acknowledged so far)",
+            started.elapsed().as_secs_f64(),
+            acked.load(Ordering::Relaxed)
+        )
+    };
+    // (fault, node, from, to): seconds into the run.
+    let mut faults: Vec<(&str, usize, f64, f64)> = Vec::new();
+    for cycle in 0..args.cycles {
+        let victim = cycle % NODES;
+        for fault in &args.faults {
+            tokio::time::sleep(pause).await;
+            match fault.as_str() {
+                "kill" => {
+                    let other = nodes[(victim + 1) % NODES].server()?;
+                    say(format!(
+                        "cycle {cycle}: kill -9 node {}; leaders before: {}",
+                        victim + 1,
+                        leaders(other).await
+                    ));
+                    let from = now();
+                    drop(nodes[victim].server.take());
+                    tokio::time::sleep(pause).await;
+                    let n = &mut nodes[victim];
+                    let server = start(bin, &n.dir, &n.config).await?;
+                    server.await_leaders(Duration::from_secs(30)).await?;
+                    addrs.lock()[victim] = server.mqtt.clone();
+                    n.server = Some(server);
+                    faults.push(("kill -9", victim, from, now()));
+                    say(format!("cycle {cycle}: node {} restarted", victim + 1));
+                }
+                "freeze" => {
+                    let frozen = (victim + 1) % NODES;
+                    let other = nodes[(frozen + 1) % NODES].server()?;
+                    say(format!(
+                        "cycle {cycle}: SIGSTOP node {}; leaders before: {}",
+                        frozen + 1,
+                        leaders(other).await
+                    ));
+                    let from = now();
+                    signal(nodes[frozen].server()?, libc::SIGSTOP);
+                    let until = Instant::now() + pause;
+                    while Instant::now() < until {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        say(format!("leaders now: {}", leaders(other).await));
+                    }
+                    signal(nodes[frozen].server()?, libc::SIGCONT);
+                    faults.push(("SIGSTOP", frozen, from, now()));
+                    say(format!("cycle {cycle}: SIGCONT node {}", frozen + 1));
+                }
+                other => bail!("unknown fault {other:?} (kill or freeze)"),
+            }
+        }
+    }
+    tokio::time::sleep(pause).await;
+    say("stopping the devices".into());
+    stop.cancel();
+    ticker.abort();
+    let mut all = Outcome::default();
+    for d in devices {
+        let o = d.await?;
+        all.waits.extend(o.waits);
+        all.acked.extend(o.acked);
+        all.refused.extend(o.refused);
+        all.in_doubt.extend(o.in_doubt);
+        all.connections += o.connections;
+    }
+    let acked: HashSet<u64> = all.acked.iter().copied().collect();
+    let in_doubt: HashSet<u64> = all.in_doubt.iter().copied().collect();
+    println!(
+        "{} cycles, {} devices (window {}): {} acknowledged, {} refused, {} in doubt, {} connections",
+        args.cycles,
+        args.devices,
+        args.window,
+        acked.len(),
+        all.refused.len(),
+        in_doubt.len(),
+        all.connections
+    );
+    // Each fault's failover as devices on the other nodes saw it: their longest wait
+    // between two acknowledgements that overlaps the fault.
+    for (what, node, from, to) in &faults {
+        let longest = (all.waits.iter())
+            .filter(|(n, start, end)| n != node && *end >= *from && *start <= *to)
+            .map(|(_, start, end)| end - start)
+            .fold(0.0, f64::max);
+        println!(
+            "{what} of node {} at {from:.1} s: longest wait between acknowledgements through \
+             the other nodes {longest:.2} s",
+            node + 1
+        );
+    }
+    if let Some((seq, reason)) = all.refused.first() {
+        println!("first refusal: message {seq}, {reason:?}");
+    }
+
+    let mut failed = false;
+    for (i, n) in nodes.iter().enumerate() {
+        let s = n.server()?;
+        let dups = s
+            .sql("SELECT seq, count(*) AS copies FROM bench.chaos GROUP BY seq HAVING count(*) > 1 LIMIT 5")
+            .await?;
+        let stored: Vec<serde_json::Value> =
+            serde_json::from_str(&s.sql("SELECT seq FROM bench.chaos").await?)?;
+        let stored: Vec<u64> = stored.iter().filter_map(|r| r["seq"].as_u64()).collect();
+        let set: HashSet<u64> = stored.iter().copied().collect();
+        let missing = acked.difference(&set).count();
+        let doubtful = set.intersection(&in_doubt).count();
+        let refused = (all.refused.iter())
+            .filter(|(s, _)| set.contains(s))
+            .count();
+        let stray = (set.iter())
+            .filter(|s| !acked.contains(s) && !in_doubt.contains(s))
+            .count();
+        let copies = stored.len() - set.len();
+        println!(
+            "node {}: {} rows; acknowledged missing {missing}, extra copies {copies}, refused but \
+             stored {refused}, in doubt stored {doubtful}, never sent {stray}",
+            i + 1,
+            stored.len()
+        );
+        if missing + copies + refused > 0 || stray > 0 || dups.trim() != "[]" {
+            println!("node {}: FAILED; duplicated: {dups}", i + 1);
+            failed = true;
+        }
+    }
+    if failed {
+        bail!("a node lost or duplicated messages");
+    }
+    println!("every node holds every acknowledged message exactly once");
+    Ok(())
+}
+
+/// Which node leads each group, as `node` sees it.
+async fn leaders(node: &Sluice) -> String {
+    (node
+        .sql("SELECT shard, leader FROM system.shards ORDER BY shard")
+        .await)
+        .unwrap_or_else(|e| e.to_string())
+}
+
+/// Publishes numbered messages (`d * 10^9` onwards) through node after node until `stop`.
+async fn device(
+    d: usize,
+    addrs: Arc<Mutex<Vec<String>>>,
+    acked: Arc<AtomicU64>,
+    stop: CancellationToken,
+    window: usize,
+    stall: Duration,
+) -> Outcome {
+    let mut out = Outcome::default();
+    let mut next = d as u64 * 1_000_000_000;
+    // Every connection tries the device's own node first, then the others in turn.
+    let mut tries = 0;
+    while !stop.is_cancelled() {
+        let node = (d + tries) % NODES;
+        let addr = addrs.lock()[node].clone();
+        let id = format!("chaos-{d}");
+        let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(2), connect(&addr, &id)).await
+        else {
+            tries += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        out.connections += 1;
+        let to = (node, window, stall);
+        let lost = session(s, d, &mut next, to, &stop, &acked, &mut out).await;
+        out.in_doubt.extend(lost);
+        // Back to the device's own node, unless that is the one that failed.
+        tries = usize::from(node == d % NODES);
+    }
+    out
+}
+
+async fn connect(addr: &str, id: &str) -> Result<TcpStream> {
+    let mut s = TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    let mut buf = BytesMut::new();
+    let connect = Connect {
+        keep_alive: 30,
+        client_id: id.to_string(),
+        clean_start: true,
+        properties: None,
+    };
+    Packet::Connect(connect, None, None).write(&mut buf, None)?;
+    s.write_all(&buf).await?;
+    buf.clear();
+    loop {
+        match Packet::read(&mut buf, None) {
+            Ok(Packet::ConnAck(ConnAck {
+                code: ConnectReturnCode::Success,
+                ..
+            })) => return Ok(s),
+            Ok(other) => bail!("expected a successful CONNACK, got {other:?}"),
+            Err(rumqttc::v5::mqttbytes::Error::InsufficientBytes(_)) => {
+                if s.read_buf(&mut buf).await? == 0 {
+                    bail!("connection closed before CONNACK");
+                }
+            }
+            Err(e) => bail!("{e}"),
+        }
+    }
+}
+
+/// Publishes on one connection until it breaks or stalls, or `stop` (then until every
+/// message is acknowledged); returns the messages left unacknowledged and the longest wait
+/// between two acknowledgements (with the connection's first one counted from its start).
+async fn session(
+    s: TcpStream,
+    d: usize,
+    next: &mut u64,
+    (node, window, stall): (usize, usize, Duration),
+    stop: &CancellationToken,
+    acked: &AtomicU64,
+    out: &mut Outcome,
+) -> Vec<u64> {
+    let (mut rd, mut wr) = s.into_split();
+    let mut pending: HashMap<u16, u64> = HashMap::new();
+    let mut pkid = 0u16;
+    let mut buf = BytesMut::with_capacity(4096);
+    let mut progress = Instant::now();
+    // A wait that ends with the connection given up is not counted: it is the node's
+    // fault (dead or frozen), not a wait for the cluster to move a shard's leadership.
+    let lost = |pending: HashMap<u16, u64>| pending.into_values().collect();
+    loop {
+        let mut send = BytesMut::new();
+        while !stop.is_cancelled() && pending.len() < window {
+            pkid = pkid % u16::MAX + 1;
+            let seq = *next;
+            *next += 1;
+            let payload = format!("2026-11-24 10:00:00,dev-{d},{seq}");
+            let mut p = Publish::new("/bench/chaos", QoS::AtLeastOnce, payload, None);
+            p.pkid = pkid;
+            if Packet::Publish(p).write(&mut send, None).is_err() {
+                return lost(pending);
+            }
+            pending.insert(pkid, seq);
+        }
+        if !send.is_empty() && wr.write_all(&send).await.is_err() {
+            return lost(pending);
+        }
+        if stop.is_cancelled() && pending.is_empty() {
+            let mut bye = BytesMut::new();
+            let d = Disconnect::new(DisconnectReasonCode::NormalDisconnection);
+            if Packet::Disconnect(d).write(&mut bye, None).is_ok() {
+                let _ = wr.write_all(&bye).await;
+            }
+            return Vec::new();
+        }
+        match Packet::read(&mut buf, None) {
+            Ok(Packet::PubAck(a)) => {
+                if let Some(seq) = pending.remove(&a.pkid) {
+                    let waited = progress.elapsed();
+                    if waited > WAIT_NOTED {
+                        let end = now();
+                        out.waits.push((node, end - waited.as_secs_f64(), end));
+                    }
+                    progress = Instant::now();
+                    match a.reason {
+                        PubAckReason::Success | PubAckReason::NoMatchingSubscribers => {
+                            out.acked.push(seq);
+                            acked.fetch_add(1, Ordering::Relaxed);
+                        }
+                        r => out.refused.push((seq, r)),
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(rumqttc::v5::mqttbytes::Error::InsufficientBytes(_)) => {
+                let left = stall.saturating_sub(progress.elapsed());
+                match tokio::time::timeout(left, rd.read_buf(&mut buf)).await {
+                    Ok(Ok(n)) if n > 0 => {}
+                    // Closed, failed or stalled: the node is gone or frozen.
+                    _ => return lost(pending),
+                }
+            }
+            Err(_) => return lost(pending),
+        }
+    }
+}
