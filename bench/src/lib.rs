@@ -7,6 +7,11 @@
 //!   (pgbench) in the same run, and the ratio.
 //! - `src/bin/mqtt_load.rs`: end to end, C MQTT connections publishing one reading per
 //!   message at QoS 0 or 1 into the real binary, and into Mosquitto in the same run.
+//!   With `--cluster 3` the same load goes to a three-node cluster and to one node, at each
+//!   window of `--inflight`, with the ratios.
+//! - `src/bin/cluster_chaos.rs`: three nodes, devices publishing numbered QoS 1 messages
+//!   through every node while nodes are killed, restarted, frozen and resumed; every node's
+//!   SQL must hold each acknowledged message exactly once.
 //! - `src/bin/alert_load.rs`: end to end, the CPU cost of N alerts evaluated every second on
 //!   a table receiving R messages/s over MQTT.
 //! - `src/bin/query_bench.rs`: end to end, JoinBase's nyct_lite queries against the real
