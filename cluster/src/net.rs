@@ -256,11 +256,22 @@ struct Conn {
     waiting: Arc<Mutex<Waiting>>,
 }
 
-/// A request sent, its answer to come.
+/// A request sent, its answer to come. Its entry in the connection's calls in flight goes
+/// with it: answered, timed out, or given up by a caller that stopped waiting (a forward
+/// whose leader was replaced, a replication stream openraft dropped).
 struct Sent {
     id: u64,
     answer: oneshot::Receiver<(u8, Bytes)>,
     timeout: Duration,
+    waiting: Arc<Mutex<Waiting>>,
+}
+
+impl Drop for Sent {
+    fn drop(&mut self) {
+        if let Some(w) = self.waiting.lock().as_mut() {
+            w.remove(&self.id);
+        }
+    }
 }
 
 impl Conn {
@@ -280,6 +291,7 @@ impl Conn {
             id,
             answer,
             timeout,
+            waiting: self.waiting.clone(),
         })
     }
 
@@ -289,17 +301,12 @@ impl Conn {
     }
 
     /// Waits for the answer to `sent`.
-    async fn answer(&self, sent: Sent) -> Result<Bytes, CallError> {
+    async fn answer(&self, mut sent: Sent) -> Result<Bytes, CallError> {
         // Counted from when the answer is awaited: a replication stream awaits its answers in
         // turn, and a request far back in a long pipeline is not late while those before it
         // are still being answered.
-        match tokio::time::timeout(sent.timeout, sent.answer).await {
-            Err(_) => {
-                if let Some(w) = self.waiting.lock().as_mut() {
-                    w.remove(&sent.id);
-                }
-                Err(CallError::Timeout(self.addr.clone(), sent.timeout))
-            }
+        match tokio::time::timeout(sent.timeout, &mut sent.answer).await {
+            Err(_) => Err(CallError::Timeout(self.addr.clone(), sent.timeout)),
             Ok(Err(_)) => Err(self.lost()),
             Ok(Ok((OK, b))) => Ok(b),
             Ok(Ok((_, b))) => Err(CallError::Remote(

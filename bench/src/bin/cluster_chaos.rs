@@ -72,14 +72,16 @@ struct Outcome {
     in_doubt: Vec<u64>,
     /// Connections made.
     connections: u64,
-    /// Waits of over [`WAIT_NOTED`] between two acknowledgements on one connection (the
-    /// wait of a connection given up is not counted).
+    /// Waits of over [`WAIT_NOTED`] between two acknowledgements on one connection, and the
+    /// waits of connections given up.
     waits: Vec<Wait>,
+    /// When the last acknowledgement came (seconds into the run).
+    last_ack: f64,
 }
 
 /// A wait between two acknowledgements: the node the connection went to, when it began and
-/// when it ended (seconds into the run).
-type Wait = (usize, f64, f64);
+/// when it ended (seconds into the run), and whether the device gave the connection up.
+type Wait = (usize, f64, f64, bool);
 
 /// Waits noted.
 const WAIT_NOTED: Duration = Duration::from_millis(200);
@@ -125,6 +127,10 @@ fn signal(s: &Sluice, sig: i32) {
 }
 
 async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
+    // The server's default receive maximum: more in flight and it ends the connection.
+    if !(1..=1024).contains(&args.window) {
+        bail!("--window must be 1 to 1024");
+    }
     let mut nodes = Vec::new();
     for (i, config) in sluice_bench::cluster_configs(dir, NODES)?
         .into_iter()
@@ -159,7 +165,7 @@ async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
     let devices: Vec<_> = (0..args.devices)
         .map(|d| {
             let (addrs, acked, stop) = (addrs.clone(), acked.clone(), stop.clone());
-            let (window, stall) = (args.window.max(1), Duration::from_secs(args.stall));
+            let (window, stall) = (args.window, Duration::from_secs(args.stall));
             tokio::spawn(device(d, addrs, acked, stop, window, stall))
         })
         .collect();
@@ -244,9 +250,11 @@ async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
     stop.cancel();
     ticker.abort();
     let mut all = Outcome::default();
+    let mut last_acks = Vec::new();
     for d in devices {
         let o = d.await?;
         all.waits.extend(o.waits);
+        last_acks.push(o.last_ack);
         all.acked.extend(o.acked);
         all.refused.extend(o.refused);
         all.in_doubt.extend(o.in_doubt);
@@ -265,23 +273,40 @@ async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
         all.connections
     );
     // Each fault's failover as devices on the other nodes saw it: their longest wait
-    // between two acknowledgements that overlaps the fault.
+    // between two acknowledgements that overlaps the fault. A device that gave a healthy
+    // node up waited at least as long as it took to give up.
     for (what, node, from, to) in &faults {
-        let longest = (all.waits.iter())
-            .filter(|(n, start, end)| n != node && *end >= *from && *start <= *to)
-            .map(|(_, start, end)| end - start)
-            .fold(0.0, f64::max);
+        let (mut longest, mut gave_up) = (0.0, false);
+        for (n, start, end, given_up) in &all.waits {
+            if n != node && *end >= *from && *start <= *to && end - start >= longest {
+                (longest, gave_up) = (end - start, *given_up);
+            }
+        }
         println!(
             "{what} of node {} at {from:.1} s: longest wait between acknowledgements through \
-             the other nodes {longest:.2} s",
-            node + 1
+             the other nodes {}{longest:.2} s",
+            node + 1,
+            if gave_up { "at least " } else { "" },
         );
     }
-    if let Some((seq, reason)) = all.refused.first() {
-        println!("first refusal: message {seq}, {reason:?}");
-    }
-
     let mut failed = false;
+    if let Some((seq, reason)) = all.refused.first() {
+        println!(
+            "FAILED: {} refused; the first: message {seq}, {reason:?}",
+            all.refused.len()
+        );
+        failed = true;
+    }
+    // The cluster must take writes again once the faults are over: every device had one
+    // acknowledged after the last fault ended.
+    let healed = faults.last().map_or(0.0, |f| f.3);
+    let idle = last_acks.iter().filter(|t| **t <= healed).count();
+    if idle > 0 {
+        println!("FAILED: {idle} devices had nothing acknowledged after the last fault");
+        failed = true;
+    }
+    // Every node must hold the same messages (in doubt ones included).
+    let mut first: Option<HashSet<u64>> = None;
     for (i, n) in nodes.iter().enumerate() {
         let s = n.server()?;
         let dups = s
@@ -310,9 +335,21 @@ async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
             println!("node {}: FAILED; duplicated: {dups}", i + 1);
             failed = true;
         }
+        match &first {
+            None => first = Some(set),
+            Some(f) if *f != set => {
+                let differ = f.symmetric_difference(&set).count();
+                println!(
+                    "node {}: FAILED; {differ} messages differ from node 1's",
+                    i + 1
+                );
+                failed = true;
+            }
+            Some(_) => {}
+        }
     }
     if failed {
-        bail!("a node lost or duplicated messages");
+        bail!("the cluster lost, duplicated or refused messages, or stopped taking them");
     }
     println!("every node holds every acknowledged message exactly once");
     Ok(())
@@ -406,9 +443,13 @@ async fn session(
     let mut pkid = 0u16;
     let mut buf = BytesMut::with_capacity(4096);
     let mut progress = Instant::now();
-    // A wait that ends with the connection given up is not counted: it is the node's
-    // fault (dead or frozen), not a wait for the cluster to move a shard's leadership.
-    let lost = |pending: HashMap<u16, u64>| pending.into_values().collect();
+    // A connection given up: its wait ends now, unfinished.
+    let lost = |pending: HashMap<u16, u64>, progress: Instant, out: &mut Outcome| {
+        let end = now();
+        out.waits
+            .push((node, end - progress.elapsed().as_secs_f64(), end, true));
+        pending.into_values().collect()
+    };
     loop {
         let mut send = BytesMut::new();
         while !stop.is_cancelled() && pending.len() < window {
@@ -419,12 +460,12 @@ async fn session(
             let mut p = Publish::new("/bench/chaos", QoS::AtLeastOnce, payload, None);
             p.pkid = pkid;
             if Packet::Publish(p).write(&mut send, None).is_err() {
-                return lost(pending);
+                return lost(pending, progress, out);
             }
             pending.insert(pkid, seq);
         }
         if !send.is_empty() && wr.write_all(&send).await.is_err() {
-            return lost(pending);
+            return lost(pending, progress, out);
         }
         if stop.is_cancelled() && pending.is_empty() {
             let mut bye = BytesMut::new();
@@ -440,12 +481,14 @@ async fn session(
                     let waited = progress.elapsed();
                     if waited > WAIT_NOTED {
                         let end = now();
-                        out.waits.push((node, end - waited.as_secs_f64(), end));
+                        out.waits
+                            .push((node, end - waited.as_secs_f64(), end, false));
                     }
                     progress = Instant::now();
                     match a.reason {
                         PubAckReason::Success | PubAckReason::NoMatchingSubscribers => {
                             out.acked.push(seq);
+                            out.last_ack = now();
                             acked.fetch_add(1, Ordering::Relaxed);
                         }
                         r => out.refused.push((seq, r)),
@@ -458,10 +501,10 @@ async fn session(
                 match tokio::time::timeout(left, rd.read_buf(&mut buf)).await {
                     Ok(Ok(n)) if n > 0 => {}
                     // Closed, failed or stalled: the node is gone or frozen.
-                    _ => return lost(pending),
+                    _ => return lost(pending, progress, out),
                 }
             }
-            Err(_) => return lost(pending),
+            Err(_) => return lost(pending, progress, out),
         }
     }
 }

@@ -211,7 +211,7 @@ async fn run_sluice(bin: &Path, dir: &Path, args: &Args) -> Result<Vec<Figures>>
             .sql("SELECT count(*) AS n FROM bench.readings")
             .await?;
         let stored = stored_after(&args, w);
-        if !count.contains(&format!("\"n\":{stored}")) {
+        if counted(&count) != Some(stored) {
             bail!("Sluice stored {count}, expected {stored} rows");
         }
     }
@@ -224,6 +224,12 @@ fn windows(args: &Args) -> impl Iterator<Item = Args> + '_ {
         window,
         ..args.clone()
     })
+}
+
+/// The `n` of a `SELECT count(*) AS n` answer.
+fn counted(answer: &str) -> Option<usize> {
+    let rows: serde_json::Value = serde_json::from_str(answer).ok()?;
+    rows.get(0)?.get("n")?.as_u64().map(|n| n as usize)
 }
 
 /// Rows stored once the load of window number `w` (counting from 0) is done.
@@ -258,7 +264,7 @@ async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<(Vec<Figures
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
                 let count = n.sql("SELECT count(*) AS n FROM bench.readings").await?;
-                if count.contains(&format!("\"n\":{stored}")) {
+                if counted(&count) == Some(stored) {
                     break;
                 }
                 if Instant::now() > deadline {
