@@ -69,6 +69,31 @@ const MAX_FRAME: usize = 1 << 30;
 /// How long dialing a peer may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long data sent to a peer may stay unacknowledged by its TCP stack before the
+/// connection is dropped (`TCP_USER_TIMEOUT`), and how long an idle connection goes before
+/// keep-alive probes start, and between them. A peer whose machine died or whose network
+/// went away without a reset otherwise keeps its connection, and the frames queued for it,
+/// for as long as TCP's retransmissions last (about 15 minutes on Linux).
+const PEER_SILENCE: Duration = Duration::from_secs(10);
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Sets a node-to-node connection's options: no Nagle delay, and the peer-silence limits
+/// above. A failure is logged and the connection kept as it is.
+fn tune(stream: &TcpStream) {
+    let socket = socket2::SockRef::from(stream);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(3);
+    let set = (socket.set_tcp_nodelay(true))
+        .and_then(|()| socket.set_tcp_keepalive(&keepalive))
+        .and_then(|()| socket.set_tcp_user_timeout(Some(PEER_SILENCE)));
+    if let Err(e) = set {
+        tracing::warn!(error = %e, "could not set a node connection's TCP options");
+    }
+}
+
 /// What a node does with the requests it receives.
 pub trait Handler: Send + Sync + 'static {
     /// Answers request `kind` with `body` (CBOR), or says why not.
@@ -121,7 +146,7 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>, stop: Can
         };
         match accepted {
             Ok((stream, _)) => {
-                let _ = stream.set_nodelay(true);
+                tune(&stream);
                 tokio::spawn(serve_connection(stream, handler.clone(), stop.clone()));
             }
             Err(e) => {
@@ -385,7 +410,7 @@ impl Pool {
             .await
             .map_err(|_| unreachable("connect timed out".into()))?
             .map_err(|e| unreachable(e.to_string()))?;
-        let _ = stream.set_nodelay(true);
+        tune(&stream);
         let (rd, wr) = stream.into_split();
         let (tx, rx) = mpsc::unbounded_channel();
         let waiting: Arc<Mutex<Waiting>> = Arc::new(Mutex::new(Some(HashMap::new())));
@@ -686,5 +711,30 @@ impl RaftNetworkV2<Tc> for GroupPeer {
             option.soft_ttl(),
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ends of a node connection drop a peer that stays silent: keep-alive probes on an
+    /// idle connection, and a limit on how long sent data may stay unacknowledged.
+    #[tokio::test]
+    async fn node_connections_give_up_on_a_silent_peer() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (dialed, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let (dialed, (accepted, _)) = (dialed.unwrap(), accepted.unwrap());
+        for stream in [&dialed, &accepted] {
+            let socket = socket2::SockRef::from(stream);
+            assert_eq!(socket.tcp_user_timeout().unwrap(), None);
+            tune(stream);
+            assert!(socket.tcp_nodelay().unwrap());
+            assert!(socket.keepalive().unwrap());
+            assert_eq!(socket.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+            assert_eq!(socket.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+            assert_eq!(socket.tcp_user_timeout().unwrap(), Some(PEER_SILENCE));
+        }
     }
 }
