@@ -47,8 +47,8 @@ struct Args {
     pause: u64,
     /// The faults of each cycle, in order: `kill` (node `cycle % 3 + 1`, then restarted)
     /// and `freeze` (the next node, then resumed).
-    #[arg(long, value_delimiter = ',', default_value = "kill,freeze")]
-    faults: Vec<String>,
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "kill,freeze")]
+    faults: Vec<Fault>,
     /// Seconds a device waits for an acknowledgement before it gives up its connection (its
     /// node is dead or frozen) and connects to the next node.
     #[arg(long, default_value_t = 5)]
@@ -56,6 +56,15 @@ struct Args {
     /// The sluice binary (default: next to this runner).
     #[arg(long)]
     sluice: Option<PathBuf>,
+}
+
+/// What happens to a node in a cycle.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Fault {
+    /// SIGKILL, then started again.
+    Kill,
+    /// SIGSTOP, then SIGCONT.
+    Freeze,
 }
 
 /// Nodes in the cluster.
@@ -200,49 +209,37 @@ async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
     // (fault, node, from, to): seconds into the run.
     let mut faults: Vec<(&str, usize, f64, f64)> = Vec::new();
     for cycle in 0..args.cycles {
-        let victim = cycle % NODES;
-        for fault in &args.faults {
+        for &fault in &args.faults {
             tokio::time::sleep(pause).await;
-            match fault.as_str() {
-                "kill" => {
-                    let other = nodes[(victim + 1) % NODES].server()?;
-                    say(format!(
-                        "cycle {cycle}: kill -9 node {}; leaders before: {}",
-                        victim + 1,
-                        leaders(other).await
-                    ));
-                    let from = now();
-                    drop(nodes[victim].server.take());
+            let (what, node) = match fault {
+                Fault::Kill => ("kill -9", cycle % NODES),
+                Fault::Freeze => ("SIGSTOP", (cycle + 1) % NODES),
+            };
+            let other = nodes[(node + 1) % NODES].server()?;
+            say(format!(
+                "cycle {cycle}: {what} node {}; leaders before: {}",
+                node + 1,
+                leaders(other).await
+            ));
+            let from = now();
+            match fault {
+                Fault::Kill => {
+                    drop(nodes[node].server.take());
                     tokio::time::sleep(pause).await;
-                    let n = &mut nodes[victim];
+                    let n = &mut nodes[node];
                     let server = start(bin, &n.dir, &n.config).await?;
                     server.await_leaders(Duration::from_secs(30)).await?;
-                    addrs.lock()[victim] = server.mqtt.clone();
+                    addrs.lock()[node] = server.mqtt.clone();
                     n.server = Some(server);
-                    faults.push(("kill -9", victim, from, now()));
-                    say(format!("cycle {cycle}: node {} restarted", victim + 1));
                 }
-                "freeze" => {
-                    let frozen = (victim + 1) % NODES;
-                    let other = nodes[(frozen + 1) % NODES].server()?;
-                    say(format!(
-                        "cycle {cycle}: SIGSTOP node {}; leaders before: {}",
-                        frozen + 1,
-                        leaders(other).await
-                    ));
-                    let from = now();
-                    signal(nodes[frozen].server()?, libc::SIGSTOP);
-                    let until = Instant::now() + pause;
-                    while Instant::now() < until {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        say(format!("leaders now: {}", leaders(other).await));
-                    }
-                    signal(nodes[frozen].server()?, libc::SIGCONT);
-                    faults.push(("SIGSTOP", frozen, from, now()));
-                    say(format!("cycle {cycle}: SIGCONT node {}", frozen + 1));
+                Fault::Freeze => {
+                    signal(nodes[node].server()?, libc::SIGSTOP);
+                    tokio::time::sleep(pause).await;
+                    signal(nodes[node].server()?, libc::SIGCONT);
                 }
-                other => bail!("unknown fault {other:?} (kill or freeze)"),
             }
+            faults.push((what, node, from, now()));
+            say(format!("cycle {cycle}: node {} back", node + 1));
         }
     }
     tokio::time::sleep(pause).await;
