@@ -1,10 +1,12 @@
-//! The `sluice` binary: command line, configuration layering and wiring. No logic lives here.
+//! The `sluice` binary: command line, configuration layering and wiring of the crates (the
+//! engine, a cluster node when configured, the broker, the HTTP API). The bridge routes and
+//! the broker's logins for HTTP live in `admin.rs`, where the two siblings meet.
 
 mod admin;
-mod cluster;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use sluice_cluster::Cluster;
 use sluice_conf::Config;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -95,10 +97,12 @@ fn main() -> anyhow::Result<()> {
         cfg.mqtt.listen = a;
     }
     cfg.validate()?;
-    // openraft reports every vote and election at info; a cluster's log keeps its warnings.
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| match cfg.log.contains("openraft") {
+    // The raft library reports every vote and election at info; a cluster's log keeps its
+    // warnings unless the configured filter names it.
+    let raft = sluice_cluster::RAFT_LOG_TARGET;
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| match cfg.log.contains(raft) {
         true => cfg.log.clone(),
-        false => format!("{},openraft=warn", cfg.log),
+        false => format!("{},{raft}=warn", cfg.log),
     });
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
@@ -132,7 +136,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     let cluster = match &cfg.cluster {
         None => None,
         Some(c) => {
-            let cluster = cluster::Cluster::start(c, &cfg.data_dir, &engine, cancel.clone())
+            let cluster = Cluster::start(c, &cfg.data_dir, &engine, cancel.clone())
                 .await
                 .context("starting the cluster node")?;
             println!(
@@ -143,19 +147,9 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         }
     };
     let background = engine.spawn_background(cancel.clone());
-    let db: Arc<dyn sluice_engine::Database> = engine.clone();
-    if let Some(c) = &cluster {
-        let (n, s) = (c.clone(), c.clone());
-        db.add_system_table(
-            "nodes",
-            sluice_engine::api::SystemRows(Arc::new(move || n.nodes_table())),
-        );
-        db.add_system_table(
-            "shards",
-            sluice_engine::api::SystemRows(Arc::new(move || s.shards_table())),
-        );
-    }
-    let broker = sluice_broker::Broker::new(&cfg, db.clone(), cancel.clone())?;
+    let ingest: Arc<dyn sluice_engine::IngestPort> = engine.clone();
+    let queries: Arc<dyn sluice_engine::QueryPort> = engine.clone();
+    let broker = sluice_broker::Broker::new(&cfg, ingest, cancel.clone())?;
     let mqtt = tokio::net::TcpListener::bind(cfg.mqtt.listen)
         .await
         .with_context(|| format!("binding MQTT on {}", cfg.mqtt.listen))?;
@@ -209,7 +203,8 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     let routes = {
         let broker = broker.clone();
-        let cluster_routes = cluster.clone().map(admin::cluster_routes);
+        let cluster_routes = (cluster.clone())
+            .map(|c| sluice_web::cluster_routes(c as Arc<dyn sluice_engine::ClusterAdmin>));
         sluice_web::stream_route("/mqtt", "mqtt", ws)
             .merge(admin::bridge_routes(broker.bridges().clone()))
             .merge(cluster_routes.unwrap_or_default())
@@ -238,7 +233,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         },
     };
     let alerts = engine.start_alerts(broker.alert_sink(), cancel.clone());
-    sluice_web::serve(listener, db, &cfg.http, extras, cancel.clone()).await?;
+    sluice_web::serve(listener, queries, &cfg.http, extras, cancel.clone()).await?;
     cancel.cancel();
     // Connections end, their stored messages finish, before the engine persists and stops.
     let _ = mqtt_task.await;

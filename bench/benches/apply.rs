@@ -1,7 +1,7 @@
 //! Applying rows to partition buffers (the step between fsync and ack), nyct_lite-shaped rows.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use sluice_engine::buffer::PartitionBuffer;
+use sluice_engine::internals::PartitionBuffer;
 use sluice_engine::types::{ColumnType, Value};
 use std::hint::black_box;
 use std::sync::Arc;

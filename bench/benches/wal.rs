@@ -2,14 +2,14 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sluice_conf::WalConfig;
+use sluice_engine::WriteRecord;
+use sluice_engine::internals::{RecordSink, Wal};
 use sluice_engine::types::Value;
-use sluice_engine::wal::record::WriteRecord;
-use sluice_engine::wal::{Applier, Wal};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct Discard;
-impl Applier for Discard {
+impl RecordSink for Discard {
     fn apply(&self, _: u64, _: &WriteRecord) {}
 }
 

@@ -6,7 +6,7 @@ use crate::topic;
 use argon2::PasswordVerifier;
 use rumqttc::v5::mqttbytes::v5::{ConnectReturnCode, Login};
 use sluice_conf::{AclRule, UserConfig};
-use sluice_engine::Database;
+use sluice_engine::Logins;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -49,7 +49,7 @@ impl Auth {
     pub(crate) async fn login(
         &self,
         login: Option<Login>,
-        db: Option<&dyn Database>,
+        db: Option<&dyn Logins>,
     ) -> std::result::Result<Option<Arc<str>>, ConnectReturnCode> {
         if self.users.is_empty() && !db.is_some_and(|db| db.has_users()) {
             // Nobody can be verified, so nobody is anybody: rules for `anonymous` and `*` apply.
@@ -65,17 +65,17 @@ impl Auth {
     }
 
     /// Whether any user exists (in the config or made with `CREATE USER`).
-    pub(crate) fn required(&self, db: &dyn Database) -> bool {
+    pub(crate) fn required(&self, db: &dyn Logins) -> bool {
         !self.users.is_empty() || db.has_users()
     }
 
     /// `user`'s password hash, from the config or `CREATE USER`.
-    pub(crate) fn password_hash(&self, user: &str, db: Option<&dyn Database>) -> Option<String> {
+    pub(crate) fn password_hash(&self, user: &str, db: Option<&dyn Logins>) -> Option<String> {
         (self.users.get(user).cloned()).or_else(|| db.and_then(|db| db.password_hash(user)))
     }
 
     /// Whether `password` is `user`'s (checked off the async threads).
-    async fn verify(&self, user: &str, password: String, db: Option<&dyn Database>) -> bool {
+    async fn verify(&self, user: &str, password: String, db: Option<&dyn Logins>) -> bool {
         let Some(hash) = self.password_hash(user, db) else {
             return false;
         };

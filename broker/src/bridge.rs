@@ -128,8 +128,8 @@ struct SavedFile {
 
 impl SavedFile {
     fn open(path: PathBuf) -> Self {
-        let saved = sluice_engine::files::read_state(&path, "bridges saved by the admin API")
-            .unwrap_or_default();
+        let saved =
+            sluice_engine::read_state(&path, "bridges saved by the admin API").unwrap_or_default();
         Self {
             path,
             saved: parking_lot::Mutex::new(saved),
@@ -144,7 +144,7 @@ impl SavedFile {
             path: self.path.clone(),
             source: e.into(),
         })?;
-        sluice_engine::files::replace_file(&self.path, &bytes).map_err(|source| BridgeError::Save {
+        sluice_engine::replace_file(&self.path, &bytes).map_err(|source| BridgeError::Save {
             path: self.path.clone(),
             source,
         })

@@ -88,17 +88,22 @@ impl Error {
 
 /// The PUBACK/PUBREC reason for a message the engine refused.
 pub(crate) fn store_reason(e: &sluice_engine::Error) -> PubAckReason {
-    use sluice_engine::Error as E;
-    match e {
-        E::BadPayload { .. } | E::BadRow { .. } | E::TooLarge { .. } => {
-            PubAckReason::PayloadFormatInvalid
-        }
-        E::Overloaded { .. } | E::BuffersFull { .. } => PubAckReason::QuotaExceeded,
-        E::Wal { source, .. } if source.kind() == std::io::ErrorKind::StorageFull => {
-            PubAckReason::QuotaExceeded
-        }
-        E::UnknownTable { .. } | E::UnknownDatabase { .. } => PubAckReason::TopicNameInvalid,
-        _ => PubAckReason::UnspecifiedError,
+    use sluice_engine::ErrorKind as K;
+    match e.kind() {
+        K::BadPayload | K::BadRow | K::TooLarge => PubAckReason::PayloadFormatInvalid,
+        K::Overloaded | K::BuffersFull | K::DiskFull => PubAckReason::QuotaExceeded,
+        K::UnknownTable | K::UnknownDatabase => PubAckReason::TopicNameInvalid,
+        K::BadSql
+        | K::InvalidDefinition
+        | K::UnknownAlert
+        | K::AlreadyExists
+        | K::ShuttingDown
+        | K::NotCommitted
+        | K::LogUnavailable
+        | K::ResourcesExhausted
+        | K::QueryFailed
+        | K::StorageFailed
+        | K::Internal => PubAckReason::UnspecifiedError,
     }
 }
 

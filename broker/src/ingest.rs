@@ -6,7 +6,7 @@ use crate::error;
 use crate::session::Message;
 use rumqttc::v5::mqttbytes::v5::PubAckReason;
 use sluice_engine::Origin;
-use sluice_engine::api::{DeadLetter, Publication};
+use sluice_engine::{DeadLetter, Publication};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 

@@ -5,7 +5,7 @@
 //! rumqttc's codecs (`codec` turns 3.1.1 packets into 5.0 ones so the rules are written
 //! once). A PUBLISH goes to `ingest`: `mapping` finds its table (user properties, `[[topic]]`
 //! rules, `/db/table`), the engine stores it as one durable append through
-//! [`sluice_engine::Database::publish`], and only then is it acknowledged and handed to the
+//! [`sluice_engine::IngestPort::publish`], and only then is it acknowledged and handed to the
 //! `router`, which queues it on every matching `session`. Start reading at `connection`.
 //!
 //! `bridge` makes Sluice a client of other brokers: what they deliver takes the same path,
@@ -30,7 +30,7 @@ pub use error::{BridgeError, Error, Result};
 use metrics::Metrics;
 use router::Router;
 use sluice_conf::{Config, MqttConfig};
-use sluice_engine::Database;
+use sluice_engine::IngestPort;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
@@ -48,7 +48,7 @@ const SYS_EVERY_SECS: u64 = 10;
 /// State every connection shares.
 struct Shared {
     config: MqttConfig,
-    db: Arc<dyn Database>,
+    db: Arc<dyn IngestPort>,
     router: Router,
     mapper: mapping::Mapper,
     metrics: Metrics,
@@ -103,7 +103,7 @@ impl Broker {
     /// A broker storing into `db`, ending its connections when `shutdown` is cancelled.
     pub fn new(
         config: &Config,
-        db: Arc<dyn Database>,
+        db: Arc<dyn IngestPort>,
         shutdown: CancellationToken,
     ) -> Result<Self> {
         let mapper = mapping::Mapper::new(&config.topic)?;

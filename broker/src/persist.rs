@@ -195,7 +195,7 @@ impl Store {
     /// Loads the saved state into `router`; a missing file is an empty state, a damaged one
     /// is reported and set aside (renamed) rather than stopping the server.
     pub(crate) fn load(&self, router: &Router) {
-        match sluice_engine::files::read_state::<State>(&self.path, "broker state") {
+        match sluice_engine::read_state::<State>(&self.path, "broker state") {
             None => {}
             Some(state) if state.format == FORMAT => {
                 let (s, r) = (state.sessions.len(), state.retained.len());
@@ -217,6 +217,6 @@ impl Store {
             retained,
         };
         let text = serde_json::to_vec(&state).map_err(std::io::Error::other)?;
-        sluice_engine::files::replace_file(&self.path, &text)
+        sluice_engine::replace_file(&self.path, &text)
     }
 }

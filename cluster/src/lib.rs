@@ -1,19 +1,20 @@
-//! Sluice cluster: partition logs replicated with openraft.
+//! Sluice cluster: partition logs replicated with openraft, wired to the engine.
 //!
 //! Table data is split into shards; each shard's log is one raft group, and one metadata
-//! group holds the catalog, shard placement and the manifests of Parquet files in the shared
-//! object store. Every group of a node writes through one [`LogWriter`] into one file (one
-//! group commit and one sync for them all, like the single-node WAL) and talks to other nodes over one connection pool.
+//! group holds the catalog, the topology (nodes and shard placement) and the manifests of
+//! Parquet files in the shared object store. A [`Cluster`] is this node's part of it: the
+//! engine's [`sluice_engine::WriteLog`] (a write's rows go to their shards' leaders, here or
+//! forwarded, and are acknowledged once committed and applied) and its
+//! [`sluice_engine::ClusterAdmin`] (nodes added and removed, leaderships moved).
 //!
-//! Built so far: the durable raft log ([`LogStore`], passing openraft's storage test suite),
-//! the state machine ([`StateMachine`] over an [`Apply`]), the node-to-node network (one
-//! multiplexed TCP connection per peer for every group: [`Pool`], [`serve`]), a node's
-//! groups ([`Node`], with [`Node::write`] committing a command through its group's leader
-//! wherever it is) and shard placement ([`place`], [`rebalance`] when nodes come and go,
-//! [`shard_of`]). The server wires them to
-//! the engine (`src/cluster.rs`). A snapshot may stand for fewer entries than were applied
-//! ([`Apply::snapshot`]): a data shard's snapshot is the position up to which its rows are
-//! in Parquet files on the shared store, and the log is purged behind it.
+//! Where to read, following a write: `writes.rs` (shard routing, write ids, batches shipped
+//! as raft entries) -> `raft/` (the generic layer: a node's groups, the durable log every
+//! group writes through one file, the node-to-node network) -> `shard.rs` (a shard's state
+//! machine: copies dropped by write id, rows applied to the engine's buffers, snapshots that
+//! are positions in the shared store's files) and `meta.rs` (the metadata group's state
+//! machine: catalog, files, topology). `cluster.rs` starts a node and flushes the shards it
+//! leads, `reconcile.rs` brings replicas in line with the topology ([`placement`]),
+//! `admin.rs` and `tables.rs` are what operators see.
 //!
 //! # Why openraft 0.10 (a pinned pre-release) and not 0.9
 //!
@@ -28,16 +29,29 @@
 //! Log records are openraft's own types in CBOR: an upgrade that changes their serde form
 //! needs a log conversion, which the storage suite would show.
 
-mod log;
-mod net;
-mod node;
-mod placement;
-mod sm;
-mod types;
+mod admin;
+mod cluster;
+mod error;
+mod meta;
+pub mod placement;
+mod raft;
+mod reconcile;
+mod shard;
+mod tables;
+mod topology;
+mod writes;
 
-pub use log::{LogStore, LogWriter};
-pub use net::{CallError, GroupNetwork, GroupPeer, Handler, Pool, serve};
-pub use node::{DynApply, GroupMachine, GroupRaft, Node, WRITE_DEADLINE, WriteError, raft_config};
+pub use cluster::Cluster;
+
+/// The `tracing` target of the raft library's events (it reports every vote and election at
+/// info level).
+pub const RAFT_LOG_TARGET: &str = "openraft";
+pub use error::{Error, Result};
 pub use placement::{ShardPlacement, place, rebalance, shard_of};
-pub use sm::{Apply, StateMachine};
-pub use types::{Command, GroupId, Response, Tc, from_cbor, to_cbor};
+pub use raft::log::{LogStore, LogWriter};
+pub use raft::net::{CallError, GroupNetwork, GroupPeer, Handler, Pool, serve};
+pub use raft::node::{
+    DynGroupState, GroupMachine, GroupRaft, Node, WRITE_DEADLINE, WriteError, raft_config,
+};
+pub use raft::sm::{GroupState, StateMachine};
+pub use raft::types::{Command, GroupId, Response, Tc, from_cbor, to_cbor};

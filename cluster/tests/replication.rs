@@ -7,7 +7,7 @@ use bytes::Bytes;
 use openraft::BasicNode;
 use openraft::async_runtime::WatchReceiver;
 use parking_lot::Mutex;
-use sluice_cluster::{Apply, Command, GroupId, GroupRaft, Node, Response, serve};
+use sluice_cluster::{Command, GroupId, GroupRaft, GroupState, Node, Response, serve};
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::Arc;
@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Default)]
 struct Applied(Mutex<Vec<(u64, String)>>);
 
-impl Apply for Applied {
+impl GroupState for Applied {
     fn apply(&self, index: u64, command: &Command) -> Response {
         let Command::Catalog(text) = command else {
             return Response::default();

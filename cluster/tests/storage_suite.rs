@@ -12,7 +12,7 @@ use openraft::type_config::alias::{EntryOf, LogIdOf, VoteOf};
 use openraft::{Entry, LogId, RaftLogReader, StorageError};
 use parking_lot::Mutex;
 use sluice_cluster::{
-    Apply, Command, GroupId, LogStore, LogWriter, Response, StateMachine, Tc, to_cbor,
+    Command, GroupId, GroupState, LogStore, LogWriter, Response, StateMachine, Tc, to_cbor,
 };
 use std::io;
 use std::path::Path;
@@ -24,7 +24,7 @@ const SHARD: GroupId = GroupId::Shard(0);
 #[derive(Debug, Default, Clone)]
 struct Lines(Arc<Mutex<Vec<String>>>);
 
-impl Apply for Lines {
+impl GroupState for Lines {
     fn apply(&self, index: u64, command: &Command) -> Response {
         self.0.lock().push(format!("{index}:{command}"));
         Response {

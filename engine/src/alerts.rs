@@ -1,7 +1,7 @@
 //! Alerts: named queries the server runs on a schedule, firing when a condition holds.
 //!
 //! A definition ([`AlertDef`]) lives in the catalog, made by `CREATE ALERT` (parsed in
-//! [`crate::ddl`]) or the HTTP API, both through [`crate::Engine::create_alert`]. The
+//! [`crate::query::ddl`]) or the HTTP API, both through [`crate::Engine::create_alert`]. The
 //! [`evaluator`] keeps one state per alert (pending, ok, firing, error), runs each query at
 //! its interval, and on every change of state logs it and hands a notification to the
 //! [`AlertSink`] (the broker publishes it on `$alerts/<name>`) and, when set, POSTs it to the
@@ -318,8 +318,10 @@ mod tests {
             webhook: Some("http://127.0.0.1:9/x?a='b'".into()),
         };
         def.validate().unwrap();
-        match crate::ddl::parse(&def.create_sql()).unwrap() {
-            crate::ddl::Statement::CreateAlert { def: parsed, .. } => assert_eq!(parsed, def),
+        match crate::query::ddl::parse(&def.create_sql()).unwrap() {
+            crate::query::ddl::Statement::CreateAlert { def: parsed, .. } => {
+                assert_eq!(parsed, def)
+            }
             other => panic!("{other:?}"),
         }
     }

@@ -3,18 +3,20 @@
 //! buffers, compacts files and applies retention.
 
 use crate::alerts::{AlertDef, AlertSink, AlertStatus, Alerts};
-use crate::api::{
-    Database, DeadLetter, Health, Publication, QueryOptions, QueryOutput, WriteReceipt,
-};
-use crate::catalog::{Catalog, TableDef};
-use crate::decode::{Format, decode, decode_message};
 use crate::error::{Error, Result};
-use crate::origin::{Origin, Origins};
-use crate::provider::Shared;
-use crate::state::{TableState, Tables};
-use crate::storage::{Manifest, Storage};
-use crate::wal::record::WriteRecord;
-use crate::wal::{self, Wal};
+use crate::ingest::decode::{Format, decode, decode_message};
+use crate::ingest::origin::{Origin, Origins};
+use crate::log::WriteLog;
+use crate::log::wal::record::WriteRecord;
+use crate::log::wal::{self, Wal};
+use crate::ports::{
+    DeadLetter, Health, IngestPort, Logins, Publication, QueryOptions, QueryOutput, QueryPort,
+    WriteReceipt,
+};
+use crate::store::Store;
+use crate::store::catalog::{Catalog, TableDef};
+use crate::store::state::{TableState, Tables};
+use crate::store::storage::{Manifest, Storage};
 use async_trait::async_trait;
 use sluice_conf::Config;
 use std::sync::Arc;
@@ -27,36 +29,35 @@ const BUFFERS_FULL_WAIT: std::time::Duration = std::time::Duration::from_secs(10
 const ROOM_WAITERS: usize = 64;
 
 mod maintenance;
-mod messages;
-mod query;
 mod replicated;
-mod statements;
 
-pub use replicated::{FileChange, MergedFiles, Replicator, ShardFile, encode_record};
+pub use replicated::{FileChange, MergedFiles, ShardFile};
 
 /// The engine. Cheap to share behind an `Arc`.
 pub struct Engine {
-    config: Config,
-    shared: Arc<Shared>,
-    wal: Wal,
-    planner: query::Planner,
+    pub(crate) config: Config,
+    pub(crate) store: Arc<Store>,
+    /// The local write-ahead log (a single node's [`WriteLog`]; unused in a cluster).
+    pub(crate) wal: Arc<Wal>,
+    /// Where writes become durable: `wal` on a single node, the shard groups in a cluster
+    /// (set by [`Engine::join_cluster`]).
+    pub(crate) log: std::sync::OnceLock<Arc<dyn WriteLog>>,
+    pub(crate) planner: crate::query::planner::Planner,
     /// The current manifest; its lock also serialises flush, compaction, retention and DDL
     /// that touches files.
-    manifest: tokio::sync::Mutex<Manifest>,
+    pub(crate) manifest: tokio::sync::Mutex<Manifest>,
     /// Files replaced by compaction, deleted once queries that may read them are done.
-    graveyard: parking_lot::Mutex<Vec<(Instant, Vec<String>)>>,
+    pub(crate) graveyard: parking_lot::Mutex<Vec<(Instant, Vec<String>)>>,
     /// The alerts' states; the catalog holds their definitions.
-    alerts: Arc<Alerts>,
+    pub(crate) alerts: Arc<Alerts>,
     /// Buffers written to Parquet since start.
-    flushes: std::sync::atomic::AtomicU64,
-    /// Set when this engine is a cluster node: writes are committed by shard groups.
-    replicator: std::sync::OnceLock<Arc<dyn Replicator>>,
+    pub(crate) flushes: std::sync::atomic::AtomicU64,
     /// Where the manifest is kept: the file store itself on a single node; the node's own
     /// data directory in a cluster (the files are on the shared store, each node's copy of
     /// the manifest is its own).
-    manifests: Storage,
+    pub(crate) manifests: Storage,
     /// The manifest's `raft_index` (in a cluster), readable without its lock.
-    manifest_index: std::sync::atomic::AtomicU64,
+    pub(crate) manifest_index: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -83,7 +84,7 @@ impl Engine {
         let catalog = Catalog::open(&dir)?;
         let (storage, manifests) = match &config.cluster {
             Some(c) => {
-                let shared = sluice_conf::StorageConfig {
+                let store = sluice_conf::StorageConfig {
                     url: c.shared_store.clone(),
                     ..config.storage.clone()
                 };
@@ -91,7 +92,7 @@ impl Engine {
                     url: String::new(),
                     ..config.storage.clone()
                 };
-                (Storage::open(&shared, &dir)?, Storage::open(&local, &dir)?)
+                (Storage::open(&store, &dir)?, Storage::open(&local, &dir)?)
             }
             None => {
                 let s = Storage::open(&config.storage, &dir)?;
@@ -153,15 +154,15 @@ impl Engine {
         }
 
         let wal_dir = dir.join("wal");
-        let applier = Arc::new(Apply {
+        let sink = Arc::new(BufferSink {
             tables: tables.clone(),
             origins: Arc::new(Origins::open(&dir)?),
         });
-        let replay = applier.clone();
+        let replay = sink.clone();
         let started = Instant::now();
         let report = tokio::task::spawn_blocking(move || {
             wal::replay(&wal_dir, |lsn, rec| {
-                crate::wal::Applier::apply(&*replay, lsn, rec)
+                crate::log::wal::RecordSink::apply(&*replay, lsn, rec)
             })
         })
         .await
@@ -173,43 +174,48 @@ impl Engine {
             "WAL replayed"
         );
         let next_lsn = report.next_lsn.max(max_flushed + 1);
-        let wal = Wal::start(
+        let wal = Arc::new(Wal::start(
             &dir.join("wal"),
             &config.wal,
             next_lsn,
             config.http.max_pending_writes,
-            applier.clone(),
-        )?;
+            sink.clone(),
+        )?);
+        let log = std::sync::OnceLock::new();
+        if config.cluster.is_none() {
+            let local: Arc<dyn WriteLog> = wal.clone();
+            let _ = log.set(local);
+        }
 
-        let shared = Arc::new(Shared {
+        let store = Arc::new(Store {
             catalog,
             tables,
             storage,
-            dead_letters: crate::dead_letter::DeadLetters::open(&dir)?,
-            hot: crate::hot::HotCache::new(config.query.hot_cache_bytes),
-            origins: applier.origins.clone(),
+            dead_letters: crate::ingest::dead_letter::DeadLetters::open(&dir)?,
+            hot: crate::store::hot::HotCache::new(config.query.hot_cache_bytes),
+            origins: sink.origins.clone(),
             extra_system: Default::default(),
         });
         let alerts = Arc::new(Alerts::open(&dir));
         alerts.sync(cat.alerts.values());
         let rows = Arc::downgrade(&alerts);
-        shared.extra_system.write().insert(
+        store.extra_system.write().insert(
             "alerts".into(),
-            crate::api::SystemRows(Arc::new(move || {
+            crate::ports::SystemRows(Arc::new(move || {
                 rows.upgrade().unwrap_or_default().system_table()
             })),
         );
         let manifest_index = manifest.raft_index;
         Ok(Arc::new(Self {
             config,
-            shared,
+            store,
             wal,
-            planner: query::Planner::default(),
+            log,
+            planner: crate::query::planner::Planner::default(),
             manifest: tokio::sync::Mutex::new(manifest),
             graveyard: parking_lot::Mutex::new(Vec::new()),
             alerts,
             flushes: Default::default(),
-            replicator: Default::default(),
             manifests,
             manifest_index: manifest_index.into(),
         }))
@@ -221,20 +227,14 @@ impl Engine {
         sink: Arc<dyn AlertSink>,
         cancel: CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
-        let db: Arc<dyn Database> = self.clone();
+        let db: Arc<dyn QueryPort> = self.clone();
         tokio::spawn(self.alerts.clone().run(db, sink, cancel))
     }
 
     /// Makes an alert after checking that its query plans.
     pub async fn create_alert(&self, def: AlertDef, if_not_exists: bool) -> Result<()> {
         def.validate()?;
-        if self
-            .shared
-            .catalog
-            .snapshot()
-            .alerts
-            .contains_key(&def.name)
-        {
+        if self.store.catalog.snapshot().alerts.contains_key(&def.name) {
             return if if_not_exists {
                 Ok(())
             } else {
@@ -247,7 +247,7 @@ impl Engine {
         self.check_query(&def.database, &def.query).await?;
         let name = def.name.clone();
         // Checked again under the catalog's lock: another CREATE may have won meanwhile.
-        let created = self.shared.catalog.change(|d| {
+        let created = self.store.catalog.change(|d| {
             if d.alerts.contains_key(&name) {
                 return if if_not_exists {
                     Ok(false)
@@ -267,24 +267,21 @@ impl Engine {
         tracing::info!(alert = %name, "alert created");
         // From the newest catalog, so concurrent changes cannot leave an older set running.
         self.alerts
-            .sync(self.shared.catalog.snapshot().alerts.values());
+            .sync(self.store.catalog.snapshot().alerts.values());
         Ok(())
     }
 
     /// Removes an alert.
     pub fn drop_alert(&self, name: &str, if_exists: bool) -> Result<()> {
-        let dropped = self
-            .shared
-            .catalog
-            .change(|d| match d.alerts.remove(name) {
-                Some(_) => Ok(true),
-                None if if_exists => Ok(false),
-                None => Err(Error::UnknownAlert { name: name.into() }),
-            })?;
+        let dropped = self.store.catalog.change(|d| match d.alerts.remove(name) {
+            Some(_) => Ok(true),
+            None if if_exists => Ok(false),
+            None => Err(Error::UnknownAlert { name: name.into() }),
+        })?;
         if dropped {
             tracing::info!(alert = %name, "alert dropped");
             self.alerts
-                .sync(self.shared.catalog.snapshot().alerts.values());
+                .sync(self.store.catalog.snapshot().alerts.values());
         }
         Ok(())
     }
@@ -302,7 +299,7 @@ impl Engine {
     /// persists all buffers so the next start replays nothing.
     pub async fn shutdown(&self) -> Result<()> {
         self.wal.close();
-        self.shared.tables.close();
+        self.store.tables.close();
         if self.clustered() {
             // The raft logs keep the rows; the buffers are rebuilt from them at start.
             return Ok(());
@@ -314,14 +311,14 @@ impl Engine {
 
     /// The table definition for `database.table`.
     pub fn table(&self, database: &str, table: &str) -> Result<Arc<TableDef>> {
-        self.shared
+        self.store
             .catalog
             .snapshot()
             .table(database, table)
             .cloned()
     }
 
-    /// Appends already-decoded rows for a table (what [`Database::write`] does after
+    /// Appends already-decoded rows for a table (what [`QueryPort::write`] does after
     /// decoding); `overloaded` when the log's queue is full.
     pub async fn append_rows(
         &self,
@@ -341,7 +338,7 @@ impl Engine {
         self.append(def, rows, true, None).await
     }
 
-    async fn append(
+    pub(crate) async fn append(
         &self,
         def: &TableDef,
         rows: Vec<Vec<crate::types::Value>>,
@@ -351,15 +348,18 @@ impl Engine {
         self.room_in_buffers().await?;
         let n = rows.len();
         let record = write_record(def, rows, origin);
-        if let Some(r) = self.replicator.get() {
-            r.commit(def, vec![record]).await?;
-            return Ok(WriteReceipt { rows: n, lsn: 0 });
-        }
-        let lsn = match wait {
-            true => self.wal.append_waiting(record).await?,
-            false => self.wal.append(record).await?,
-        };
-        Ok(WriteReceipt { rows: n, lsn })
+        let lsn = self.log()?.append(def, vec![record], wait).await?;
+        Ok(WriteReceipt {
+            rows: n,
+            lsn: lsn.unwrap_or(0),
+        })
+    }
+
+    /// Where writes become durable (refused until a cluster node has joined its cluster).
+    fn log(&self) -> Result<&Arc<dyn WriteLog>> {
+        self.log.get().ok_or_else(|| Error::Replication {
+            reason: "this node has not joined its cluster yet".into(),
+        })
     }
 
     /// Holds writes back while the buffers hold twice their budget (flushing has fallen
@@ -369,7 +369,7 @@ impl Engine {
     /// most `ROOM_WAITERS` writes wait at a time (each holds its decoded rows meanwhile).
     async fn room_in_buffers(&self) -> Result<()> {
         let limit = 2 * self.config.buffer.total_max_bytes as u64;
-        let tables = &self.shared.tables;
+        let tables = &self.store.tables;
         let bytes = tables.buffered_bytes();
         if bytes <= limit {
             return Ok(());
@@ -407,12 +407,12 @@ fn write_record(
 
 /// The apply step, live and on replay: a bridged message's origin is remembered, its rows go
 /// to the buffers.
-struct Apply {
+struct BufferSink {
     tables: Arc<Tables>,
     origins: Arc<Origins>,
 }
 
-impl crate::wal::Applier for Apply {
+impl crate::log::wal::RecordSink for BufferSink {
     fn apply(&self, lsn: u64, record: &WriteRecord) {
         if let Some(o) = &record.origin {
             self.origins.remember(lsn, o);
@@ -439,12 +439,22 @@ fn fixed_columns(def: &TableDef, fixed: &[(String, String)]) -> Result<Vec<(usiz
         .collect()
 }
 
+impl Logins for Engine {
+    fn password_hash(&self, user: &str) -> Option<String> {
+        self.store.catalog.snapshot().users.get(user).cloned()
+    }
+
+    fn has_users(&self) -> bool {
+        !self.store.catalog.snapshot().users.is_empty()
+    }
+}
+
 #[async_trait]
-impl Database for Engine {
+impl QueryPort for Engine {
     async fn query(&self, sql: &str, options: &QueryOptions) -> Result<QueryOutput> {
-        if let Some(r) = self.replicator.get() {
+        if let Some(log) = self.log.get() {
             // Every write acknowledged anywhere before this query is applied here first.
-            r.read_barrier().await?;
+            log.read_barrier().await?;
         }
         Engine::query(self, sql, options).await
     }
@@ -461,6 +471,45 @@ impl Database for Engine {
         self.append_rows(&def, rows).await
     }
 
+    fn alerts(&self) -> Vec<AlertStatus> {
+        self.alerts.status()
+    }
+
+    async fn create_alert(&self, def: AlertDef, if_not_exists: bool) -> Result<()> {
+        Engine::create_alert(self, def, if_not_exists).await
+    }
+
+    async fn drop_alert(&self, name: &str, if_exists: bool) -> Result<()> {
+        Engine::drop_alert(self, name, if_exists)
+    }
+
+    fn health(&self) -> Health {
+        let mut h = Health {
+            applied_lsn: self.wal.applied_lsn(),
+            wal_segments: self.wal.segments().0,
+            buffered_rows: 0,
+            buffered_bytes: 0,
+            flushing: 0,
+            flushes: self.flushes.load(std::sync::atomic::Ordering::Relaxed),
+            partitions: 0,
+            files: 0,
+            dead_letters: self.store.dead_letters.len() as u64,
+        };
+        for t in self.store.tables.all() {
+            for p in t.parts.read().values() {
+                h.buffered_rows += p.buffered_rows();
+                h.buffered_bytes += p.buffered_bytes() as u64;
+                h.flushing += u64::from(p.frozen.is_some());
+                h.partitions += 1;
+                h.files += p.files.len() as u64;
+            }
+        }
+        h
+    }
+}
+
+#[async_trait]
+impl IngestPort for Engine {
     async fn publish(&self, p: Publication<'_>) -> Result<Option<WriteReceipt>> {
         let def = match self.table(p.database, p.table) {
             Ok(def) => def,
@@ -514,81 +563,35 @@ impl Database for Engine {
         if records.is_empty() {
             return Ok(out);
         }
-        if let (Some(r), Some(def)) = (self.replicator.get(), &first_def) {
-            r.commit(def, records).await?;
-            for (i, rows) in slots {
-                out[i] = Some(WriteReceipt { rows, lsn: 0 });
-            }
+        let Some(def) = first_def else {
             return Ok(out);
-        }
-        let last = self.wal.append_many(records).await?;
-        let first = last + 1 - slots.len() as u64;
-        for ((i, rows), lsn) in slots.into_iter().zip(first..) {
+        };
+        let last = self.log()?.append(&def, records, true).await?;
+        // Consecutive positions on the local log; none where each shard counts its own.
+        let first = last.map(|last| last + 1 - slots.len() as u64);
+        for (n, (i, rows)) in slots.into_iter().enumerate() {
+            let lsn = first.map_or(0, |f| f + n as u64);
             out[i] = Some(WriteReceipt { rows, lsn });
         }
         Ok(out)
     }
 
     async fn dead_letter(&self, letter: DeadLetter) -> Result<()> {
-        self.shared.dead_letters.add(letter).await
+        self.store.dead_letters.add(letter).await
     }
 
     fn is_stored(&self, origin: &Origin) -> bool {
-        self.shared.origins.is_stored(origin)
+        self.store.origins.is_stored(origin)
     }
 
     fn forget_origins(&self, source: &str) -> Result<()> {
-        self.shared.origins.forget(source)
+        self.store.origins.forget(source)
     }
 
-    fn add_system_table(&self, name: &str, rows: crate::api::SystemRows) {
-        self.shared
+    fn add_system_table(&self, name: &str, rows: crate::ports::SystemRows) {
+        self.store
             .extra_system
             .write()
             .insert(name.to_string(), rows);
-    }
-
-    fn alerts(&self) -> Vec<AlertStatus> {
-        self.alerts.status()
-    }
-
-    async fn create_alert(&self, def: AlertDef, if_not_exists: bool) -> Result<()> {
-        Engine::create_alert(self, def, if_not_exists).await
-    }
-
-    async fn drop_alert(&self, name: &str, if_exists: bool) -> Result<()> {
-        Engine::drop_alert(self, name, if_exists)
-    }
-
-    fn password_hash(&self, user: &str) -> Option<String> {
-        self.shared.catalog.snapshot().users.get(user).cloned()
-    }
-
-    fn has_users(&self) -> bool {
-        !self.shared.catalog.snapshot().users.is_empty()
-    }
-
-    fn health(&self) -> Health {
-        let mut h = Health {
-            applied_lsn: self.wal.applied_lsn(),
-            wal_segments: self.wal.segments().0,
-            buffered_rows: 0,
-            buffered_bytes: 0,
-            flushing: 0,
-            flushes: self.flushes.load(std::sync::atomic::Ordering::Relaxed),
-            partitions: 0,
-            files: 0,
-            dead_letters: self.shared.dead_letters.len() as u64,
-        };
-        for t in self.shared.tables.all() {
-            for p in t.parts.read().values() {
-                h.buffered_rows += p.buffered_rows();
-                h.buffered_bytes += p.buffered_bytes() as u64;
-                h.flushing += u64::from(p.frozen.is_some());
-                h.partitions += 1;
-                h.files += p.files.len() as u64;
-            }
-        }
-        h
     }
 }

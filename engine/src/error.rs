@@ -1,5 +1,6 @@
-//! Engine errors. Each variant says what a client did wrong or what failed underneath;
-//! the protocol edges (HTTP now, MQTT next) map them to wire codes in one place each.
+//! Engine errors. Each variant says what a client did wrong or what failed underneath, and
+//! knows its [`ErrorKind`] ([`Error::kind`]): the one classification every protocol edge
+//! maps to its wire code (HTTP status, MQTT reason code) in one exhaustive match.
 
 use std::path::PathBuf;
 
@@ -213,21 +214,142 @@ impl Error {
         }
     }
 
+    /// What kind of failure this is: the one classification the protocol edges map to
+    /// their wire codes.
+    pub fn kind(&self) -> ErrorKind {
+        use datafusion::error::DataFusionError as D;
+        match self {
+            Error::Sql { .. } => ErrorKind::BadSql,
+            Error::InvalidDefinition { .. } => ErrorKind::InvalidDefinition,
+            Error::UnknownDatabase { .. } => ErrorKind::UnknownDatabase,
+            Error::UnknownTable { .. } => ErrorKind::UnknownTable,
+            Error::UnknownAlert { .. } => ErrorKind::UnknownAlert,
+            Error::AlreadyExists { .. } => ErrorKind::AlreadyExists,
+            Error::BadRow { .. } => ErrorKind::BadRow,
+            Error::BadPayload { .. } => ErrorKind::BadPayload,
+            Error::TooLarge { .. } => ErrorKind::TooLarge,
+            Error::Overloaded { .. } => ErrorKind::Overloaded,
+            Error::BuffersFull { .. } => ErrorKind::BuffersFull,
+            Error::ShuttingDown => ErrorKind::ShuttingDown,
+            Error::Replication { .. } => ErrorKind::NotCommitted,
+            Error::Wal { source, .. } if source.kind() == std::io::ErrorKind::StorageFull => {
+                ErrorKind::DiskFull
+            }
+            Error::Wal { .. } | Error::WalPoisoned { .. } => ErrorKind::LogUnavailable,
+            Error::DataFusion { source } => match source.as_ref() {
+                D::ResourcesExhausted(_) => ErrorKind::ResourcesExhausted,
+                D::ArrowError(..) | D::Execution(_) => ErrorKind::QueryFailed,
+                _ => ErrorKind::Internal,
+            },
+            Error::Io { .. } | Error::ObjectStore { .. } => ErrorKind::StorageFailed,
+            Error::Corrupt { .. } | Error::Parquet { .. } | Error::Arrow { .. } => {
+                ErrorKind::Internal
+            }
+        }
+    }
+
     /// Whether the same write can succeed later (the log or buffers are full, the disk or
     /// object store failed, the server is stopping), as opposed to one that never will (a
     /// payload that does not fit its table).
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            Error::Overloaded { .. }
-                | Error::BuffersFull { .. }
-                | Error::ShuttingDown
-                | Error::Replication { .. }
-                | Error::Wal { .. }
-                | Error::WalPoisoned { .. }
-                | Error::Io { .. }
-                | Error::ObjectStore { .. }
-        )
+        self.kind().is_transient()
+    }
+}
+
+/// What kind of failure an [`Error`] is, for the protocol edges: each maps every kind to
+/// its wire code (an HTTP status, an MQTT reason code) without a catch-all, so a new kind
+/// must be placed on every edge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// SQL that does not parse or plan.
+    BadSql,
+    /// A well-formed but invalid definition.
+    InvalidDefinition,
+    /// No such database.
+    UnknownDatabase,
+    /// No such table.
+    UnknownTable,
+    /// No such alert.
+    UnknownAlert,
+    /// It exists already.
+    AlreadyExists,
+    /// A row that does not fit its table.
+    BadRow,
+    /// A payload that does not parse at all.
+    BadPayload,
+    /// Past a hard size limit.
+    TooLarge,
+    /// Too many writes waiting for the log.
+    Overloaded,
+    /// Too many rows waiting to be persisted.
+    BuffersFull,
+    /// The server is stopping.
+    ShuttingDown,
+    /// A cluster group did not commit the write.
+    NotCommitted,
+    /// The log's disk is full.
+    DiskFull,
+    /// The log cannot write or sync.
+    LogUnavailable,
+    /// A query ran out of its memory.
+    ResourcesExhausted,
+    /// A query failed while running (a cast, a division by zero).
+    QueryFailed,
+    /// Local files or the object store failed.
+    StorageFailed,
+    /// Something that should not happen (a corrupt file, an encoder's failure).
+    Internal,
+}
+
+impl ErrorKind {
+    /// The stable machine-readable code (the `code` of an HTTP error body).
+    pub fn code(self) -> &'static str {
+        match self {
+            ErrorKind::BadSql => "bad_sql",
+            ErrorKind::InvalidDefinition => "invalid_definition",
+            ErrorKind::UnknownDatabase => "unknown_database",
+            ErrorKind::UnknownTable => "unknown_table",
+            ErrorKind::UnknownAlert => "unknown_alert",
+            ErrorKind::AlreadyExists => "already_exists",
+            ErrorKind::BadRow => "bad_row",
+            ErrorKind::BadPayload => "bad_payload",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::Overloaded => "overloaded",
+            ErrorKind::BuffersFull => "buffers_full",
+            ErrorKind::ShuttingDown => "shutting_down",
+            ErrorKind::NotCommitted => "not_committed",
+            ErrorKind::DiskFull => "disk_full",
+            ErrorKind::LogUnavailable => "log_unavailable",
+            ErrorKind::ResourcesExhausted => "resources_exhausted",
+            ErrorKind::QueryFailed => "query_failed",
+            ErrorKind::StorageFailed | ErrorKind::Internal => "internal",
+        }
+    }
+
+    /// Whether the same request can succeed later (something is full, failing or
+    /// stopping), as opposed to one that never will.
+    pub fn is_transient(self) -> bool {
+        match self {
+            ErrorKind::Overloaded
+            | ErrorKind::BuffersFull
+            | ErrorKind::ShuttingDown
+            | ErrorKind::NotCommitted
+            | ErrorKind::DiskFull
+            | ErrorKind::LogUnavailable
+            | ErrorKind::StorageFailed => true,
+            ErrorKind::BadSql
+            | ErrorKind::InvalidDefinition
+            | ErrorKind::UnknownDatabase
+            | ErrorKind::UnknownTable
+            | ErrorKind::UnknownAlert
+            | ErrorKind::AlreadyExists
+            | ErrorKind::BadRow
+            | ErrorKind::BadPayload
+            | ErrorKind::TooLarge
+            | ErrorKind::ResourcesExhausted
+            | ErrorKind::QueryFailed
+            | ErrorKind::Internal => false,
+        }
     }
 }
 

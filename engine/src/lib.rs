@@ -1,56 +1,53 @@
-//! The Sluice storage engine: everything below the protocols.
+//! The Sluice storage engine: everything below the protocols, grouped by the data path.
 //!
-//! Data flows: a client's payload is decoded against its table ([`decode`]) into rows; the
-//! rows become one [`wal::record::WriteRecord`], appended to the write-ahead log ([`wal`]) with
-//! group commit; once durable, the apply step ([`state`]) puts them into per-partition Arrow
-//! buffers ([`buffer`]), where SQL sees them; only then is the write acknowledged. In the
-//! background ([`engine`]'s maintenance) buffers become sorted Parquet files on an object store
-//! ([`storage`]), a new manifest names them, and the log is truncated behind them.
+//! A write comes in through the ingest port ([`IngestPort`], what the MQTT broker and its
+//! bridges call) or the query port ([`QueryPort`], what HTTP calls). [`ingest`] decodes the
+//! payload against its table into rows (or keeps it as a dead letter); the rows become one
+//! [`WriteRecord`] that goes to the engine's one [`WriteLog`] ([`log`]): the local
+//! write-ahead log with group commit on a single node, the shard groups' raft logs in a
+//! cluster (the `sluice-cluster` crate implements the same trait). Once durable, the record
+//! is applied to per-partition Arrow buffers ([`store`]), where SQL sees it, and only then is
+//! the write acknowledged. In the background buffers become sorted Parquet files on an
+//! object store, a new manifest names them, and the log is truncated behind them.
 //!
-//! Queries go through DataFusion: [`provider`] exposes databases as schemas and tables as
-//! providers that union Parquet files with buffers, pruning partitions by the partition key;
-//! [`system`] serves `system.*`; [`ddl`] parses Sluice's own statements.
+//! Queries ([`query`]) go through DataFusion: databases are schemas, tables are providers that
+//! union Parquet files with buffers, pruning partitions by the partition key and `WHERE
+//! PARTS`; aggregates over whole partitions are answered from synopses. [`alerts`] runs named
+//! queries on a schedule.
 //!
-//! Start reading at [`api::Database`] (what HTTP and MQTT call) and [`Engine`] (how it is done).
-//! The MQTT broker turns a message into rows with [`Engine::table_for_json`] (tables made or
-//! widened from JSON) and [`Engine::write_message`] ([`decode::decode_message`] with the
-//! columns its topic fixes, then one durable append).
+//! Start reading at [`ports`] (what the other crates call) and [`Engine`] (how it is done):
+//! `engine.rs` opens and wires the parts, `engine/` holds the background work and the
+//! cluster-facing half.
 
 pub mod alerts;
-pub mod api;
-pub mod buffer;
-pub mod catalog;
-pub mod chunk;
-pub mod ddl;
-pub mod dead_letter;
-pub mod decode;
-pub mod dialect;
-pub mod engine;
+mod engine;
 pub mod error;
-pub mod files;
-pub mod functions;
-pub mod groups;
 pub mod hex;
-pub mod hot;
-pub mod optimizer;
-pub mod origin;
-pub mod partition;
-pub mod parts;
-pub mod provider;
-pub mod state;
-pub mod storage;
-pub mod synopsis;
-pub mod system;
+pub(crate) mod ingest;
+pub(crate) mod log;
+pub mod ports;
+pub(crate) mod query;
+pub(crate) mod store;
 pub mod types;
-pub mod wal;
 
 pub use alerts::{AlertDef, AlertSink, AlertStatus, Condition};
-pub use api::{
-    Database, DeadLetter, Health, Publication, QueryOptions, QueryOutput, SystemRows, WriteReceipt,
+pub use engine::{Engine, FileChange, MergedFiles, ShardFile, now_micros};
+pub use error::{Error, ErrorKind, Result};
+pub use ingest::decode::Format;
+pub use ingest::origin::Origin;
+pub use log::WriteLog;
+pub use log::wal::record::{WriteRecord, encode_record};
+pub use ports::{
+    ClusterAdmin, DeadLetter, Health, IngestPort, LeaderMoveError, Logins, NodeChangeError,
+    Publication, QueryOptions, QueryOutput, QueryPort, SystemRows, WriteReceipt,
 };
-pub use decode::Format;
-pub use engine::{
-    Engine, FileChange, MergedFiles, Replicator, ShardFile, encode_record, now_micros,
-};
-pub use error::{Error, Result};
-pub use origin::Origin;
+pub use store::catalog::{CatalogData, CatalogLog, DEFAULT_DATABASE, TableDef};
+pub use store::files::{read_state, replace_file};
+
+/// Engine parts that the criterion benches and `raft_load` measure directly (the
+/// write-ahead log and one partition's buffer). Not an interface: servers use the ports.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::log::wal::{RecordSink, Wal};
+    pub use crate::store::buffer::PartitionBuffer;
+}

@@ -7,10 +7,10 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{delete, get};
-use sluice_engine::{AlertDef, Condition, Database};
+use sluice_engine::{AlertDef, Condition, QueryPort};
 use std::sync::Arc;
 
-type Db = Arc<dyn Database>;
+type Db = Arc<dyn QueryPort>;
 
 /// An alert as POSTed.
 #[derive(serde::Deserialize)]
@@ -62,7 +62,7 @@ async fn create(State(db): State<Db>, body: axum::body::Bytes) -> Result<StatusC
         query: a.query,
         database: a
             .db
-            .unwrap_or_else(|| sluice_engine::catalog::DEFAULT_DATABASE.into()),
+            .unwrap_or_else(|| sluice_engine::DEFAULT_DATABASE.into()),
         condition: Condition::parse(&a.condition)?,
         interval_ms: a.interval_ms,
         publish: a.publish,

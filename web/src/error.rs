@@ -2,7 +2,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use sluice_engine::Error;
+use sluice_engine::{Error, ErrorKind};
 
 /// An error as the API returns it.
 #[derive(Debug, thiserror::Error)]
@@ -32,44 +32,34 @@ impl ApiError {
     }
 }
 
+/// The HTTP status of each kind of engine error.
+fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::BadSql
+        | ErrorKind::InvalidDefinition
+        | ErrorKind::BadRow
+        | ErrorKind::BadPayload
+        | ErrorKind::QueryFailed => StatusCode::BAD_REQUEST,
+        ErrorKind::UnknownDatabase | ErrorKind::UnknownTable | ErrorKind::UnknownAlert => {
+            StatusCode::NOT_FOUND
+        }
+        ErrorKind::AlreadyExists => StatusCode::CONFLICT,
+        ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorKind::Overloaded
+        | ErrorKind::BuffersFull
+        | ErrorKind::ShuttingDown
+        | ErrorKind::NotCommitted
+        | ErrorKind::LogUnavailable
+        | ErrorKind::ResourcesExhausted => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::DiskFull => StatusCode::INSUFFICIENT_STORAGE,
+        ErrorKind::StorageFailed | ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
-        let (status, code) = match &e {
-            Error::Sql { .. } => (StatusCode::BAD_REQUEST, "bad_sql"),
-            Error::InvalidDefinition { .. } => (StatusCode::BAD_REQUEST, "invalid_definition"),
-            Error::UnknownDatabase { .. } => (StatusCode::NOT_FOUND, "unknown_database"),
-            Error::UnknownTable { .. } => (StatusCode::NOT_FOUND, "unknown_table"),
-            Error::UnknownAlert { .. } => (StatusCode::NOT_FOUND, "unknown_alert"),
-            Error::AlreadyExists { .. } => (StatusCode::CONFLICT, "already_exists"),
-            Error::BadRow { .. } => (StatusCode::BAD_REQUEST, "bad_row"),
-            Error::BadPayload { .. } => (StatusCode::BAD_REQUEST, "bad_payload"),
-            Error::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
-            Error::Overloaded { .. } => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
-            Error::BuffersFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, "buffers_full"),
-            Error::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
-            Error::Replication { .. } => (StatusCode::SERVICE_UNAVAILABLE, "not_committed"),
-            Error::Wal { source, .. } if source.kind() == std::io::ErrorKind::StorageFull => {
-                (StatusCode::INSUFFICIENT_STORAGE, "disk_full")
-            }
-            Error::Wal { .. } | Error::WalPoisoned { .. } => {
-                (StatusCode::SERVICE_UNAVAILABLE, "log_unavailable")
-            }
-            Error::DataFusion { source } => match source.as_ref() {
-                datafusion::error::DataFusionError::ResourcesExhausted(_) => {
-                    (StatusCode::SERVICE_UNAVAILABLE, "resources_exhausted")
-                }
-                datafusion::error::DataFusionError::ArrowError(..)
-                | datafusion::error::DataFusionError::Execution(_) => {
-                    (StatusCode::BAD_REQUEST, "query_failed")
-                }
-                _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
-            },
-            Error::Io { .. }
-            | Error::Corrupt { .. }
-            | Error::ObjectStore { .. }
-            | Error::Parquet { .. }
-            | Error::Arrow { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
-        };
+        let kind = e.kind();
+        let (status, code) = (status_of(kind), kind.code());
         if status.is_server_error() {
             tracing::warn!(code, error = %e, "request failed");
         } else {

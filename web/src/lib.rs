@@ -5,12 +5,13 @@
 //! and answers 204 only once it is durable; `GET /health`; `/v1/alerts` ([`alerts`]);
 //! `/v1/live`, a second-by-second event stream ([`live`]); `/v1/session`, the console's login
 //! ([`auth`], which also guards every route when users exist); and the console itself at `/`
-//! ([`console`]). Every failure is `{"error": {"code", "message"}}` with the status chosen in
-//! one place ([`error`]). Handlers talk only to [`sluice_engine::Database`], never to storage
+//! ([`console`]); on a cluster node, `/v1/cluster` ([`cluster_routes`]). Every failure is `{"error": {"code", "message"}}` with the status chosen in
+//! one place ([`error`]). Handlers talk only to [`sluice_engine::QueryPort`], never to storage
 //! directly; the broker's parts come in as plain routes and a [`LiveSource`].
 
 mod alerts;
 mod auth;
+mod cluster;
 mod console;
 mod error;
 mod format;
@@ -19,6 +20,7 @@ mod spin;
 mod ws;
 
 pub use auth::{Authenticator, Open};
+pub use cluster::{cluster_routes, to_the_end};
 pub use error::ApiError;
 pub use live::LiveSource;
 pub use ws::{StreamHandler, stream_route};
@@ -32,13 +34,13 @@ use axum::routing::{get, post};
 use datafusion::common::ScalarValue;
 use futures::StreamExt;
 use sluice_conf::HttpConfig;
-use sluice_engine::{Database, Format, QueryOptions};
+use sluice_engine::{Format, QueryOptions, QueryPort};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Clone)]
 struct AppState {
-    db: Arc<dyn Database>,
+    db: Arc<dyn QueryPort>,
     max_body: usize,
 }
 
@@ -61,7 +63,7 @@ impl std::fmt::Debug for Extras {
 
 /// Every route over a database, guarded by [`auth`]; `cancel` ends live streams.
 pub fn router(
-    db: Arc<dyn Database>,
+    db: Arc<dyn QueryPort>,
     config: &HttpConfig,
     extras: Extras,
     cancel: CancellationToken,
@@ -101,7 +103,7 @@ pub fn router(
 /// finish.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    db: Arc<dyn Database>,
+    db: Arc<dyn QueryPort>,
     config: &HttpConfig,
     extras: Extras,
     cancel: CancellationToken,

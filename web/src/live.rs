@@ -6,7 +6,7 @@
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::{Stream, StreamExt};
-use sluice_engine::Database;
+use sluice_engine::QueryPort;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,13 +17,13 @@ pub type LiveSource = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 #[derive(Clone)]
 pub(crate) struct Live {
-    pub(crate) db: Arc<dyn Database>,
+    pub(crate) db: Arc<dyn QueryPort>,
     pub(crate) source: LiveSource,
     pub(crate) cancel: CancellationToken,
 }
 
 /// One event's JSON.
-pub(crate) fn snapshot(db: &dyn Database, source: &LiveSource) -> serde_json::Value {
+pub(crate) fn snapshot(db: &dyn QueryPort, source: &LiveSource) -> serde_json::Value {
     let mut alerts = serde_json::Map::new();
     for state in ["pending", "ok", "firing", "error"] {
         alerts.insert(state.into(), 0.into());

@@ -4,7 +4,7 @@
 //! non-numeric column, a timeout) becomes the `error` state with its reason.
 
 use super::{AlertDef, Condition};
-use crate::api::{Database, QueryOptions};
+use crate::ports::{QueryOptions, QueryPort};
 use datafusion::arrow::array::{
     ArrayRef, AsArray, BooleanArray, Float64Array, StringArray, TimestampMicrosecondArray,
     UInt64Array,
@@ -274,7 +274,7 @@ impl Alerts {
     /// set aside: the states start over, nothing else is lost).
     pub fn open(dir: &std::path::Path) -> Self {
         let path = dir.join("alerts.json");
-        let kept = crate::files::read_state(&path, "alert states").unwrap_or_default();
+        let kept = crate::store::files::read_state(&path, "alert states").unwrap_or_default();
         Self {
             path: Some(path),
             kept: Arc::new(parking_lot::Mutex::new((0, kept))),
@@ -329,7 +329,7 @@ impl Alerts {
                 return;
             }
             let bytes = serde_json::to_vec_pretty(&now).unwrap_or_default();
-            match crate::catalog::write_atomic(&path, &bytes) {
+            match crate::store::catalog::write_atomic(&path, &bytes) {
                 Ok(()) => *kept = (number, now),
                 Err(e) => tracing::warn!(error = %e, "keeping alert states failed"),
             }
@@ -381,7 +381,7 @@ impl Alerts {
     /// Runs due alerts against `db` until `cancel`, notifying `sink` of changes.
     pub async fn run(
         self: Arc<Self>,
-        db: Arc<dyn Database>,
+        db: Arc<dyn QueryPort>,
         sink: Arc<dyn AlertSink>,
         cancel: CancellationToken,
     ) {
@@ -623,7 +623,7 @@ impl Alerts {
 }
 
 /// Runs `def`'s query and reads its condition; every failure is a reason in words.
-async fn evaluate(db: &dyn Database, def: &AlertDef) -> Result<Reading, String> {
+async fn evaluate(db: &dyn QueryPort, def: &AlertDef) -> Result<Reading, String> {
     let options = QueryOptions {
         database: Some(def.database.clone()),
         small: true,

@@ -4,8 +4,8 @@
 
 use super::Engine;
 use crate::error::{Error, Result};
-use crate::state::{Frozen, TableState};
-use crate::storage::{FileMeta, Manifest, PartitionManifest, Storage};
+use crate::store::state::{Frozen, TableState};
+use crate::store::storage::{FileMeta, Manifest, PartitionManifest, Storage};
 use sluice_conf::Config;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 const GRAVE_TIME: Duration = Duration::from_secs(60);
 
 impl Engine {
-    pub(super) async fn background(self: Arc<Self>, cancel: CancellationToken) {
+    pub(crate) async fn background(self: Arc<Self>, cancel: CancellationToken) {
         let tick = Config::duration(&self.config.buffer.check_interval);
         let compact_every = self.compaction_every();
         let retain_every = Config::duration(&self.config.retention.interval);
@@ -58,7 +58,7 @@ impl Engine {
         let mut due = Vec::new();
         let mut sizes = Vec::new();
         let mut total = 0usize;
-        for t in self.shared.tables.all() {
+        for t in self.store.tables.all() {
             for (k, p) in t.parts.read().iter() {
                 if p.frozen.is_some()
                     || p.buffer.rows >= max_rows
@@ -98,7 +98,7 @@ impl Engine {
 
     /// Persists every buffer of every table.
     pub async fn flush_all(&self) -> Result<()> {
-        let tables = self.shared.tables.all();
+        let tables = self.store.tables.all();
         let mut m = self.manifest.lock().await;
         for t in &tables {
             let keys: Vec<u64> = t.parts.read().keys().copied().collect();
@@ -182,7 +182,7 @@ impl Engine {
             p.flushed_lsn = p.flushed_lsn.max(frozen.max_lsn);
             p.frozen = None;
         }
-        self.shared.tables.release(frozen.bytes);
+        self.store.tables.release(frozen.bytes);
         self.flushes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(table = %def.name, partition = key, rows, "flushed");
@@ -190,18 +190,18 @@ impl Engine {
     }
 
     /// Deletes WAL segments whose every record is persisted.
-    pub(super) fn truncate_wal(&self) -> Result<()> {
+    pub(crate) fn truncate_wal(&self) -> Result<()> {
         // Read the applied position before scanning: a record applied during the scan has a
         // larger LSN, so it is never cut.
         let applied = self.wal.applied_lsn();
         let needed = self
-            .shared
+            .store
             .tables
             .min_unpersisted_lsn()
             .map_or(applied + 1, |l| l.min(applied + 1));
         // Bridged messages' origins must outlive the segments that hold them.
         if self.wal.removable_before(needed) > 0 {
-            self.shared.origins.save()?;
+            self.store.origins.save()?;
         }
         let removed = self.wal.truncate_before(needed)?;
         if removed > 0 {
@@ -214,7 +214,7 @@ impl Engine {
     pub async fn compact_all(&self) -> Result<usize> {
         let mut m = self.manifest.lock().await;
         let mut merged = 0;
-        for t in self.shared.tables.all() {
+        for t in self.store.tables.all() {
             let def = t.def();
             for (key, small) in self.compaction_candidates(&t) {
                 let flushed = t.parts.read().get(&key).map_or(0, |p| p.flushed_lsn);
@@ -242,7 +242,7 @@ impl Engine {
     }
 
     /// Each partition of `t` with enough small files to merge, and those files.
-    pub(super) fn compaction_candidates(&self, t: &TableState) -> Vec<(u64, Vec<FileMeta>)> {
+    pub(crate) fn compaction_candidates(&self, t: &TableState) -> Vec<(u64, Vec<FileMeta>)> {
         let cfg = &self.config.compaction;
         (t.parts.read().iter())
             .filter_map(|(k, p)| {
@@ -257,7 +257,7 @@ impl Engine {
 
     /// Writes the rows of `files` (of partition `key` of `t`) as one new file, named with
     /// `stem`, kept in the hot cache. The caller makes it replace them.
-    pub(super) async fn merge_files(
+    pub(crate) async fn merge_files(
         &self,
         t: &TableState,
         key: u64,
@@ -266,7 +266,7 @@ impl Engine {
     ) -> Result<FileMeta> {
         let mut batches = Vec::new();
         for f in files {
-            let bytes = self.shared.storage.get(&f.path).await?;
+            let bytes = self.store.storage.get(&f.path).await?;
             batches.extend(blocking(move || Storage::decode_parquet(bytes)).await?);
         }
         self.write_file(t, key, stem, batches).await
@@ -275,7 +275,7 @@ impl Engine {
     /// Writes `batches` (rows of partition `key` of `t`) as a Parquet file named with `stem`,
     /// encoded against the table's current schema (the one `time_column` indexes: older
     /// rows may predate an ALTER), and keeps its decoded rows in the hot cache.
-    pub(super) async fn write_file(
+    pub(crate) async fn write_file(
         &self,
         t: &TableState,
         key: u64,
@@ -284,21 +284,21 @@ impl Engine {
     ) -> Result<FileMeta> {
         let def = t.def();
         let schema = t.schema();
-        let storage = self.shared.storage.clone();
+        let storage = self.store.storage.clone();
         let time_col = def.time_column();
         let encoded = blocking(move || storage.encode_parquet(&schema, &batches, time_col)).await?;
         let batch = encoded.batch.clone();
-        let meta = (self.shared.storage)
+        let meta = (self.store.storage)
             .put_file(file_path(def.id, key, stem), encoded)
             .await?;
-        self.shared.hot.insert(&meta.path, &batch);
+        self.store.hot.insert(&meta.path, &batch);
         Ok(meta)
     }
 
     /// Files no longer live (replaced, expired, dropped): out of the hot cache now, deleted
     /// from the store once queries that may still read them are done.
-    pub(super) fn retire(&self, files: Vec<String>) {
-        self.shared.hot.remove(&files);
+    pub(crate) fn retire(&self, files: Vec<String>) {
+        self.store.hot.remove(&files);
         self.graveyard.lock().push((Instant::now(), files));
     }
 
@@ -307,7 +307,7 @@ impl Engine {
         let now = super::now_micros();
         let mut m = self.manifest.lock().await;
         let mut dropped = 0;
-        for t in self.shared.tables.all() {
+        for t in self.store.tables.all() {
             let def = t.def();
             let Some(ttl) = def.ttl_secs else {
                 continue;
@@ -347,11 +347,11 @@ impl Engine {
                     let mut parts = t.parts.write();
                     if let Some(p) = parts.get_mut(&key) {
                         if p.buffer.max_lsn <= lsn {
-                            self.shared.tables.release(p.buffer.bytes);
+                            self.store.tables.release(p.buffer.bytes);
                             p.buffer.take();
                         }
                         if let Some(f) = p.frozen.take() {
-                            self.shared.tables.release(f.bytes);
+                            self.store.tables.release(f.bytes);
                         }
                         p.files.clear();
                         p.flushed_lsn = lsn;
@@ -375,7 +375,7 @@ impl Engine {
         let (_, first_lsn) = self.wal.segments();
         let mut m = self.manifest.lock().await;
         let mut gone = Vec::new();
-        for t in self.shared.tables.all() {
+        for t in self.store.tables.all() {
             let id = t.def().id;
             t.parts.write().retain(|key, p| {
                 let dead = p.files.is_empty()
@@ -411,7 +411,7 @@ impl Engine {
     }
 
     /// Deletes replaced files once no query can still be reading them (`now`: all of them).
-    pub(super) async fn bury(&self, now: bool) {
+    pub(crate) async fn bury(&self, now: bool) {
         let due: Vec<String> = {
             let mut g = self.graveyard.lock();
             let (old, keep): (Vec<_>, Vec<_>) = g
@@ -421,7 +421,7 @@ impl Engine {
             *g = keep;
             old.into_iter().flat_map(|(_, f)| f).collect()
         };
-        if let Err(e) = self.shared.storage.delete(&due).await {
+        if let Err(e) = self.store.storage.delete(&due).await {
             tracing::warn!(error = %e, "could not delete replaced files; retrying later");
             self.graveyard.lock().push((Instant::now(), due));
         }
@@ -429,7 +429,7 @@ impl Engine {
 }
 
 /// Runs CPU-bound work (Parquet encoding and decoding) off the async runtime.
-pub(super) async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
     tokio::task::spawn_blocking(f)
@@ -440,7 +440,7 @@ pub(super) async fn blocking<T: Send + 'static>(
 impl Engine {
     /// Applies `change` to a copy of the manifest, stores it as the next version, and only
     /// then makes it current.
-    pub(super) async fn change_manifest(
+    pub(crate) async fn change_manifest(
         &self,
         m: &mut Manifest,
         change: impl FnOnce(&mut Manifest),
@@ -454,7 +454,7 @@ impl Engine {
 }
 
 /// A new file's object path; `stem` (the last LSN it holds) keeps names ordered.
-pub(super) fn file_path(table_id: u64, key: u64, stem: &str) -> String {
+pub(crate) fn file_path(table_id: u64, key: u64, stem: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())

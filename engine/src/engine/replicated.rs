@@ -4,7 +4,7 @@
 //! the log). Catalog changes are committed by the metadata group and installed on every node
 //! by [`Engine::install_catalog`].
 //!
-//! Persisting: each partition keeps every shard's rows apart ([`crate::state::ShardRows`],
+//! Persisting: each partition keeps every shard's rows apart ([`crate::store::state::ShardRows`],
 //! their LSNs being the shard's log indexes). A shard's leader writes a partition's rows of
 //! the shard as a Parquet file on the shared store ([`Engine::flush_shards`]) and commits
 //! the file through the metadata group; every node installs it in the metadata log's order
@@ -15,12 +15,11 @@
 //! the shared store ([`Engine::restore_shard`]).
 
 use super::Engine;
-use crate::catalog::TableDef;
 use crate::error::{Error, Result};
-use crate::state::TableState;
-use crate::storage::FileMeta;
-use crate::wal::record::WriteRecord;
-use async_trait::async_trait;
+use crate::log::WriteLog;
+use crate::log::wal::record::WriteRecord;
+use crate::store::state::TableState;
+use crate::store::storage::FileMeta;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -29,34 +28,6 @@ use std::time::{Duration, Instant};
 /// How long a shard's apply waits for the catalog change that created its table, when the
 /// shard's log got ahead of the metadata group's on this node.
 const CATALOG_WAIT: Duration = Duration::from_secs(30);
-
-/// Where writes go in a cluster.
-#[async_trait]
-pub trait Replicator: Send + Sync {
-    /// Commits `records` (rows of `def`), each to the shard its rows belong to, and returns
-    /// once every one is committed by a quorum of its shard's replicas and applied by its
-    /// leader; an error means none of them may be acknowledged.
-    async fn commit(&self, def: &TableDef, records: Vec<Arc<WriteRecord>>) -> Result<()>;
-
-    /// Returns once this node has applied every write acknowledged (by any node) before
-    /// the call, so that a query run next sees them.
-    async fn read_barrier(&self) -> Result<()>;
-
-    /// Whether this node evaluates the alerts now (one node of the cluster does).
-    fn evaluates_alerts(&self) -> bool;
-}
-
-impl std::fmt::Debug for dyn Replicator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Replicator")
-    }
-}
-
-/// Appends a record as a shard's log carries it to `out`: its kind, then its payload.
-pub fn encode_record(record: &WriteRecord, out: &mut Vec<u8>) {
-    out.push(record.kind());
-    record.encode_into(out);
-}
 
 /// A Parquet file holding one partition's rows of one shard, as the metadata group
 /// commits it.
@@ -138,28 +109,28 @@ fn pause() {
 }
 
 impl Engine {
-    /// Makes this engine a cluster node: writes go to `replicator`, catalog changes to
-    /// `catalog`. Set once, before the listeners open.
+    /// Makes this engine a cluster node: writes go to `log` (the shard groups), catalog
+    /// changes to `catalog` (the metadata group). Set once, before the listeners open.
     pub fn join_cluster(
         &self,
-        replicator: Arc<dyn Replicator>,
-        catalog: Arc<dyn crate::catalog::CatalogLog>,
+        log: Arc<dyn WriteLog>,
+        catalog: Arc<dyn crate::store::catalog::CatalogLog>,
     ) {
-        let r = replicator.clone();
+        let l = log.clone();
         self.alerts
-            .set_active(Arc::new(move || r.evaluates_alerts()));
-        let _ = self.replicator.set(replicator);
-        self.shared.catalog.replicate_through(catalog);
+            .set_active(Arc::new(move || l.evaluates_alerts()));
+        let _ = self.log.set(log);
+        self.store.catalog.replicate_through(catalog);
     }
 
     /// The catalog's version (it grows by one with every change).
     pub fn catalog_version(&self) -> u64 {
-        self.shared.catalog.snapshot().version
+        self.store.catalog.snapshot().version
     }
 
     /// Whether this engine is a cluster node.
     pub fn clustered(&self) -> bool {
-        self.replicator.get().is_some()
+        self.config.cluster.is_some()
     }
 
     /// Applies the writes of the entry committed at `index` of shard `shard`'s log (each
@@ -201,7 +172,7 @@ impl Engine {
             }
             records.push(record);
         }
-        self.shared.tables.apply_shard(shard, index, &records);
+        self.store.tables.apply_shard(shard, index, &records);
         let rows = records.iter().map(|r| r.rows.len() as u64).sum();
         (rows, error)
     }
@@ -210,8 +181,7 @@ impl Engine {
     /// `CATALOG_WAIT`.
     fn await_table(&self, id: u64) -> Result<()> {
         let mut started = None;
-        while self.shared.tables.get(id).is_none() && !self.shared.catalog.snapshot().allocated(id)
-        {
+        while self.store.tables.get(id).is_none() && !self.store.catalog.snapshot().allocated(id) {
             // The clock is read only here: it cost 7% of a replica's apply when read per write.
             if started.get_or_insert_with(Instant::now).elapsed() > CATALOG_WAIT {
                 return Err(Error::invalid(format!(
@@ -233,7 +203,7 @@ impl Engine {
         let max_rows = self.config.buffer.partition_max_rows;
         let max_age = sluice_conf::Config::duration(&self.config.buffer.max_age);
         let (mut due, mut sizes, mut total) = (Vec::new(), Vec::new(), 0usize);
-        for t in self.shared.tables.all() {
+        for t in self.store.tables.all() {
             for (k, p) in t.parts.read().iter() {
                 total += p.buffered_bytes();
                 for (s, rows) in &p.shards {
@@ -319,7 +289,7 @@ impl Engine {
     /// ([`Engine::install_file_change`]); run by that group's leader alone.
     pub async fn compact_shared(&self) -> Result<Vec<MergedFiles>> {
         let mut out = Vec::new();
-        for t in self.shared.tables.all() {
+        for t in self.store.tables.all() {
             let def = t.def();
             for (key, small) in self.compaction_candidates(&t) {
                 let file = self.merge_files(&t, key, &small, "merged").await?;
@@ -337,8 +307,8 @@ impl Engine {
     /// Removes the files a change would have added, when it was refused.
     pub async fn discard_files(&self, change: &FileChange) {
         let paths = change.new_paths();
-        self.shared.hot.remove(&paths);
-        if let Err(e) = self.shared.storage.delete(&paths).await {
+        self.store.hot.remove(&paths);
+        if let Err(e) = self.store.storage.delete(&paths).await {
             tracing::warn!(error = %e, "could not remove files whose commit failed");
         }
     }
@@ -374,7 +344,7 @@ impl Engine {
             return Ok(true);
         }
         // Files of tables dropped meanwhile are left out (and do not block the rest).
-        let live = |table_id: u64| self.shared.tables.get(table_id);
+        let live = |table_id: u64| self.store.tables.get(table_id);
         let fits = match change {
             FileChange::Flushed(files) => files.iter().all(|f| {
                 live(f.table_id).is_none_or(|t| {
@@ -426,7 +396,7 @@ impl Engine {
             rows.flushed = f.through;
             let released = rows.buffer.drop_through(f.through);
             drop(parts);
-            self.shared.tables.release(released);
+            self.store.tables.release(released);
             t.changed();
             self.flushes.fetch_add(1, Ordering::Relaxed);
         }
@@ -436,7 +406,7 @@ impl Engine {
                 p.files.retain(|x| !f.replaced.contains(&x.path));
                 p.files.push(f.file.clone());
             }
-            self.shared.hot.remove(&f.replaced);
+            self.store.hot.remove(&f.replaced);
             t.changed();
             tracing::info!(
                 table = t.def().name,
@@ -457,7 +427,7 @@ impl Engine {
     /// The last log index of `shard` whose rows are all in installed files, as far as this
     /// node's buffers tell (`None`: every entry applied here is).
     pub fn shard_persisted_through(&self, shard: u32) -> Option<u64> {
-        self.shared.tables.shard_persisted_through(shard)
+        self.store.tables.shard_persisted_through(shard)
     }
 
     /// Takes a shard's snapshot: every entry up to `through` is in files the metadata group
@@ -477,39 +447,39 @@ impl Engine {
             }
             pause();
         }
-        self.shared.tables.drop_shard_through(shard, through);
+        self.store.tables.drop_shard_through(shard, through);
         Ok(())
     }
 
     /// Drops every buffered row of `shard`: this node's replica of it left (the shard's
     /// files stay, and its rows are on its other replicas).
     pub fn forget_shard(&self, shard: u32) {
-        self.shared.tables.drop_shard_through(shard, u64::MAX);
+        self.store.tables.drop_shard_through(shard, u64::MAX);
     }
 
     /// Installs a catalog change committed at `raft_index` of the metadata group, bringing
     /// the live table states and the alerts in line with it. `Ok(false)`: already installed.
     pub fn install_catalog(&self, raft_index: u64, next: &[u8]) -> Result<bool> {
-        if !self.shared.catalog.install(raft_index, next)? {
+        if !self.store.catalog.install(raft_index, next)? {
             return Ok(false);
         }
-        let cat = self.shared.catalog.snapshot();
+        let cat = self.store.catalog.snapshot();
         let mut live: std::collections::HashSet<u64> = std::collections::HashSet::new();
         for def in cat.tables() {
             live.insert(def.id);
-            match self.shared.tables.get(def.id) {
+            match self.store.tables.get(def.id) {
                 None => {
-                    (self.shared.tables.by_id.write())
+                    (self.store.tables.by_id.write())
                         .insert(def.id, Arc::new(TableState::new(def.clone())));
                 }
                 Some(t) if t.def() != *def => t.alter(def.clone()),
                 Some(_) => {}
             }
         }
-        for t in self.shared.tables.all() {
+        for t in self.store.tables.all() {
             let id = t.def().id;
             if !live.contains(&id) {
-                self.shared.tables.remove(id);
+                self.store.tables.remove(id);
             }
         }
         self.alerts.sync(cat.alerts.values());

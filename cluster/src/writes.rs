@@ -1,0 +1,227 @@
+//! Writes through the cluster ([`WriteLog`] for the engine): each record's rows go to the
+//! shard their key hashes to, under a write id (writer node, incarnation, sequence) that
+//! lets every replica drop a re-sent copy; each shard's queued writes are shipped in
+//! batches, one raft entry carrying many writes.
+
+use crate::cluster::{Cluster, replication};
+use crate::placement::shard_of;
+use crate::raft::node::{Node, WriteError};
+use crate::raft::types::{Command, GroupId, Response};
+use crate::topology::SharedTopology;
+use async_trait::async_trait;
+use bytes::Bytes;
+use openraft::async_runtime::WatchReceiver;
+use sluice_engine::types::{ColumnType, Value};
+use sluice_engine::{Error, TableDef, WriteLog, WriteRecord, encode_record};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+/// A shard entry carries writes, each `[length u32][write id][engine record]`; the write id
+/// is the writer node, its incarnation and a sequence number.
+/// Bytes of the write id.
+pub(crate) const WRITE_HEADER: usize = 24;
+/// A shard entry stops taking more writes past this size.
+const MAX_BATCH_BYTES: usize = 1 << 20;
+/// Entries a node has in flight per shard; writes queued meanwhile form the next one.
+const BATCHES_IN_FLIGHT: usize = 4;
+
+impl Cluster {
+    /// Queues `record` for shard `s` under a new write id; the receiver says how it went.
+    pub(crate) fn enqueue(
+        &self,
+        s: u32,
+        record: &WriteRecord,
+    ) -> sluice_engine::Result<oneshot::Receiver<Result<(), ShipError>>> {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let mut entry = Vec::with_capacity(WRITE_HEADER + 32 + record.rows.len() * 64);
+        entry.extend_from_slice(&self.node.id().to_le_bytes());
+        entry.extend_from_slice(&self.incarnation.to_le_bytes());
+        entry.extend_from_slice(&seq.to_le_bytes());
+        encode_record(record, &mut entry);
+        let (tx, rx) = oneshot::channel();
+        self.queues[s as usize]
+            .send((entry, tx))
+            .map_err(|_| Error::ShuttingDown)?;
+        Ok(rx)
+    }
+}
+
+/// The column whose value is a row's shard key: a table's first text column (the device
+/// or topic) when it has one, else its time column; none: the whole row.
+fn shard_key_column(def: &TableDef) -> Option<usize> {
+    (def.columns.iter())
+        .position(|c| c.ty == ColumnType::String)
+        .or_else(|| def.time_column())
+}
+
+/// The shard of `row`, its key built in `key`.
+fn shard_of_row(column: Option<usize>, row: &[Value], shards: u32, key: &mut Vec<u8>) -> u32 {
+    key.clear();
+    match column.and_then(|i| row.get(i)) {
+        Some(v) => key_bytes(v, key),
+        None => row.iter().for_each(|v| key_bytes(v, key)),
+    }
+    shard_of(key, shards)
+}
+
+fn key_bytes(v: &Value, out: &mut Vec<u8>) {
+    match v {
+        Value::Null => {}
+        Value::Bool(b) => out.push(*b as u8),
+        Value::Int(i) | Value::Timestamp(i) => out.extend_from_slice(&i.to_le_bytes()),
+        Value::UInt(u) => out.extend_from_slice(&u.to_le_bytes()),
+        Value::Float(f) => out.extend_from_slice(&f.to_bits().to_le_bytes()),
+        Value::Str(s) => out.extend_from_slice(s.as_bytes()),
+        Value::Bytes(b) => out.extend_from_slice(b),
+        Value::Date(d) => out.extend_from_slice(&d.to_le_bytes()),
+    }
+}
+
+#[async_trait]
+impl WriteLog for Cluster {
+    /// Returns once every record is committed by a quorum of its shard's replicas and
+    /// applied by its leader; `wait` does not apply (shard queues are not bounded here: the
+    /// engine's buffers and the raft groups push back).
+    async fn append(
+        &self,
+        def: &TableDef,
+        records: Vec<Arc<WriteRecord>>,
+        _wait: bool,
+    ) -> sluice_engine::Result<Option<u64>> {
+        let shards = self.shards;
+        let column = shard_key_column(def);
+        let mut key = Vec::new();
+        let mut waiting = Vec::with_capacity(records.len());
+        for rec in records {
+            let mut at = (rec.rows.iter()).map(|r| shard_of_row(column, r, shards, &mut key));
+            let first = at.next().unwrap_or(0);
+            if at.all(|s| s == first) {
+                // The usual case (a message is one reading): the record goes whole.
+                waiting.push(self.enqueue(first, &rec)?);
+                continue;
+            }
+            let mut split: BTreeMap<u32, Vec<Vec<Value>>> = BTreeMap::new();
+            let rec = Arc::unwrap_or_clone(rec);
+            for row in rec.rows {
+                let s = shard_of_row(column, &row, shards, &mut key);
+                split.entry(s).or_default().push(row);
+            }
+            for (s, rows) in split {
+                let part = WriteRecord {
+                    table_id: rec.table_id,
+                    ncols: rec.ncols,
+                    rows,
+                    origin: rec.origin.clone(),
+                };
+                waiting.push(self.enqueue(s, &part)?);
+            }
+        }
+        for rx in waiting {
+            rx.await
+                .map_err(|_| Error::ShuttingDown)?
+                .map_err(replication)?;
+        }
+        // Each shard counts its own positions: there is no one position for the writes.
+        Ok(None)
+    }
+
+    fn evaluates_alerts(&self) -> bool {
+        (self.node.group(GroupId::Meta)).is_some_and(|m| self.leads(&m))
+    }
+
+    async fn read_barrier(&self) -> sluice_engine::Result<()> {
+        // Every shard this node keeps a replica of (a voter or a learner; not one whose
+        // leader has not added this node yet).
+        let me = self.node.id();
+        let shards: Vec<GroupId> = (0..self.shards)
+            .map(GroupId::Shard)
+            .filter(|g| {
+                (self.node.group(*g)).is_some_and(|r| {
+                    let m = r.metrics().borrow_watched().membership_config.clone();
+                    m.membership().nodes().any(|(id, _)| *id == me)
+                })
+            })
+            .collect();
+        let groups = std::iter::once(GroupId::Meta).chain(shards);
+        futures::future::try_join_all(groups.map(|g| self.node.read_barrier(g)))
+            .await
+            .map(|_| ())
+            .map_err(replication)
+    }
+}
+
+/// A write waiting to be shipped to its shard: its entry (write id, then the engine
+/// record) and where to say how it went.
+pub(crate) type Queued = (Vec<u8>, oneshot::Sender<Result<(), ShipError>>);
+
+/// Why a shard did not commit a batch of writes (each write of the batch gets a copy).
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum ShipError {
+    /// The shard's state machine refused the entry.
+    #[error("shard {shard}: {reason}")]
+    Refused {
+        /// The shard.
+        shard: u32,
+        /// Its reason, as the replicas' apply gave it.
+        reason: String,
+    },
+    /// The entry was not committed (no leader in time, the group stopped).
+    #[error("shard {shard}: {source}")]
+    NotCommitted {
+        /// The shard.
+        shard: u32,
+        /// Why.
+        #[source]
+        source: Arc<WriteError>,
+    },
+}
+
+/// Ships a shard's queued writes in batches: every write queued while earlier batches are
+/// in flight goes in the next one, a raft entry carrying many writes (each keeping its own
+/// id), so that the entry's costs (encoding, replication, the apply hand-off) are shared, as
+/// the single-node log shares one fsync among the writes of a group commit.
+pub(crate) async fn ship(
+    node: Arc<Node>,
+    shard: u32,
+    topology: SharedTopology,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
+) {
+    let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+    while let Some(first) = rx.recv().await {
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let (mut body, mut waiters) = (Vec::new(), Vec::new());
+        let mut next = Some(first);
+        while let Some((entry, tx)) = next.take() {
+            body.extend_from_slice(&(entry.len() as u32).to_le_bytes());
+            body.extend_from_slice(&entry);
+            waiters.push(tx);
+            if body.len() < MAX_BATCH_BYTES {
+                next = rx.try_recv().ok();
+            }
+        }
+        let node = node.clone();
+        let replicas = (topology.lock().as_ref()).map_or_else(Vec::new, |t| t.holders(shard));
+        tokio::spawn(async move {
+            let command = Command::Write(Bytes::from(body));
+            let out = match node.write(GroupId::Shard(shard), command, &replicas).await {
+                Ok(Response { error: None, .. }) => Ok(()),
+                Ok(Response {
+                    error: Some(reason),
+                    ..
+                }) => Err(ShipError::Refused { shard, reason }),
+                Err(e) => Err(ShipError::NotCommitted {
+                    shard,
+                    source: Arc::new(e),
+                }),
+            };
+            drop(permit);
+            for w in waiters {
+                let _ = w.send(out.clone());
+            }
+        });
+    }
+}

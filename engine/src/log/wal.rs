@@ -1,0 +1,788 @@
+//! The write-ahead log: the "log zone" every write passes through before it is applied.
+//!
+//! Appenders encode their record on their own task and queue it ([`Wal::append`]). One
+//! writer thread takes every record waiting at that moment, frames them with consecutive
+//! LSNs, issues one `write` and one `fdatasync` for the whole group (group commit), then hands
+//! the group, in LSN order, to the apply thread, which applies each record to the engine's
+//! buffers and only then completes the appenders' futures. So: log -> apply -> ack, and the
+//! same [`RecordSink`] runs on replay after a crash. A raft log can replace this module without
+//! the engine noticing: it too yields committed records in order to the same apply step.
+//!
+//! Segments are files `wal/<first lsn>.wal`, each opening with [`SEGMENT_MAGIC`]. The engine
+//! deletes whole segments once every record in them is persisted as Parquet
+//! ([`Wal::truncate_before`]).
+
+pub(crate) mod record;
+
+use crate::error::{Error, Result};
+use record::{FrameError, WriteRecord, decode_frame, encode_frame};
+use sluice_conf::{Durability, WalConfig};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::{mpsc, oneshot};
+
+/// First bytes of every segment file: name and format version.
+pub(crate) const SEGMENT_MAGIC: &[u8; 8] = b"SLWAL\x00\x01\n";
+
+/// Where the log hands each committed record, in LSN order: the engine's state.
+pub trait RecordSink: Send + Sync + 'static {
+    /// Applies one committed record. Must not fail for a record that was validated before
+    /// it was logged; records of unknown (dropped) tables are skipped.
+    fn apply(&self, lsn: u64, record: &WriteRecord);
+}
+
+/// Records appended together (consecutive LSNs, one completion with the last LSN).
+struct Pending {
+    first: (Vec<u8>, Arc<WriteRecord>),
+    more: Vec<(Vec<u8>, Arc<WriteRecord>)>,
+    done: oneshot::Sender<Result<u64>>,
+}
+
+impl Pending {
+    fn records(&self) -> impl Iterator<Item = &(Vec<u8>, Arc<WriteRecord>)> {
+        std::iter::once(&self.first).chain(&self.more)
+    }
+
+    fn len(&self) -> u64 {
+        1 + self.more.len() as u64
+    }
+
+    fn bytes(&self) -> usize {
+        self.records().map(|(p, _)| p.len()).sum()
+    }
+}
+
+/// What replay found.
+#[derive(Debug, Default)]
+pub(crate) struct ReplayReport {
+    /// Records applied (or offered to the sink).
+    pub records: u64,
+    /// The LSN the next append gets.
+    pub next_lsn: u64,
+    /// Where a torn or corrupt tail was cut: file, offset, reason, bytes dropped.
+    pub cut: Option<(PathBuf, u64, String, u64)>,
+}
+
+/// The write-ahead log handle.
+pub struct Wal {
+    dir: PathBuf,
+    tx: parking_lot::Mutex<Option<mpsc::Sender<Pending>>>,
+    segments: Arc<parking_lot::Mutex<Vec<(u64, PathBuf)>>>,
+    threads: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
+    applied: Arc<AtomicU64>,
+    capacity: usize,
+}
+
+impl std::fmt::Debug for Wal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wal")
+            .field("dir", &self.dir)
+            .field("applied", &self.applied.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+fn segment_path(dir: &Path, first_lsn: u64) -> PathBuf {
+    dir.join(format!("{first_lsn:020}.wal"))
+}
+
+fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let name = entry.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".wal")) else {
+            continue;
+        };
+        if let Ok(lsn) = stem.parse::<u64>() {
+            out.push((lsn, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Replays every segment under `dir` in order, offering each intact record to `apply`.
+/// A torn or corrupt record at the end of the newest segment ends the log: the segment is cut
+/// there (those records were never acknowledged). Damage anywhere else, or a record whose
+/// checksum is valid but whose content is not, stops startup with [`Error::Corrupt`].
+pub(crate) fn replay(dir: &Path, mut apply: impl FnMut(u64, &WriteRecord)) -> Result<ReplayReport> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let segments = list_segments(dir)?;
+    let mut report = ReplayReport {
+        next_lsn: 1,
+        ..Default::default()
+    };
+    let mut last_lsn = 0u64;
+    for (i, (first, path)) in segments.iter().enumerate() {
+        let mut bytes = Vec::new();
+        File::open(path)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map_err(|e| Error::io(path, e))?;
+        let mut stop: Option<(usize, String)> = None;
+        if bytes.len() < SEGMENT_MAGIC.len() || &bytes[..SEGMENT_MAGIC.len()] != SEGMENT_MAGIC {
+            if SEGMENT_MAGIC.starts_with(&bytes) {
+                stop = Some((0, "segment header torn".into()));
+            } else {
+                stop = Some((0, "not a Sluice WAL segment (bad magic)".into()));
+            }
+        }
+        let mut off = SEGMENT_MAGIC.len();
+        report.next_lsn = report.next_lsn.max(*first);
+        while stop.is_none() {
+            // Preallocated space never written reads as zeros: that is the clean end.
+            if bytes[off..].iter().all(|b| *b == 0) {
+                break;
+            }
+            match decode_frame(&bytes[off..]) {
+                Ok(None) => break,
+                Ok(Some((frame, n))) => {
+                    // A record with a valid checksum that still makes no sense is not a torn
+                    // write: cutting there could drop acknowledged records, so stop instead.
+                    let fatal = |why: String| Error::Corrupt {
+                        what: format!("WAL segment {} at offset {off}", path.display()),
+                        reason: format!(
+                            "{why}; refusing to start rather than drop what follows (move the segment aside to inspect it)"
+                        ),
+                    };
+                    if frame.lsn <= last_lsn {
+                        return Err(fatal(format!("LSN {} after {last_lsn}", frame.lsn)));
+                    }
+                    let Some(rec) = WriteRecord::decode(frame.kind, frame.payload) else {
+                        return Err(fatal(format!(
+                            "record of kind {} does not decode",
+                            frame.kind
+                        )));
+                    };
+                    apply(frame.lsn, &rec);
+                    report.records += 1;
+                    last_lsn = frame.lsn;
+                    report.next_lsn = frame.lsn + 1;
+                    off += n;
+                }
+                Err(FrameError::Torn) => stop = Some((off, "torn record".into())),
+                Err(FrameError::Corrupt(why)) => stop = Some((off, why)),
+            }
+        }
+        if let Some((at, reason)) = stop {
+            if i + 1 < segments.len() {
+                // Only the newest segment can end in a write cut short by a crash.
+                return Err(Error::Corrupt {
+                    what: format!("WAL segment {} at offset {at}", path.display()),
+                    reason: format!(
+                        "{reason}, and newer segments follow; refusing to start rather than drop them"
+                    ),
+                });
+            }
+            let dropped = (bytes.len() - at) as u64;
+            let keep = if at == 0 { 0 } else { at };
+            if keep == 0 {
+                std::fs::remove_file(path).map_err(|e| Error::io(path, e))?;
+            } else {
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(|e| Error::io(path, e))?;
+                f.set_len(keep as u64).map_err(|e| Error::io(path, e))?;
+                f.sync_all().map_err(|e| Error::io(path, e))?;
+            }
+            crate::store::catalog::sync_dir(dir)?;
+            tracing::error!(
+                segment = %path.display(), offset = at, %reason, bytes_dropped = dropped,
+                "WAL tail cut: records after this point were never acknowledged"
+            );
+            report.cut = Some((path.clone(), at as u64, reason, dropped));
+            break;
+        }
+    }
+    Ok(report)
+}
+
+impl Wal {
+    /// Starts the log after replay: a new segment at `next_lsn`, the writer and apply threads.
+    /// `capacity` bounds the appends waiting at once; beyond it `append` fails with
+    /// [`Error::Overloaded`] instead of queueing without bound.
+    pub fn start(
+        dir: &Path,
+        config: &WalConfig,
+        next_lsn: u64,
+        capacity: usize,
+        sink: Arc<dyn RecordSink>,
+    ) -> Result<Self> {
+        let path = segment_path(dir, next_lsn);
+        let file = new_segment(&path, config.segment_bytes)?;
+        crate::store::catalog::sync_dir(dir)?;
+        let mut segments = list_segments(dir)?;
+        segments.retain(|(lsn, _)| *lsn <= next_lsn);
+        let segments = Arc::new(parking_lot::Mutex::new(segments));
+        let applied = Arc::new(AtomicU64::new(next_lsn - 1));
+        let (tx, rx) = mpsc::channel::<Pending>(capacity);
+        let (group_tx, group_rx) = std::sync::mpsc::sync_channel::<Vec<(u64, Pending)>>(4);
+        let writer = Writer {
+            dir: dir.to_path_buf(),
+            file,
+            path,
+            size: SEGMENT_MAGIC.len() as u64,
+            next_lsn,
+            config: config.clone(),
+            segments: segments.clone(),
+            poisoned: None,
+            zeroed: SEGMENT_MAGIC.len() as u64,
+        };
+        let w = std::thread::Builder::new()
+            .name("sluice-wal".into())
+            .spawn(move || writer.run(rx, group_tx))
+            .map_err(|e| Error::io(dir, e))?;
+        let applied2 = applied.clone();
+        let a = std::thread::Builder::new()
+            .name("sluice-apply".into())
+            .spawn(move || {
+                while let Ok(group) = group_rx.recv() {
+                    for (first, p) in group {
+                        for (lsn, (_, record)) in (first..).zip(p.records()) {
+                            sink.apply(lsn, record);
+                        }
+                        let last = first + p.len() - 1;
+                        applied2.store(last, Ordering::Release);
+                        let _ = p.done.send(Ok(last));
+                    }
+                }
+            })
+            .map_err(|e| Error::io(dir, e))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            tx: parking_lot::Mutex::new(Some(tx)),
+            segments,
+            threads: parking_lot::Mutex::new(vec![w, a]),
+            applied,
+            capacity,
+        })
+    }
+
+    /// Logs `record`, waits until it is durable and applied, and returns its LSN.
+    pub async fn append(&self, record: Arc<WriteRecord>) -> Result<u64> {
+        self.append_with(record, false).await
+    }
+
+    /// Like [`Wal::append`], but when `capacity` appends are already queued it waits for
+    /// room (first come, first served) instead of failing: for the broker, whose clients
+    /// are slowed through TCP rather than refused.
+    pub async fn append_waiting(&self, record: Arc<WriteRecord>) -> Result<u64> {
+        self.append_with(record, true).await
+    }
+
+    async fn append_with(&self, record: Arc<WriteRecord>, wait: bool) -> Result<u64> {
+        let payload = Self::encode(&record)?;
+        self.send(payload, record, Vec::new(), wait).await
+    }
+
+    /// Logs `records` together (consecutive LSNs, in this order) in one group commit; returns
+    /// the LSN of the last once all are durable and applied. Nothing is logged if one of them
+    /// cannot be. With `wait`, waits for room in a full queue like [`Wal::append_waiting`].
+    pub async fn append_all(&self, records: Vec<Arc<WriteRecord>>, wait: bool) -> Result<u64> {
+        let mut encoded = Vec::with_capacity(records.len());
+        for r in records {
+            encoded.push((Self::encode(&r)?, r));
+        }
+        let mut encoded = encoded.into_iter();
+        let Some((payload, record)) = encoded.next() else {
+            return Ok(self.applied_lsn());
+        };
+        self.send(payload, record, encoded.collect(), wait).await
+    }
+
+    /// A record's payload, or why it cannot be logged.
+    fn encode(record: &WriteRecord) -> Result<Vec<u8>> {
+        if record.ncols > usize::from(u16::MAX) {
+            return Err(Error::TooLarge {
+                what: format!("{} columns (at most {})", record.ncols, u16::MAX),
+            });
+        }
+        let payload = record.encode();
+        if payload.len() > record::MAX_BODY - record::BODY_HEADER {
+            return Err(Error::TooLarge {
+                what: format!(
+                    "a write of {} encoded bytes (at most {})",
+                    payload.len(),
+                    record::MAX_BODY - record::BODY_HEADER
+                ),
+            });
+        }
+        Ok(payload)
+    }
+
+    async fn send(
+        &self,
+        payload: Vec<u8>,
+        record: Arc<WriteRecord>,
+        more: Vec<(Vec<u8>, Arc<WriteRecord>)>,
+        wait: bool,
+    ) -> Result<u64> {
+        let (done, wait_done) = oneshot::channel();
+        let tx = self.tx.lock().clone().ok_or(Error::ShuttingDown)?;
+        let pending = Pending {
+            first: (payload, record),
+            more,
+            done,
+        };
+        if wait {
+            tx.send(pending).await.map_err(|_| Error::ShuttingDown)?;
+        } else {
+            tx.try_send(pending).map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => Error::Overloaded {
+                    pending: self.capacity,
+                },
+                mpsc::error::TrySendError::Closed(_) => Error::ShuttingDown,
+            })?;
+        }
+        wait_done.await.map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// The LSN of the last record applied.
+    pub fn applied_lsn(&self) -> u64 {
+        self.applied.load(Ordering::Acquire)
+    }
+
+    /// How many segments [`Wal::truncate_before`] would delete for `lsn`.
+    pub fn removable_before(&self, lsn: u64) -> usize {
+        let segs = self.segments.lock();
+        segs.iter()
+            .skip(1)
+            .take_while(|(first, _)| *first <= lsn)
+            .count()
+    }
+
+    /// Deletes every closed segment all of whose records have LSN < `lsn`.
+    pub fn truncate_before(&self, lsn: u64) -> Result<usize> {
+        let mut segs = self.segments.lock();
+        let mut removed = 0;
+        // A segment's records all precede the next segment's first LSN; the last segment is
+        // the one being written and is never removed.
+        while segs.len() > 1 && segs[1].0 <= lsn {
+            let (_, path) = segs.remove(0);
+            std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
+    /// Number of segment files and the first LSN still on disk.
+    pub fn segments(&self) -> (usize, u64) {
+        let segs = self.segments.lock();
+        (segs.len(), segs.first().map(|s| s.0).unwrap_or(0))
+    }
+
+    /// Stops accepting appends, lets every queued append finish (durable and applied), and
+    /// joins the threads.
+    pub fn close(&self) {
+        self.tx.lock().take();
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn new_segment(path: &Path, preallocate: u64) -> Result<File> {
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    f.write_all(SEGMENT_MAGIC).map_err(|e| Error::io(path, e))?;
+    // Reserve the segment's blocks up front, so that it is not short of space halfway
+    // and its blocks lie together; the writer then writes zeros over them ahead of the
+    // records ([`Writer::zero_ahead`]), which is what makes each sync cheap. Best effort:
+    // without it (no space, no support) appends still work.
+    let len = libc::off_t::try_from(preallocate).unwrap_or(libc::off_t::MAX);
+    // SAFETY: plain syscall on a file descriptor this function owns.
+    let rc = unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, len) };
+    if rc != 0 {
+        tracing::debug!(path = %path.display(), errno = rc, "WAL segment not preallocated");
+    }
+    f.sync_all().map_err(|e| Error::io(path, e))?;
+    Ok(f)
+}
+
+struct Writer {
+    dir: PathBuf,
+    file: File,
+    path: PathBuf,
+    size: u64,
+    next_lsn: u64,
+    config: WalConfig,
+    segments: Arc<parking_lot::Mutex<Vec<(u64, PathBuf)>>>,
+    poisoned: Option<String>,
+    /// Bytes of the segment already written, with records or with zeros ahead of them.
+    zeroed: u64,
+}
+
+/// Zeros written at a time ahead of the records (see [`Writer::zero_ahead`]).
+const ZERO_AHEAD: u64 = 2 << 20;
+
+/// What [`ZERO_AHEAD`] is written from.
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+impl Writer {
+    fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Pending>,
+        out: std::sync::mpsc::SyncSender<Vec<(u64, Pending)>>,
+    ) {
+        let mut buf = Vec::with_capacity(1 << 20);
+        let mut carry: Option<Pending> = None;
+        loop {
+            let first = match carry.take() {
+                Some(p) => p,
+                None => match rx.blocking_recv() {
+                    Some(p) => p,
+                    None => {
+                        self.close_segment();
+                        return;
+                    }
+                },
+            };
+            let mut bytes = first.bytes();
+            let mut group = vec![first];
+            while bytes < self.config.max_group_bytes {
+                match rx.try_recv() {
+                    Ok(p) => {
+                        bytes += p.bytes();
+                        group.push(p);
+                    }
+                    Err(_) => break,
+                }
+            }
+            if bytes > self.config.max_group_bytes && group.len() > 1 {
+                carry = group.pop();
+            }
+            if let Some(reason) = &self.poisoned {
+                for p in group {
+                    let _ = p.done.send(Err(Error::WalPoisoned {
+                        reason: reason.clone(),
+                    }));
+                }
+                continue;
+            }
+            match self.commit(&mut buf, &group) {
+                Ok(mut lsn) => {
+                    let numbered = group
+                        .into_iter()
+                        .map(|p| {
+                            let first = lsn;
+                            lsn += p.len();
+                            (first, p)
+                        })
+                        .collect();
+                    if out.send(numbered).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, records = group.len(), "WAL group commit failed; none of it was acknowledged");
+                    let reason = e.to_string();
+                    let kind = match &e {
+                        Error::Wal { source, .. } | Error::Io { source, .. } => source.kind(),
+                        _ => std::io::ErrorKind::Other,
+                    };
+                    for p in group {
+                        let _ = p.done.send(Err(Error::Wal {
+                            path: self.path.clone(),
+                            source: std::io::Error::new(kind, reason.clone()),
+                        }));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives back the unused preallocated tail of the current segment (best effort: replay
+    /// reads an all-zero tail as the clean end anyway).
+    fn close_segment(&mut self) {
+        if self.poisoned.is_none() {
+            let _ = self
+                .file
+                .set_len(self.size)
+                .and_then(|_| self.file.sync_all());
+        }
+    }
+
+    /// Writes and syncs one group; returns the LSN of its first record.
+    fn commit(&mut self, buf: &mut Vec<u8>, group: &[Pending]) -> Result<u64> {
+        if self.size > SEGMENT_MAGIC.len() as u64 && self.size >= self.config.segment_bytes {
+            self.rotate()?;
+        }
+        buf.clear();
+        let first = self.next_lsn;
+        let records = group.iter().flat_map(Pending::records);
+        for (lsn, (payload, record)) in (first..).zip(records) {
+            encode_frame(lsn, record.kind(), payload, buf);
+        }
+        let before = self.size;
+        self.zero_ahead(before + buf.len() as u64);
+        let written = self
+            .file
+            .write_all(buf)
+            .and_then(|_| match self.config.durability {
+                Durability::Fsync => self.file.sync_data(),
+                Durability::None => Ok(()),
+            });
+        if let Err(source) = written {
+            // Undo a partial write so the next group does not follow garbage. If even that
+            // fails, or the sync itself failed (the page cache state is then unknown), the
+            // log refuses further writes rather than risk acknowledging lost data.
+            self.zeroed = before;
+            let undone = self.file.set_len(before).and_then(|_| {
+                use std::io::Seek;
+                self.file.seek(std::io::SeekFrom::Start(before)).map(|_| ())
+            });
+            if undone.is_err() || source.kind() != std::io::ErrorKind::StorageFull {
+                self.poisoned = Some(format!("{}: {source}", self.path.display()));
+            }
+            return Err(Error::Wal {
+                path: self.path.clone(),
+                source,
+            });
+        }
+        self.size += buf.len() as u64;
+        self.next_lsn += group.iter().map(Pending::len).sum::<u64>();
+        Ok(first)
+    }
+
+    /// Makes sure the segment is written, with zeros if not yet with records, up to `end`.
+    /// A sync after writing over written blocks flushes data only; writing into blocks
+    /// merely reserved (`fallocate`, or past the end) makes each sync also commit their
+    /// change in the file system's journal: 100-130 µs against 170 µs per write and sync
+    /// here. The zeros are synced with the next group, one [`ZERO_AHEAD`] at a time. Best
+    /// effort: the records are written all the same, and a replay reads zeros as the clean
+    /// end.
+    fn zero_ahead(&mut self, end: u64) {
+        if end <= self.zeroed || self.config.durability == Durability::None {
+            return;
+        }
+        use std::os::unix::fs::FileExt;
+        // Not past the segment's own size: a rotation gives the rest back anyway.
+        let to = (end + ZERO_AHEAD).min(self.config.segment_bytes.max(end));
+        let mut at = self.zeroed.max(self.size);
+        while at < to {
+            let n = (to - at).min(ZEROS.len() as u64) as usize;
+            if let Err(e) = self.file.write_all_at(&ZEROS[..n], at) {
+                tracing::debug!(path = %self.path.display(), error = %e, "WAL not zeroed ahead");
+                break;
+            }
+            at += n as u64;
+        }
+        self.zeroed = to;
+    }
+
+    fn rotate(&mut self) -> Result<()> {
+        let path = segment_path(&self.dir, self.next_lsn);
+        let file = new_segment(&path, self.config.segment_bytes)?;
+        self.close_segment();
+        self.file = file;
+        crate::store::catalog::sync_dir(&self.dir)?;
+        self.segments.lock().push((self.next_lsn, path.clone()));
+        self.path = path;
+        self.size = SEGMENT_MAGIC.len() as u64;
+        self.zeroed = self.size;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Value;
+
+    #[derive(Default)]
+    struct Collect(parking_lot::Mutex<Vec<(u64, WriteRecord)>>);
+    impl RecordSink for Collect {
+        fn apply(&self, lsn: u64, record: &WriteRecord) {
+            self.0.lock().push((lsn, record.clone()));
+        }
+    }
+
+    fn rec(i: i64) -> Arc<WriteRecord> {
+        Arc::new(WriteRecord {
+            table_id: 7,
+            ncols: 2,
+            rows: vec![vec![Value::Int(i), Value::Str(format!("row {i}"))]],
+            origin: None,
+        })
+    }
+
+    /// A log in `dir` with `n` one-row records appended.
+    async fn filled(dir: &Path, segment_bytes: u64, n: i64) -> Wal {
+        let wal = Wal::start(
+            dir,
+            &config(segment_bytes),
+            1,
+            16,
+            Arc::new(Collect::default()),
+        )
+        .unwrap();
+        for i in 0..n {
+            wal.append(rec(i)).await.unwrap();
+        }
+        wal
+    }
+
+    fn config(segment_bytes: u64) -> WalConfig {
+        WalConfig {
+            segment_bytes,
+            ..WalConfig::default()
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_appends_replay_in_lsn_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let applied = Arc::new(Collect::default());
+        let wal = Arc::new(Wal::start(dir.path(), &config(256), 1, 1024, applied.clone()).unwrap());
+        let mut tasks = Vec::new();
+        for i in 0..200 {
+            let wal = wal.clone();
+            tasks.push(tokio::spawn(
+                async move { wal.append(rec(i)).await.unwrap() },
+            ));
+        }
+        let mut lsns: Vec<u64> = Vec::new();
+        for t in tasks {
+            lsns.push(t.await.unwrap());
+        }
+        lsns.sort();
+        assert_eq!(lsns, (1..=200).collect::<Vec<_>>());
+        // Sequential appends make one group each, so small segments rotate.
+        for i in 200..220 {
+            wal.append(rec(i)).await.unwrap();
+        }
+        wal.close();
+        assert!(wal.segments().0 > 1, "small segments rotate");
+        let live = applied.0.lock().clone();
+        let mut replayed = Vec::new();
+        let report = replay(dir.path(), |lsn, r| replayed.push((lsn, r.clone()))).unwrap();
+        assert_eq!(replayed, live);
+        assert_eq!(report.next_lsn, 221);
+        assert!(report.cut.is_none());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_appended_together_get_consecutive_lsns() {
+        let dir = tempfile::tempdir().unwrap();
+        let applied = Arc::new(Collect::default());
+        let wal =
+            Arc::new(Wal::start(dir.path(), &config(1 << 20), 1, 64, applied.clone()).unwrap());
+        let mut tasks = Vec::new();
+        for b in 0..20i64 {
+            let w = wal.clone();
+            tasks.push(tokio::spawn(async move {
+                let batch = (0..10).map(|i| rec(b * 10 + i)).collect();
+                w.append_all(batch, true).await.unwrap()
+            }));
+            let w = wal.clone();
+            tasks.push(tokio::spawn(async move {
+                w.append(rec(1000 + b)).await.unwrap()
+            }));
+        }
+        let mut lasts = Vec::new();
+        for t in tasks {
+            lasts.push(t.await.unwrap());
+        }
+        assert_eq!(wal.applied_lsn(), 220);
+        wal.close();
+        let live = applied.0.lock().clone();
+        let lsns: Vec<u64> = live.iter().map(|(l, _)| *l).collect();
+        assert_eq!(lsns, (1..=220).collect::<Vec<_>>());
+        // Each batch's ten records sit together, in order, ending at the LSN it returned.
+        for (b, last) in lasts.iter().step_by(2).enumerate() {
+            let rows: Vec<_> = (live.iter())
+                .filter(|(l, _)| (last - 9..=*last).contains(l))
+                .map(|(_, r)| r.rows[0][0].clone())
+                .collect();
+            let want: Vec<_> = (0..10).map(|i| Value::Int(b as i64 * 10 + i)).collect();
+            assert_eq!(rows, want);
+        }
+        let mut replayed = Vec::new();
+        replay(dir.path(), |lsn, r| replayed.push((lsn, r.clone()))).unwrap();
+        assert_eq!(replayed, live);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn torn_tail_is_cut_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = filled(dir.path(), 1 << 20, 10).await;
+        wal.close();
+        let (_, path) = list_segments(dir.path()).unwrap().pop().unwrap();
+        let len = std::fs::metadata(&path).unwrap().len();
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(len - 3).unwrap();
+        let mut n = 0;
+        let report = replay(dir.path(), |_, _| n += 1).unwrap();
+        assert_eq!(n, 9);
+        assert!(report.cut.is_some());
+        assert_eq!(report.next_lsn, 10);
+        // The cut is permanent: a second replay sees a clean log.
+        let again = replay(dir.path(), |_, _| {}).unwrap();
+        assert!(again.cut.is_none());
+        assert_eq!(again.records, 9);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn preallocated_zero_tail_is_a_clean_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = filled(dir.path(), 1 << 20, 5).await;
+        // A crash now leaves the segment with its preallocated, never-written tail.
+        let crashed = tempfile::tempdir().unwrap();
+        for (_, path) in list_segments(dir.path()).unwrap() {
+            std::fs::copy(&path, crashed.path().join(path.file_name().unwrap())).unwrap();
+        }
+        wal.close();
+        let (_, live) = list_segments(crashed.path()).unwrap().pop().unwrap();
+        assert!(
+            std::fs::metadata(&live).unwrap().len() >= 1 << 20,
+            "segment was preallocated"
+        );
+        let report = replay(crashed.path(), |_, _| {}).unwrap();
+        assert_eq!((report.records, report.next_lsn), (5, 6));
+        assert!(report.cut.is_none(), "zeros are not a torn record");
+        // A clean close gives the unused space back.
+        let (_, closed) = list_segments(dir.path()).unwrap().pop().unwrap();
+        assert!(std::fs::metadata(&closed).unwrap().len() < 4096);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn damage_before_the_newest_segment_stops_startup() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = filled(dir.path(), 64, 10).await;
+        wal.close();
+        let segs = list_segments(dir.path()).unwrap();
+        assert!(segs.len() > 2);
+        let (_, first) = &segs[0];
+        let mut bytes = std::fs::read(first).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(first, &bytes).unwrap();
+        let err = replay(dir.path(), |_, _| {}).unwrap_err().to_string();
+        assert!(err.contains("refusing to start"), "{err}");
+        // Nothing was deleted: every segment is still there for an operator to inspect.
+        assert_eq!(list_segments(dir.path()).unwrap().len(), segs.len());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn truncation_keeps_the_needed_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = filled(dir.path(), 64, 20).await;
+        let (before, _) = wal.segments();
+        wal.truncate_before(15).unwrap();
+        let (after, first) = wal.segments();
+        assert!(after < before);
+        assert!(first <= 15);
+        wal.close();
+        let mut lsns = Vec::new();
+        replay(dir.path(), |lsn, _| lsns.push(lsn)).unwrap();
+        assert!(lsns.contains(&15) && lsns.contains(&20));
+    }
+}

@@ -1,0 +1,292 @@
+//! The ports: what the layers above the engine call, one trait per caller. The MQTT broker
+//! and its bridges store messages through [`IngestPort`]; the HTTP API, the console and
+//! the alert evaluator run SQL and writes through [`QueryPort`]; both check logins through
+//! [`Logins`]. [`crate::Engine`] implements them on a single node and on a cluster node (where
+//! its [`crate::WriteLog`] is the cluster's shard logs). [`ClusterAdmin`] is what the HTTP API
+//! calls to manage a cluster; the `sluice-cluster` crate implements it.
+
+use crate::error::Result;
+use crate::ingest::decode::Format;
+use crate::ingest::origin::Origin;
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+
+/// A statement's result: rows as they are produced, so a large result is never held whole.
+pub struct QueryOutput {
+    /// Result schema (empty for statements without rows).
+    pub schema: SchemaRef,
+    /// Result rows.
+    pub stream: SendableRecordBatchStream,
+}
+
+impl std::fmt::Debug for QueryOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueryOutput")
+            .field("schema", &self.schema)
+            .finish()
+    }
+}
+
+impl QueryOutput {
+    /// A result already in memory (statements, SHOW, DESCRIBE).
+    pub fn from_batches(schema: SchemaRef, batches: Vec<RecordBatch>) -> Self {
+        let stream = futures::stream::iter(batches.into_iter().map(Ok));
+        Self {
+            schema: schema.clone(),
+            stream: Box::pin(RecordBatchStreamAdapter::new(schema, stream)),
+        }
+    }
+}
+
+/// How to run a statement.
+#[derive(Debug, Clone, Default)]
+pub struct QueryOptions {
+    /// The database of names written without one (`default` when `None`).
+    pub database: Option<String>,
+    /// Values of `$1`, `$2`, ... in order.
+    pub params: Vec<datafusion::common::ScalarValue>,
+    /// Compute the answer even if a kept result of the same query is still valid (and keep
+    /// none): for measuring.
+    pub no_result_cache: bool,
+    /// The query reads little and runs often (an alert): plan it as one partition, which
+    /// costs less to plan and start than splitting it over the cores.
+    pub small: bool,
+}
+
+/// An acknowledged write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteReceipt {
+    /// Rows stored.
+    pub rows: usize,
+    /// Log position of the write.
+    pub lsn: u64,
+}
+
+/// Health as `/health` reports it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Health {
+    /// Last applied log position.
+    pub applied_lsn: u64,
+    /// WAL segment files on disk.
+    pub wal_segments: usize,
+    /// Rows in memory, not yet in Parquet.
+    pub buffered_rows: u64,
+    /// Bytes of those rows.
+    pub buffered_bytes: u64,
+    /// Partitions being written to Parquet right now.
+    pub flushing: u64,
+    /// Buffers written to Parquet since the server started.
+    pub flushes: u64,
+    /// Partitions of every table.
+    pub partitions: u64,
+    /// Parquet files of every table.
+    pub files: u64,
+    /// Messages kept in `system.dead_letters` (in memory, the newest 100,000).
+    pub dead_letters: u64,
+}
+
+/// A message to store in a table, as the broker hands it over.
+#[derive(Debug, Clone, Copy)]
+pub struct Publication<'a> {
+    /// Database name.
+    pub database: &'a str,
+    /// Table name.
+    pub table: &'a str,
+    /// Payload format.
+    pub format: Format,
+    /// The message payload.
+    pub payload: &'a [u8],
+    /// Column values taken from the topic: (column name, text), set in every row.
+    pub fixed: &'a [(String, String)],
+    /// Create the table from this (JSON) message if it does not exist, and add columns for
+    /// new fields.
+    pub auto_create: bool,
+    /// Where a bridged message came from; logged with its rows (see [`crate::ingest::origin`]).
+    pub origin: Option<&'a Origin>,
+}
+
+/// Builds the rows of a `system` table another layer serves (the broker's bridges), fresh
+/// for each query.
+#[derive(Clone)]
+pub struct SystemRows(pub std::sync::Arc<dyn Fn() -> RecordBatch + Send + Sync>);
+
+impl std::fmt::Debug for SystemRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SystemRows")
+    }
+}
+
+/// A message that could not be stored, kept whole for inspection and replay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    /// Arrival time, microseconds since the epoch.
+    pub time_micros: i64,
+    /// Publishing client.
+    pub client_id: String,
+    /// Topic it was published to.
+    pub topic: String,
+    /// The payload, unchanged.
+    pub payload: Vec<u8>,
+    /// Why it was refused.
+    pub reason: String,
+    /// The MQTT reason code it was refused with.
+    pub reason_code: u8,
+}
+
+/// Who may log in: users made with `CREATE USER` (both ports check logins).
+pub trait Logins: Send + Sync + 'static {
+    /// The argon2 password hash of a user made with `CREATE USER`, if there is one.
+    fn password_hash(&self, user: &str) -> Option<String>;
+
+    /// Whether any user was made with `CREATE USER`.
+    fn has_users(&self) -> bool;
+}
+
+/// The ingest port: what the MQTT broker and its bridges call to store messages.
+#[async_trait]
+pub trait IngestPort: Logins {
+    /// Stores one message as one durable append: returns only once the rows are durable and
+    /// visible to queries, all rows or none. `Ok(None)`: no such table (and not created), so
+    /// the message is not stored.
+    async fn publish(&self, publication: Publication<'_>) -> Result<Option<WriteReceipt>>;
+
+    /// Stores many messages with one log submission (one group commit, one completion), for
+    /// a caller holding many at once (a bridge). Returns, for each publication in order, its
+    /// receipt, or `None` when it was not stored here (no such table, a table to create or
+    /// widen, a payload that does not decode, buffers full): the caller stores those one by
+    /// one with [`IngestPort::publish`], which creates, widens or says why. `Err`: the log
+    /// failed, and none of the batch is acknowledged.
+    async fn publish_batch(
+        &self,
+        publications: Vec<Publication<'_>>,
+    ) -> Result<Vec<Option<WriteReceipt>>>;
+
+    /// Keeps a refused message durably in `system.dead_letters`.
+    async fn dead_letter(&self, letter: DeadLetter) -> Result<()>;
+
+    /// Whether `origin` is the last message its bridge stored with its packet id: a
+    /// redelivery of it must be acknowledged, not stored again.
+    fn is_stored(&self, origin: &Origin) -> bool;
+
+    /// Forgets what a removed bridge stored (its packet ids mean nothing any more).
+    fn forget_origins(&self, source: &str) -> Result<()>;
+
+    /// Serves `system.<name>` from `rows` (replacing an earlier one of that name): the
+    /// broker's own tables (bridges, sessions).
+    fn add_system_table(&self, name: &str, rows: SystemRows);
+}
+
+/// The query and admin port: what the HTTP API, the console and the alerts call.
+#[async_trait]
+pub trait QueryPort: Logins {
+    /// Executes one SQL statement.
+    async fn execute(&self, sql: &str) -> Result<QueryOutput> {
+        self.query(sql, &QueryOptions::default()).await
+    }
+
+    /// Executes one SQL statement with options: the database of unqualified names, and
+    /// values for `$1`, `$2`, ... placeholders.
+    async fn query(&self, sql: &str, options: &QueryOptions) -> Result<QueryOutput>;
+
+    /// Decodes `payload` for `database.table` and stores it as one durable append; returns
+    /// only once the rows are durable and visible to queries. All rows or none.
+    async fn write(
+        &self,
+        database: &str,
+        table: &str,
+        format: Format,
+        payload: &[u8],
+    ) -> Result<WriteReceipt>;
+
+    /// Every alert with its state.
+    fn alerts(&self) -> Vec<crate::alerts::AlertStatus>;
+
+    /// Makes an alert (its query must plan); `AlreadyExists` unless `if_not_exists`.
+    async fn create_alert(&self, def: crate::alerts::AlertDef, if_not_exists: bool) -> Result<()>;
+
+    /// Removes an alert; `UnknownAlert` unless `if_exists`.
+    async fn drop_alert(&self, name: &str, if_exists: bool) -> Result<()>;
+
+    /// Current health figures.
+    fn health(&self) -> Health;
+}
+
+/// A cluster as its operators manage it over HTTP (`/v1/cluster`): this node's view, nodes
+/// added and removed, shard leaderships moved.
+#[async_trait]
+pub trait ClusterAdmin: Send + Sync + 'static {
+    /// This node's id.
+    fn node_id(&self) -> u64;
+
+    /// The cluster's nodes.
+    fn node_ids(&self) -> Vec<u64>;
+
+    /// `system.nodes`: every node, whether it is this one, and what it leads as seen here.
+    fn nodes_table(&self) -> RecordBatch;
+
+    /// `system.shards`: every group this node has a replica of, as this node sees it.
+    fn shards_table(&self) -> RecordBatch;
+
+    /// Adds node `id` at `address` (`Some`) or removes it (`None`), then waits up to `wait`
+    /// for the shards and the metadata group to have moved (the move goes on after that).
+    /// Returns the topology seen at the end (as JSON) and whether it has settled.
+    async fn change_node(
+        &self,
+        id: u64,
+        address: Option<String>,
+        wait: std::time::Duration,
+    ) -> Result<(serde_json::Value, bool), NodeChangeError>;
+
+    /// Makes `node` the preferred leader of data shard `shard` and waits up to `wait` for
+    /// the leadership to move there. Returns the leader seen at the end (`None` if this node
+    /// has no replica of the shard and cannot tell).
+    async fn move_leader(
+        &self,
+        shard: u32,
+        node: u64,
+        wait: std::time::Duration,
+    ) -> Result<Option<u64>, LeaderMoveError>;
+}
+
+/// Why a node could not be added or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeChangeError {
+    /// The request contradicts the cluster (an id taken, or used before).
+    #[error("{0}")]
+    Conflict(String),
+    /// The request cannot be done (the last node).
+    #[error("{0}")]
+    Invalid(String),
+    /// The metadata group did not commit the change.
+    #[error("the metadata group did not commit the change: {0}")]
+    NotCommitted(String),
+}
+
+/// Why a shard's leadership could not be moved.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderMoveError {
+    /// No such shard.
+    #[error("no shard {shard}: there are {shards}, numbered from 0")]
+    NoShard {
+        /// The shard asked for.
+        shard: u32,
+        /// How many the cluster has.
+        shards: usize,
+    },
+    /// The node holds no voting replica of the shard.
+    #[error("node {node} holds no replica of shard {shard} (its replicas: {replicas:?})")]
+    NotReplica {
+        /// The shard.
+        shard: u32,
+        /// The node asked for.
+        node: u64,
+        /// The shard's voting replicas.
+        replicas: Vec<u64>,
+    },
+    /// The metadata group did not commit the move.
+    #[error("the metadata group did not commit the move: {0}")]
+    NotCommitted(String),
+}

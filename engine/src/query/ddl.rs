@@ -1,0 +1,836 @@
+//! Sluice's own statements: DDL, SHOW, DESCRIBE, FLUSH.
+//!
+//! They are parsed from sqlparser tokens (the copy DataFusion re-exports) so that type names
+//! in both SQL and JoinBase/ClickHouse spelling, `PARTITION BY fn(col)`, `WITH (ttl = ...)`
+//! and `ALTER TABLE t SET (json_mappings = '...')` read as written; errors carry sqlparser's
+//! line and column. Anything else is a query and goes to DataFusion.
+
+use crate::alerts::{self, AlertDef};
+use crate::error::{Error, Result};
+use crate::store::catalog::ColumnDef;
+use crate::store::partition::PartitionFn;
+use crate::types::ColumnType;
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::parser::{Parser, ParserError};
+use datafusion::sql::sqlparser::tokenizer::Token;
+use std::collections::BTreeMap;
+
+/// A table named in a statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TableRef {
+    /// Database (`default` when not written).
+    pub database: String,
+    /// Table.
+    pub table: String,
+}
+
+/// `CREATE TABLE` as parsed, before ids and validation.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CreateTable {
+    /// Where.
+    pub name: TableRef,
+    /// Columns.
+    pub columns: Vec<ColumnDef>,
+    /// Partition function.
+    pub partition: PartitionFn,
+    /// The column it reads.
+    pub partition_column: String,
+    /// TTL in seconds.
+    pub ttl_secs: Option<u64>,
+    /// Other options.
+    pub options: BTreeMap<String, String>,
+    /// IF NOT EXISTS.
+    pub if_not_exists: bool,
+}
+
+/// A statement Sluice executes itself.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Statement {
+    /// `CREATE DATABASE [IF NOT EXISTS] name`.
+    CreateDatabase {
+        /// Name.
+        name: String,
+        /// IF NOT EXISTS.
+        if_not_exists: bool,
+    },
+    /// `DROP DATABASE [IF EXISTS] name` (must be empty).
+    DropDatabase {
+        /// Name.
+        name: String,
+        /// IF EXISTS.
+        if_exists: bool,
+    },
+    /// `CREATE TABLE`.
+    CreateTable(CreateTable),
+    /// `DROP TABLE [IF EXISTS] t`.
+    DropTable {
+        /// Table.
+        name: TableRef,
+        /// IF EXISTS.
+        if_exists: bool,
+    },
+    /// `ALTER TABLE t ADD [COLUMN] [IF NOT EXISTS] c type`.
+    AddColumn {
+        /// Table.
+        name: TableRef,
+        /// New column.
+        column: ColumnDef,
+        /// IF NOT EXISTS.
+        if_not_exists: bool,
+    },
+    /// `ALTER TABLE t SET (key = 'value', ...)`: changes `WITH` options; an empty value
+    /// removes the option.
+    SetOptions {
+        /// Table.
+        name: TableRef,
+        /// New TTL in seconds, when `ttl` is set.
+        ttl_secs: Option<u64>,
+        /// Other options to set (or, when empty, remove).
+        options: BTreeMap<String, String>,
+    },
+    /// `CREATE USER [IF NOT EXISTS] name [WITH] PASSWORD 'secret'`.
+    CreateUser {
+        /// Name.
+        name: String,
+        /// The password (hashed before it is stored).
+        password: String,
+        /// IF NOT EXISTS.
+        if_not_exists: bool,
+    },
+    /// `ALTER USER name [WITH] PASSWORD 'secret'`.
+    AlterUser {
+        /// Name.
+        name: String,
+        /// The new password.
+        password: String,
+    },
+    /// `DROP USER [IF EXISTS] name`.
+    DropUser {
+        /// Name.
+        name: String,
+        /// IF EXISTS.
+        if_exists: bool,
+    },
+    /// `SHOW USERS`.
+    ShowUsers,
+    /// `SHOW DATABASES`.
+    ShowDatabases,
+    /// `SHOW TABLES [IN|FROM db]`.
+    ShowTables {
+        /// Database filter.
+        database: Option<String>,
+    },
+    /// `DESCRIBE t`, `DESC [TABLE] t`.
+    Describe(TableRef),
+    /// `SHOW CREATE TABLE t`.
+    ShowCreateTable(TableRef),
+    /// `FLUSH TABLE t`.
+    Flush(TableRef),
+    /// `INSERT INTO t [(cols)] VALUES (...), ...`: literals only, stored through the same
+    /// write path as HTTP and MQTT writes (one durable append for all the rows).
+    Insert {
+        /// Table.
+        name: TableRef,
+        /// Named columns, or `None` for all in order.
+        columns: Option<Vec<String>>,
+        /// Rows of literals as text (`None` is NULL).
+        rows: Vec<Vec<Option<String>>>,
+    },
+    /// `CREATE ALERT [IF NOT EXISTS] name [EVERY d] WHEN cond [[NO] PUBLISH] [WEBHOOK 'url']
+    /// AS query`.
+    CreateAlert {
+        /// The alert (its database is the statement's).
+        def: AlertDef,
+        /// IF NOT EXISTS.
+        if_not_exists: bool,
+    },
+    /// `DROP ALERT [IF EXISTS] name`.
+    DropAlert {
+        /// Name.
+        name: String,
+        /// IF EXISTS.
+        if_exists: bool,
+    },
+    /// Anything else: a query for DataFusion.
+    Query,
+}
+
+struct P<'a> {
+    p: Parser<'a>,
+    /// The database of names written without one.
+    database: &'a str,
+}
+
+fn perr(e: ParserError) -> Error {
+    Error::sql(
+        e.to_string()
+            .trim_start_matches("sql parser error: ")
+            .to_string(),
+    )
+}
+
+impl P<'_> {
+    fn word(&mut self, w: &str) -> bool {
+        let hit = matches!(&self.p.peek_token().token,
+            Token::Word(x) if x.quote_style.is_none() && x.value.eq_ignore_ascii_case(w));
+        if hit {
+            self.p.next_token();
+        }
+        hit
+    }
+
+    fn words(&mut self, ws: &[&str]) -> bool {
+        let start = self.p.index();
+        for w in ws {
+            if !self.word(w) {
+                while self.p.index() > start {
+                    self.p.prev_token();
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    fn expect_word(&mut self, w: &str) -> Result<()> {
+        if self.word(w) {
+            Ok(())
+        } else {
+            let t = self.p.peek_token();
+            self.p.expected(w, t).map_err(perr)
+        }
+    }
+
+    fn expect(&mut self, t: &Token) -> Result<()> {
+        self.p.expect_token(t).map(|_| ()).map_err(perr)
+    }
+
+    fn ident(&mut self) -> Result<String> {
+        self.p.parse_identifier().map(|i| i.value).map_err(perr)
+    }
+
+    fn table_ref(&mut self) -> Result<TableRef> {
+        let name = self.p.parse_object_name(false).map_err(perr)?;
+        let parts: Vec<String> = name
+            .0
+            .iter()
+            .map(|p| {
+                p.as_ident()
+                    .map(|i| i.value.clone())
+                    .unwrap_or_else(|| p.to_string())
+            })
+            .collect();
+        match parts.as_slice() {
+            [t] => Ok(TableRef {
+                database: self.database.into(),
+                table: t.clone(),
+            }),
+            [d, t] => Ok(TableRef {
+                database: d.clone(),
+                table: t.clone(),
+            }),
+            _ => Err(Error::sql(format!(
+                "'{name}' is not a table name (use db.table)"
+            ))),
+        }
+    }
+
+    fn end(&mut self) -> Result<()> {
+        while self.p.consume_token(&Token::SemiColon) {}
+        let t = self.p.peek_token();
+        if t.token == Token::EOF {
+            Ok(())
+        } else {
+            self.p.expected("end of statement", t).map_err(perr)
+        }
+    }
+
+    fn if_not_exists(&mut self) -> bool {
+        self.words(&["IF", "NOT", "EXISTS"])
+    }
+
+    /// A column type; returns the type and whether `Nullable(...)` wrapped it.
+    fn column_type(&mut self) -> Result<(ColumnType, bool)> {
+        let at = self.p.peek_token();
+        let first = self.ident()?;
+        if first.eq_ignore_ascii_case("Nullable") || first.eq_ignore_ascii_case("LowCardinality") {
+            self.expect(&Token::LParen)?;
+            let (t, n) = self.column_type()?;
+            self.expect(&Token::RParen)?;
+            return Ok((t, n || first.eq_ignore_ascii_case("Nullable")));
+        }
+        let mut name = first;
+        for follow in ["PRECISION", "UNSIGNED", "VARYING"] {
+            if self.word(follow) {
+                name = format!("{name} {follow}");
+            }
+        }
+        for zone in [["WITH", "TIME", "ZONE"], ["WITHOUT", "TIME", "ZONE"]] {
+            if self.words(&zone) {
+                name = format!("{name} {}", zone.join(" "));
+            }
+        }
+        // Length, precision or time-zone arguments do not change the stored type.
+        if self.p.consume_token(&Token::LParen) {
+            let mut depth = 1;
+            while depth > 0 {
+                match self.p.next_token().token {
+                    Token::LParen => depth += 1,
+                    Token::RParen => depth -= 1,
+                    Token::EOF => return self.p.expected(")", self.p.peek_token()).map_err(perr),
+                    _ => {}
+                }
+            }
+        }
+        let ty = ColumnType::parse(&name).ok_or_else(|| {
+            Error::sql(format!(
+                "unknown column type '{name}'{}; expected one of Bool, Int8..Int64, UInt8..UInt64, Float32, Float64, String, Blob, Date, DateTime (or BIGINT, DOUBLE, VARCHAR, TIMESTAMP, ...)",
+                at.span.start
+            ))
+        })?;
+        Ok((ty, false))
+    }
+
+    fn column_def(&mut self) -> Result<ColumnDef> {
+        let name = self.ident()?;
+        let (ty, wrapped) = self.column_type()?;
+        let mut nullable = true;
+        loop {
+            if self.words(&["NOT", "NULL"]) {
+                if wrapped {
+                    return Err(Error::sql(format!(
+                        "column '{name}' is both Nullable and NOT NULL"
+                    )));
+                }
+                nullable = false;
+            } else if self.word("NULL") {
+                nullable = true;
+            } else {
+                break;
+            }
+        }
+        Ok(ColumnDef { name, ty, nullable })
+    }
+
+    /// `[WITH] PASSWORD 'secret'`.
+    fn password(&mut self) -> Result<String> {
+        let _ = self.word("WITH");
+        if !self.word("PASSWORD") {
+            return self
+                .p
+                .expected("PASSWORD 'secret'", self.p.peek_token())
+                .map_err(perr);
+        }
+        let t = self.p.next_token();
+        match t.token {
+            Token::SingleQuotedString(s) if !s.is_empty() => Ok(s),
+            _ => self
+                .p
+                .expected("a non-empty password in single quotes", t)
+                .map_err(perr),
+        }
+    }
+
+    /// One literal of a VALUES list, as text; `None` for NULL.
+    fn literal(&mut self) -> Result<Option<String>> {
+        let negative = self.p.consume_token(&Token::Minus);
+        // Typed literals (TIMESTAMP '...', DATE '...', dt'...') carry their text.
+        if let Token::Word(w) = &self.p.peek_token().token {
+            let upper = w.value.to_ascii_uppercase();
+            if ["TIMESTAMP", "DATETIME", "DATE", "DT", "D"].contains(&upper.as_str()) {
+                self.p.next_token();
+            }
+        }
+        let t = self.p.next_token();
+        let text = match t.token {
+            Token::Number(n, _) => n,
+            Token::SingleQuotedString(s) => s,
+            Token::Word(w) if w.value.eq_ignore_ascii_case("NULL") => return Ok(None),
+            Token::Word(w)
+                if w.value.eq_ignore_ascii_case("TRUE")
+                    || w.value.eq_ignore_ascii_case("FALSE") =>
+            {
+                w.value
+            }
+            _ => {
+                return self
+                    .p
+                    .expected("a literal (number, 'string', NULL, TRUE, FALSE)", t)
+                    .map_err(perr);
+            }
+        };
+        Ok(Some(if negative { format!("-{text}") } else { text }))
+    }
+
+    /// After `CREATE ALERT`: options in any order, then `AS` and the query (the rest of the
+    /// text, kept as written).
+    fn create_alert(&mut self, sql: &str) -> Result<Statement> {
+        let if_not_exists = self.if_not_exists();
+        let name = self.ident()?;
+        let mut interval_ms = 1000;
+        let mut condition = None;
+        let mut publish = true;
+        let mut webhook = None;
+        loop {
+            if self.word("EVERY") {
+                interval_ms = self.interval()?;
+            } else if self.word("WHEN") {
+                condition = Some(alerts::condition(&mut self.p)?);
+            } else if self.words(&["NO", "PUBLISH"]) {
+                publish = false;
+            } else if self.word("PUBLISH") {
+                publish = true;
+            } else if self.word("WEBHOOK") {
+                let t = self.p.next_token();
+                match t.token {
+                    Token::SingleQuotedString(url) => webhook = Some(url),
+                    _ => {
+                        return self
+                            .p
+                            .expected("the webhook URL in single quotes", t)
+                            .map_err(perr);
+                    }
+                }
+            } else if self.word("AS") {
+                break;
+            } else {
+                let t = self.p.peek_token();
+                return (self.p)
+                    .expected("EVERY, WHEN, PUBLISH, NO PUBLISH, WEBHOOK or AS <query>", t)
+                    .map_err(perr);
+            }
+        }
+        let start = self.p.peek_token();
+        if start.token == Token::EOF {
+            return self.p.expected("a query after AS", start).map_err(perr);
+        }
+        let at = alerts::byte_offset(sql, start.span.start.line, start.span.start.column);
+        let query = sql[at..]
+            .trim()
+            .trim_end_matches(';')
+            .trim_end()
+            .to_string();
+        let Some(condition) = condition else {
+            return Err(Error::sql(
+                "CREATE ALERT needs WHEN <column> <op> <number> or WHEN ANY ROWS",
+            ));
+        };
+        Ok(Statement::CreateAlert {
+            def: AlertDef {
+                name,
+                query,
+                database: self.database.to_string(),
+                condition,
+                interval_ms,
+                publish,
+                webhook,
+            },
+            if_not_exists,
+        })
+    }
+
+    /// `'5 s'`, `5 SECONDS`, `500 ms`, `2 MINUTES`: in milliseconds.
+    fn interval(&mut self) -> Result<u64> {
+        let t = self.p.next_token();
+        let text = match t.token {
+            Token::SingleQuotedString(s) => s,
+            Token::Number(n, _) => match &self.p.peek_token().token {
+                Token::Word(w)
+                    if w.quote_style.is_none()
+                        && !["WHEN", "AS", "PUBLISH", "NO", "WEBHOOK"]
+                            .iter()
+                            .any(|k| w.value.eq_ignore_ascii_case(k)) =>
+                {
+                    let unit = w.value.clone();
+                    self.p.next_token();
+                    format!("{n} {unit}")
+                }
+                _ => n,
+            },
+            _ => {
+                return self
+                    .p
+                    .expected("an interval such as '5 seconds'", t)
+                    .map_err(perr);
+            }
+        };
+        let d = sluice_conf::parse_duration(&text).map_err(Error::sql)?;
+        Ok(d.as_millis() as u64)
+    }
+
+    fn insert(&mut self) -> Result<Statement> {
+        let name = self.table_ref()?;
+        let columns = if self.p.consume_token(&Token::LParen) {
+            let mut cols = vec![self.ident()?];
+            while self.p.consume_token(&Token::Comma) {
+                cols.push(self.ident()?);
+            }
+            self.expect(&Token::RParen)?;
+            Some(cols)
+        } else {
+            None
+        };
+        self.expect_word("VALUES")?;
+        let mut rows = Vec::new();
+        loop {
+            self.expect(&Token::LParen)?;
+            let mut row = vec![self.literal()?];
+            while self.p.consume_token(&Token::Comma) {
+                row.push(self.literal()?);
+            }
+            self.expect(&Token::RParen)?;
+            rows.push(row);
+            if !self.p.consume_token(&Token::Comma) {
+                break;
+            }
+        }
+        self.end()?;
+        Ok(Statement::Insert {
+            name,
+            columns,
+            rows,
+        })
+    }
+
+    /// `(key = value, ...)`: `ttl` apart (as seconds), the others verbatim by lowercase key.
+    fn options(&mut self) -> Result<(Option<u64>, BTreeMap<String, String>)> {
+        let mut ttl_secs = None;
+        let mut options = BTreeMap::new();
+        self.expect(&Token::LParen)?;
+        loop {
+            let key = self.ident()?.to_ascii_lowercase();
+            self.expect(&Token::Eq)?;
+            let t = self.p.next_token();
+            let value = match t.token {
+                Token::SingleQuotedString(s) => s,
+                Token::Number(n, _) => n,
+                Token::Word(w) => w.value,
+                _ => return self.p.expected("an option value", t).map_err(perr),
+            };
+            if key == "ttl" {
+                let d = sluice_conf::parse_duration(&value).map_err(Error::sql)?;
+                ttl_secs = Some(d.as_secs().max(1));
+            } else {
+                options.insert(key, value);
+            }
+            if !self.p.consume_token(&Token::Comma) {
+                break;
+            }
+        }
+        self.expect(&Token::RParen)?;
+        Ok((ttl_secs, options))
+    }
+
+    fn create_table(&mut self) -> Result<Statement> {
+        let if_not_exists = self.if_not_exists();
+        let name = self.table_ref()?;
+        self.expect(&Token::LParen)?;
+        let mut columns = vec![self.column_def()?];
+        while self.p.consume_token(&Token::Comma) {
+            columns.push(self.column_def()?);
+        }
+        self.expect(&Token::RParen)?;
+        if !self.words(&["PARTITION", "BY"]) {
+            let t = self.p.peek_token();
+            return self.p.expected("PARTITION BY fn(column)", t).map_err(perr);
+        }
+        let at = self.p.peek_token();
+        let func = self.ident()?;
+        let (partition, partition_column) = if self.p.consume_token(&Token::LParen) {
+            let col = self.ident()?;
+            let arg = if self.p.consume_token(&Token::Comma) {
+                Some(self.p.parse_literal_uint().map_err(perr)?)
+            } else {
+                None
+            };
+            self.expect(&Token::RParen)?;
+            let f = PartitionFn::parse(&func, arg).ok_or_else(|| {
+                Error::sql(format!(
+                    "unknown partition function '{func}'{}; expected yyyy, yyyymm, yyyymmdd, yyyymmdd3/7/10, ymdh, ymdh2/4/6/12, rem(col, n) or a column",
+                    at.span.start
+                ))
+            })?;
+            (f, col)
+        } else {
+            (PartitionFn::Raw, func)
+        };
+        let (ttl_secs, options) = if self.word("WITH") {
+            self.options()?
+        } else {
+            (None, BTreeMap::new())
+        };
+        self.end()?;
+        Ok(Statement::CreateTable(CreateTable {
+            name,
+            columns,
+            partition,
+            partition_column,
+            ttl_secs,
+            options,
+            if_not_exists,
+        }))
+    }
+}
+
+/// Parses one statement. Statements that are not Sluice's own come back as
+/// [`Statement::Query`] without being parsed further.
+#[cfg(test)]
+pub(crate) fn parse(sql: &str) -> Result<Statement> {
+    parse_in(sql, crate::store::catalog::DEFAULT_DATABASE)
+}
+
+/// Like [`parse`], with names written without a database meaning `database`.
+pub(crate) fn parse_in(sql: &str, database: &str) -> Result<Statement> {
+    let parser = Parser::new(&GenericDialect {})
+        .try_with_sql(sql)
+        .map_err(perr)?;
+    let mut p = P {
+        p: parser,
+        database,
+    };
+    if p.word("CREATE") {
+        if p.word("DATABASE") || p.word("SCHEMA") {
+            let if_not_exists = p.if_not_exists();
+            let name = p.ident()?;
+            p.end()?;
+            return Ok(Statement::CreateDatabase {
+                name,
+                if_not_exists,
+            });
+        }
+        if p.word("TABLE") {
+            return p.create_table();
+        }
+        if p.word("ALERT") {
+            return p.create_alert(sql);
+        }
+        if p.word("USER") {
+            let if_not_exists = p.if_not_exists();
+            let name = p.ident()?;
+            let password = p.password()?;
+            p.end()?;
+            return Ok(Statement::CreateUser {
+                name,
+                password,
+                if_not_exists,
+            });
+        }
+        return Ok(Statement::Query);
+    }
+    if p.words(&["ALTER", "USER"]) {
+        let name = p.ident()?;
+        let password = p.password()?;
+        p.end()?;
+        return Ok(Statement::AlterUser { name, password });
+    }
+    if p.word("DROP") {
+        if p.word("ALERT") {
+            let if_exists = p.words(&["IF", "EXISTS"]);
+            let name = p.ident()?;
+            p.end()?;
+            return Ok(Statement::DropAlert { name, if_exists });
+        }
+        if p.word("USER") {
+            let if_exists = p.words(&["IF", "EXISTS"]);
+            let name = p.ident()?;
+            p.end()?;
+            return Ok(Statement::DropUser { name, if_exists });
+        }
+        if p.word("DATABASE") || p.word("SCHEMA") {
+            let if_exists = p.words(&["IF", "EXISTS"]);
+            let name = p.ident()?;
+            p.end()?;
+            return Ok(Statement::DropDatabase { name, if_exists });
+        }
+        if p.word("TABLE") {
+            let if_exists = p.words(&["IF", "EXISTS"]);
+            let name = p.table_ref()?;
+            p.end()?;
+            return Ok(Statement::DropTable { name, if_exists });
+        }
+        return Ok(Statement::Query);
+    }
+    if p.words(&["ALTER", "TABLE"]) {
+        let name = p.table_ref()?;
+        if p.word("SET") {
+            let (ttl_secs, options) = p.options()?;
+            p.end()?;
+            return Ok(Statement::SetOptions {
+                name,
+                ttl_secs,
+                options,
+            });
+        }
+        if !p.word("ADD") {
+            let t = p.p.peek_token();
+            return p
+                .p
+                .expected("ADD [COLUMN] or SET (option = value, ...)", t)
+                .map_err(perr);
+        }
+        p.word("COLUMN");
+        let if_not_exists = p.if_not_exists();
+        let column = p.column_def()?;
+        p.end()?;
+        return Ok(Statement::AddColumn {
+            name,
+            column,
+            if_not_exists,
+        });
+    }
+    if p.word("SHOW") {
+        if p.word("USERS") {
+            p.end()?;
+            return Ok(Statement::ShowUsers);
+        }
+        if p.word("DATABASES") || p.word("SCHEMAS") {
+            p.end()?;
+            return Ok(Statement::ShowDatabases);
+        }
+        if p.word("TABLES") {
+            let database = if p.word("IN") || p.word("FROM") {
+                Some(p.ident()?)
+            } else {
+                None
+            };
+            p.end()?;
+            return Ok(Statement::ShowTables { database });
+        }
+        if p.words(&["CREATE", "TABLE"]) {
+            let name = p.table_ref()?;
+            p.end()?;
+            return Ok(Statement::ShowCreateTable(name));
+        }
+        return Ok(Statement::Query);
+    }
+    if p.word("DESCRIBE") || p.word("DESC") {
+        p.word("TABLE");
+        let name = p.table_ref()?;
+        p.end()?;
+        return Ok(Statement::Describe(name));
+    }
+    if p.words(&["INSERT", "INTO"]) {
+        return p.insert();
+    }
+    if p.word("FLUSH") {
+        p.expect_word("TABLE")?;
+        let name = p.table_ref()?;
+        p.end()?;
+        return Ok(Statement::Flush(name));
+    }
+    Ok(Statement::Query)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NYCT: &str = "CREATE TABLE benchmark.nyct_lite(vendor_id String, pickup_datetime DateTime, dropoff_datetime DateTime, passenger_count Int8, trip_distance Float32, pickup_longitude Float32, pickup_latitude Float32, rate_code Int8, dropoff_longitude Float32, dropoff_latitude Float32, payment_type Int8, fare_amount Float32, extra Float32, mta_tax Float32, tip_amount Float32, tolls_amount Float32, improvement_surcharge Float32, total_amount Float32) PARTITION BY ymdh12(pickup_datetime)";
+
+    #[test]
+    fn oidbs_ddl() {
+        let Statement::CreateTable(t) = parse(NYCT).unwrap() else {
+            panic!("not a create table");
+        };
+        assert_eq!(t.name.database, "benchmark");
+        assert_eq!(t.columns.len(), 18);
+        assert_eq!(t.columns[3].ty, ColumnType::Int8);
+        assert_eq!(t.partition, PartitionFn::Ymdh { hours: 12 });
+        assert_eq!(t.partition_column, "pickup_datetime");
+    }
+
+    #[test]
+    fn standard_spelling_ttl_and_errors() {
+        let Statement::CreateTable(t) = parse(
+            "create table if not exists iot.readings (ts TIMESTAMP NOT NULL, device VARCHAR(32), temp DOUBLE PRECISION, n Nullable(UInt16)) partition by ymdh(ts) with (ttl = '30 days', owner = 'ops');",
+        )
+        .unwrap() else {
+            panic!()
+        };
+        assert!(t.if_not_exists && !t.columns[0].nullable && t.columns[3].nullable);
+        assert_eq!(t.ttl_secs, Some(30 * 86400));
+        assert_eq!(t.options["owner"], "ops");
+        let e = parse("CREATE TABLE t (a Int9) PARTITION BY a")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown column type 'Int9'") && e.contains("Line: 1, Column: 19"),
+            "{e}"
+        );
+        let e = parse("CREATE TABLE t (a Int8)").unwrap_err().to_string();
+        assert!(e.contains("PARTITION BY"), "{e}");
+        let e = parse("CREATE TABLE t (a DateTime) PARTITION BY ymdh5(a)")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown partition function 'ymdh5'"), "{e}");
+        assert!(matches!(
+            parse("create table t (a UInt32) partition by rem(a, 8)").unwrap(),
+            Statement::CreateTable(CreateTable {
+                partition: PartitionFn::Rem { n: 8 },
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn other_statements() {
+        assert_eq!(parse("SHOW DATABASES").unwrap(), Statement::ShowDatabases);
+        assert_eq!(
+            parse("CREATE USER IF NOT EXISTS gw WITH PASSWORD 's3'").unwrap(),
+            Statement::CreateUser {
+                name: "gw".into(),
+                password: "s3".into(),
+                if_not_exists: true
+            }
+        );
+        assert_eq!(
+            parse("DROP USER gw").unwrap(),
+            Statement::DropUser {
+                name: "gw".into(),
+                if_exists: false
+            }
+        );
+        assert!(parse("CREATE USER gw").is_err());
+        assert_eq!(
+            parse("show tables in iot").unwrap(),
+            Statement::ShowTables {
+                database: Some("iot".into())
+            }
+        );
+        assert!(matches!(
+            parse("DESC TABLE iot.r").unwrap(),
+            Statement::Describe(_)
+        ));
+        assert!(matches!(
+            parse("FLUSH TABLE iot.r").unwrap(),
+            Statement::Flush(_)
+        ));
+        assert!(matches!(
+            parse("ALTER TABLE iot.r ADD COLUMN hum Float64").unwrap(),
+            Statement::AddColumn { .. }
+        ));
+        let Statement::SetOptions {
+            name,
+            ttl_secs,
+            options,
+        } = parse("ALTER TABLE iot.r SET (ttl = '2d', json_mappings = 'v <- ''/a/*/0''')").unwrap()
+        else {
+            panic!("not SET")
+        };
+        assert_eq!(name.table, "r");
+        assert_eq!(ttl_secs, Some(2 * 86400));
+        assert_eq!(options["json_mappings"], "v <- '/a/*/0'");
+        let e = parse("ALTER TABLE iot.r DROP COLUMN x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ADD [COLUMN] or SET"), "{e}");
+        assert_eq!(
+            parse("SELECT 'CREATE TABLE' FROM t").unwrap(),
+            Statement::Query
+        );
+        assert_eq!(
+            parse("-- CREATE TABLE x\nSELECT 1").unwrap(),
+            Statement::Query
+        );
+    }
+}

@@ -1,0 +1,787 @@
+//! Answers from synopses: an aggregate (grouped by nothing, or by few-valued columns and
+//! `date(ts)`, see [`crate::query::groups`]) whose functions are `count`, `sum`,
+//! `min`, `max` and `avg` over plain columns of one Sluice table, scanning whole partitions
+//! (`WHERE PARTS` is fine), or filtered only by bounds on its time partition column
+//! (`ts >= '...'`, `ts > now() - INTERVAL '30 seconds'`) and string equalities
+//! (`device = 'd-7'`, `site IN ('a', 'b')`), becomes a [`SynopsisNode`]. When it runs it
+//! computes its answer (one row, or a row per group) from the synopses of the files and buffer chunks wholly
+//! inside the bounds ([`crate::query::synopsis`]), from per-value synopses kept by indexed chunks
+//! for the equalities, and from the filtered rows of the chunks that straddle a bound. When
+//! that cannot be done then (a file written before synopses, a file to filter that is not in
+//! the hot cache, an integer sum past i64) it plans and runs the aggregate it replaced, so
+//! the answer is always the one a scan would give.
+//!
+//! The answer is computed when the plan runs, not when it is optimized, so a plan kept for
+//! a repeated query (an alert on one device's newest partition) stays valid as rows arrive.
+
+use crate::query::groups::{Answer, GroupKey, Key};
+use crate::query::provider::{SluiceTable, row_filter};
+use crate::query::synopsis::{ColumnSynopsis, Num};
+use crate::store::catalog::TableDef;
+use crate::store::chunk::{RowFilter, comparable};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use datafusion::arrow::array::new_empty_array;
+use datafusion::arrow::datatypes::{DataType, SchemaRef, TimeUnit};
+use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DFSchema, DFSchemaRef, ScalarValue};
+use datafusion::datasource::source_as_provider;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::Volatility;
+use datafusion::logical_expr::expr::AggregateFunction;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::simplify::SimplifyContext;
+use datafusion::logical_expr::utils::split_conjunction;
+use datafusion::logical_expr::{
+    Aggregate, Expr, Extension, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+};
+use datafusion::optimizer::simplify_expressions::ExprSimplifier;
+use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
+use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
+use futures::{StreamExt, TryStreamExt};
+use std::sync::{Arc, OnceLock};
+
+/// The optimizer rule. It runs last, on the plan DataFusion's rules made (filters pushed
+/// into the scan, constants and `now()` folded).
+#[derive(Debug, Default)]
+pub(crate) struct SynopsisRule;
+
+impl OptimizerRule for SynopsisRule {
+    fn name(&self) -> &str {
+        "sluice_synopsis"
+    }
+
+    /// The rule walks the plan itself, so that it does not look inside a node it made.
+    fn apply_order(&self) -> Option<ApplyOrder> {
+        None
+    }
+
+    fn supports_rewrite(&self) -> bool {
+        true
+    }
+
+    fn rewrite(
+        &self,
+        plan: LogicalPlan,
+        _config: &dyn OptimizerConfig,
+    ) -> DfResult<Transformed<LogicalPlan>> {
+        plan.transform_down_with_subqueries(|p| {
+            let node = match &p {
+                LogicalPlan::Extension(e) if e.node.as_any().is::<SynopsisNode>() => {
+                    return Ok(Transformed::new(p, false, TreeNodeRecursion::Jump));
+                }
+                LogicalPlan::Aggregate(agg) => SynopsisNode::try_new(agg, &p),
+                _ => None,
+            };
+            Ok(match node {
+                Some(node) => {
+                    let node = Arc::new(node);
+                    Transformed::new(
+                        LogicalPlan::Extension(Extension { node }),
+                        true,
+                        TreeNodeRecursion::Jump,
+                    )
+                }
+                None => Transformed::no(p),
+            })
+        })
+    }
+}
+
+/// What one aggregate asks of the synopsis.
+#[derive(Debug, Clone, Copy)]
+enum Want {
+    /// `count(*)` / `count(1)`.
+    Rows,
+    Count(usize),
+    Sum(usize),
+    Avg(usize),
+    Min(usize),
+    Max(usize),
+}
+
+/// The column an aggregate argument reads, looking through the widening casts the planner
+/// adds (Int8 -> Int64, Float32 -> Float64): a cast that could change a value (to a narrower
+/// or other type) is not looked through, so such an aggregate is computed by a scan.
+fn column<'a>(e: &'a Expr, schema: &SchemaRef) -> Option<&'a str> {
+    let (inner, to) = match e {
+        Expr::Column(c) => return Some(&c.name),
+        Expr::Cast(c) => (c.expr.as_ref(), c.field.data_type()),
+        _ => return None,
+    };
+    let name = column(inner, schema)?;
+    let from = schema.field_with_name(name).ok()?.data_type();
+    let widening = match to {
+        DataType::Int64 => from.is_signed_integer(),
+        DataType::UInt64 => from.is_unsigned_integer(),
+        DataType::Float64 => from.is_integer() || from.is_floating(),
+        _ => false,
+    };
+    widening.then_some(name)
+}
+
+/// An aggregate answered from synopses when it runs ([`SynopsisRule`]): a leaf of the plan
+/// that holds the aggregate it replaced, planned and run only when synopses cannot answer.
+#[derive(Debug, Clone)]
+pub(crate) struct SynopsisNode {
+    table: Arc<SluiceTable>,
+    /// What a `GROUP BY` groups by, answered from group synopses.
+    group: Vec<GroupKey>,
+    wants: Vec<Want>,
+    /// The table's columns the aggregates read, each once.
+    columns: Vec<usize>,
+    filter: RowFilter,
+    /// Filters that read the clock (`ts > now() - INTERVAL '30 seconds'`), bound each run.
+    unbound: Option<Unbound>,
+    schema: DFSchemaRef,
+    /// The aggregate this node replaced.
+    fallback: LogicalPlan,
+    /// What EXPLAIN shows; also what tells two nodes apart.
+    label: String,
+    /// The state the fallback is planned in, made on the first fallback.
+    fallback_state: Arc<OnceLock<SessionState>>,
+}
+
+impl PartialEq for SynopsisNode {
+    fn eq(&self, other: &Self) -> bool {
+        self.label == other.label && Arc::ptr_eq(&self.table, &other.table)
+    }
+}
+
+impl Eq for SynopsisNode {}
+
+impl std::hash::Hash for SynopsisNode {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.label.hash(state);
+    }
+}
+
+impl PartialOrd for SynopsisNode {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        self.label.partial_cmp(&other.label)
+    }
+}
+
+impl UserDefinedLogicalNodeCore for SynopsisNode {
+    fn name(&self) -> &str {
+        "SluiceSynopsis"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        Vec::new()
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        Vec::new()
+    }
+
+    fn fmt_for_explain(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "SluiceSynopsis: {}", self.label)
+    }
+
+    fn with_exprs_and_inputs(&self, _: Vec<Expr>, _: Vec<LogicalPlan>) -> DfResult<Self> {
+        Ok(self.clone())
+    }
+}
+
+impl SynopsisNode {
+    /// The node for `agg` (the plan `plan`), when synopses can answer an aggregate of its
+    /// shape.
+    fn try_new(agg: &Aggregate, plan: &LogicalPlan) -> Option<Self> {
+        if agg.group_expr.is_empty() && agg.aggr_expr.is_empty() {
+            return None;
+        }
+        let mut input = agg.input.as_ref();
+        let mut filter = None;
+        loop {
+            input = match input {
+                LogicalPlan::SubqueryAlias(a) => a.input.as_ref(),
+                LogicalPlan::Projection(p)
+                    if p.expr.iter().all(|e| matches!(e, Expr::Column(_))) =>
+                {
+                    p.input.as_ref()
+                }
+                LogicalPlan::Filter(f) if filter.is_none() => {
+                    filter = Some(&f.predicate);
+                    f.input.as_ref()
+                }
+                _ => break,
+            };
+        }
+        let LogicalPlan::TableScan(scan) = input else {
+            return None;
+        };
+        if scan.fetch.is_some() {
+            return None;
+        }
+        let provider = source_as_provider(&scan.source).ok()?;
+        let table = provider.downcast_ref::<SluiceTable>()?;
+        let def = table.def();
+        // A filter pushed into the scan is also above it (pushdown is inexact): each once.
+        let mut filters: Vec<&Expr> = Vec::new();
+        for e in (filter.into_iter().chain(&scan.filters)).flat_map(split_conjunction) {
+            if !filters.contains(&e) {
+                filters.push(e);
+            }
+        }
+        let schema = datafusion::datasource::TableProvider::schema(table);
+        let mut group = Vec::with_capacity(agg.group_expr.len());
+        for (e, field) in agg.group_expr.iter().zip(agg.schema.fields().iter()) {
+            group.push(group_key(e, &def, &schema, field.data_type())?);
+        }
+        let (row_filter, unbound) = match filters.iter().any(|e| of_the_moment(e)) {
+            false => (exact_filter(&def, filters.iter().copied())?, None),
+            true => {
+                let qualified =
+                    DFSchema::try_from_qualified_schema(scan.table_name.clone(), &schema);
+                let unbound = Unbound {
+                    filters: filters.iter().map(|e| (*e).clone()).collect(),
+                    schema: Arc::new(qualified.ok()?),
+                };
+                // Bound once now, to see that it is a filter synopses answer.
+                (unbound.bind(&def, chrono::Utc::now())?, Some(unbound))
+            }
+        };
+        let mut wants = Vec::new();
+        let mut columns: Vec<usize> = Vec::new();
+        let aggregate_fields = agg.schema.fields().iter().skip(group.len());
+        for (e, field) in agg.aggr_expr.iter().zip(aggregate_fields) {
+            let e = match e {
+                Expr::Alias(a) => a.expr.as_ref(),
+                e => e,
+            };
+            let Expr::AggregateFunction(AggregateFunction { func, params }) = e else {
+                return None;
+            };
+            if params.distinct || params.filter.is_some() || params.args.len() != 1 {
+                return None;
+            }
+            let name = func.name();
+            let arg = &params.args[0];
+            if name == "count" && matches!(arg, Expr::Literal(v, _) if !v.is_null()) {
+                if *field.data_type() != DataType::Int64 {
+                    return None;
+                }
+                wants.push(Want::Rows);
+                continue;
+            }
+            let c = def.column_index(column(arg, &schema)?)?;
+            let slot = match columns.iter().position(|x| *x == c) {
+                Some(i) => i,
+                None => {
+                    columns.push(c);
+                    columns.len() - 1
+                }
+            };
+            let want = match name {
+                "count" => Want::Count(slot),
+                "sum" => Want::Sum(slot),
+                "avg" => Want::Avg(slot),
+                "min" => Want::Min(slot),
+                "max" => Want::Max(slot),
+                _ => return None,
+            };
+            if !answerable(want, schema.field(c).data_type(), field.data_type()) {
+                return None;
+            }
+            wants.push(want);
+        }
+        let aggregates: Vec<String> = (agg.aggr_expr.iter())
+            .map(|e| e.schema_name().to_string())
+            .collect();
+        let mut label = format!("{} [{}]", scan.table_name, aggregates.join(", "));
+        if !agg.group_expr.is_empty() {
+            let shown: Vec<String> = agg.group_expr.iter().map(|e| e.to_string()).collect();
+            label.push_str(&format!(" group by {}", shown.join(", ")));
+        }
+        if !filters.is_empty() {
+            let shown: Vec<String> = filters.iter().map(|e| e.to_string()).collect();
+            label.push_str(&format!(" where {}", shown.join(" AND ")));
+        }
+        Some(Self {
+            table: Arc::new(table.clone()),
+            group,
+            wants,
+            columns,
+            filter: row_filter,
+            unbound,
+            schema: agg.schema.clone(),
+            fallback: plan.clone(),
+            label,
+            fallback_state: Arc::default(),
+        })
+    }
+
+    /// The one-row answer from synopses with the clock at `now`, or `None` when they cannot
+    /// give it.
+    fn answer(&self, now: DateTime<Utc>) -> Option<RecordBatch> {
+        let bound;
+        let filter = match &self.unbound {
+            Some(u) => {
+                bound = u.bind(&self.table.def(), now)?;
+                &bound
+            }
+            None => &self.filter,
+        };
+        if !self.group.is_empty() {
+            return self.grouped(filter);
+        }
+        let (rows, syn) = self.table.synopsis_where(&self.columns, filter)?;
+        let schema: SchemaRef = self.schema.inner().clone();
+        let mut columns = Vec::with_capacity(self.wants.len());
+        for (want, field) in self.wants.iter().zip(schema.fields().iter()) {
+            let v = value(*want, rows, &syn, field.data_type())?;
+            columns.push(v.to_array().ok()?);
+        }
+        RecordBatch::try_new(schema, columns).ok()
+    }
+
+    /// The answer to a `GROUP BY` from group synopses (rows in key order), or `None`.
+    fn grouped(&self, filter: &RowFilter) -> Option<RecordBatch> {
+        let mut answer = Answer::new(self.group.clone(), self.columns.clone());
+        self.table.groups_where(&mut answer, filter)?;
+        let mut groups: Vec<_> = answer.groups.into_iter().collect();
+        groups.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let schema: SchemaRef = self.schema.inner().clone();
+        let mut columns = Vec::with_capacity(schema.fields().len());
+        for (i, field) in schema.fields().iter().enumerate() {
+            let ty = field.data_type();
+            let values: Vec<ScalarValue> = match i.checked_sub(self.group.len()) {
+                None => (groups.iter())
+                    .map(|(key, _)| key_value(&key[i], ty))
+                    .collect::<Option<_>>()?,
+                Some(a) => (groups.iter())
+                    .map(|(_, (rows, syn))| value(*self.wants.get(a)?, *rows, syn, ty))
+                    .collect::<Option<_>>()?,
+            };
+            columns.push(match values.is_empty() {
+                true => new_empty_array(ty),
+                false => ScalarValue::iter_to_array(values).ok()?,
+            });
+        }
+        let options = RecordBatchOptions::new().with_row_count(Some(groups.len()));
+        RecordBatch::try_new_with_options(schema, columns, &options).ok()
+    }
+
+    /// Plans and runs the aggregate this node replaced, with the clock at `now`.
+    async fn fallback(
+        &self,
+        ctx: Arc<TaskContext>,
+        now: DateTime<Utc>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let state = self.fallback_state.get_or_init(|| {
+            SessionStateBuilder::new()
+                .with_config(ctx.session_config().clone())
+                .with_runtime_env(ctx.runtime_env())
+                .with_default_features()
+                .build()
+        });
+        let plan = match self.unbound {
+            // Optimized again, to fold the clock in (and prune by it).
+            Some(_) => {
+                let clock = Clock {
+                    state,
+                    now: Some(now),
+                };
+                (state.optimizer()).optimize(self.fallback.clone(), &clock, |_, _| {})?
+            }
+            None => self.fallback.clone(),
+        };
+        let physical = (state.query_planner())
+            .create_physical_plan(&plan, state)
+            .await?;
+        datafusion::physical_plan::execute_stream(physical, ctx)
+    }
+}
+
+/// What `want` answers from a synopsis of `rows` rows, as a value of type `ty`; `None` when
+/// it cannot (a sum past the type, min/max of a column without order, another type).
+fn value(want: Want, rows: u64, syn: &[ColumnSynopsis], ty: &DataType) -> Option<ScalarValue> {
+    let v = match want {
+        Want::Rows => ScalarValue::Int64(Some(i64::try_from(rows).ok()?)),
+        Want::Count(s) => ScalarValue::Int64(Some(i64::try_from(syn.get(s)?.count).ok()?)),
+        Want::Sum(s) => sum(syn.get(s)?, ty)?,
+        Want::Avg(s) => avg(syn.get(s)?, ty)?,
+        Want::Min(s) => bound(syn.get(s)?, syn.get(s)?.min, ty)?,
+        Want::Max(s) => bound(syn.get(s)?, syn.get(s)?.max, ty)?,
+    };
+    (v.data_type() == *ty).then_some(v)
+}
+
+/// What group synopses group by for `GROUP BY e` (a column of a key type, or `date(ts)` of
+/// a microsecond timestamp column), when the group's values are of type `ty`.
+fn group_key(e: &Expr, def: &TableDef, schema: &SchemaRef, ty: &DataType) -> Option<GroupKey> {
+    let column = |e: &Expr| match e {
+        Expr::Column(c) => def.column_index(&c.name),
+        _ => None,
+    };
+    match e {
+        Expr::Column(_) => {
+            let i = column(e)?;
+            let of = schema.field(i).data_type();
+            (of == ty && crate::query::groups::keyable(of)).then_some(GroupKey::Column(i))
+        }
+        Expr::ScalarFunction(f) if f.func.name() == "date" && f.args.len() == 1 => {
+            let i = column(&f.args[0])?;
+            let of = schema.field(i).data_type();
+            let micros = DataType::Timestamp(TimeUnit::Microsecond, None);
+            (*of == micros && *ty == DataType::Date32).then_some(GroupKey::Day(i))
+        }
+        _ => None,
+    }
+}
+
+/// Filters that read the clock, with the schema their columns are named in.
+#[derive(Debug, Clone)]
+struct Unbound {
+    filters: Vec<Expr>,
+    schema: DFSchemaRef,
+}
+
+impl Unbound {
+    /// The filters with the clock at `now`, as a [`RowFilter`] (`None` if they are not one).
+    fn bind(&self, def: &TableDef, now: DateTime<Utc>) -> Option<RowFilter> {
+        let context = SimplifyContext::builder()
+            .with_schema(self.schema.clone())
+            .with_query_execution_start_time(Some(now))
+            .build();
+        let simplifier = ExprSimplifier::new(context);
+        let bound: Vec<Expr> = (self.filters.iter())
+            .map(|e| simplifier.simplify(e.clone()).ok())
+            .collect::<Option<_>>()?;
+        exact_filter(def, bound.iter())
+    }
+}
+
+/// Whether `e` calls a function that is not immutable (`now()`, `random()`).
+pub(crate) fn of_the_moment(e: &Expr) -> bool {
+    e.exists(|e| {
+        Ok(matches!(e, Expr::ScalarFunction(f)
+            if f.func.signature().volatility != Volatility::Immutable))
+    })
+    .unwrap_or(true)
+}
+
+/// Whether a synopsis of a column of type `from` answers `want` as a value of type `ty`:
+/// counts as Int64; min and max of numbers, dates and times (not text, whose synopsis has no
+/// order) as their own type or a widening of it; sums of integers as integers and of floats
+/// as floats; averages of numbers as Float64.
+fn answerable(want: Want, from: &DataType, ty: &DataType) -> bool {
+    let number = from.is_integer() || from.is_floating();
+    match want {
+        Want::Rows | Want::Count(_) => *ty == DataType::Int64,
+        Want::Min(_) | Want::Max(_) => {
+            let ordered = number
+                || matches!(
+                    from,
+                    DataType::Date32 | DataType::Timestamp(TimeUnit::Microsecond, _)
+                );
+            ordered && (ty == from || *ty == DataType::Float64 || ty.is_integer())
+        }
+        Want::Sum(_) => {
+            (from.is_integer() && matches!(ty, DataType::Int64 | DataType::UInt64))
+                || (from.is_floating() && *ty == DataType::Float64)
+        }
+        Want::Avg(_) => number && *ty == DataType::Float64,
+    }
+}
+
+/// The session's optimizer settings with a given time for `now()` (`None`: left unfolded).
+/// A session's own clock is set once, when it is made.
+pub(crate) struct Clock<'a> {
+    pub state: &'a SessionState,
+    pub now: Option<DateTime<Utc>>,
+}
+
+impl OptimizerConfig for Clock<'_> {
+    fn query_execution_start_time(&self) -> Option<DateTime<Utc>> {
+        self.now
+    }
+
+    fn alias_generator(&self) -> &Arc<datafusion::common::alias::AliasGenerator> {
+        &self.state.execution_props().alias_generator
+    }
+
+    fn options(&self) -> Arc<datafusion::config::ConfigOptions> {
+        self.state.config_options().clone()
+    }
+
+    fn function_registry(&self) -> Option<&dyn datafusion::execution::FunctionRegistry> {
+        Some(self.state)
+    }
+}
+
+/// The [`RowFilter`] that is exactly `filters`, when each of them is a bound on the table's
+/// partition column (`ts >= '...'`, `ts > now() - INTERVAL '1 minute'`), a string equality
+/// (`device = 'd-7'`, `device IN ('a', 'b')`) or a number column compared with a number of
+/// its kind (`total_amount < 0`, `passenger_count > 3`).
+fn exact_filter<'a>(def: &TableDef, filters: impl Iterator<Item = &'a Expr>) -> Option<RowFilter> {
+    let mut out = RowFilter::default();
+    for e in filters.flat_map(split_conjunction) {
+        let f = row_filter(def, std::slice::from_ref(e));
+        match (&f.time[..], &f.equal[..], &f.value[..]) {
+            ([(col, _, _)], [], []) if *col == def.partition_column => out.time.extend(f.time),
+            ([], [_], []) => out.equal.extend(f.equal),
+            ([], [], [(col, _, v)]) if comparable(&def.columns[*col].ty.arrow(), *v) => {
+                out.value.extend(f.value)
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// Plans Sluice's own nodes ([`SynopsisNode`]) and the rest as DataFusion does.
+#[derive(Debug)]
+pub(crate) struct SluiceQueryPlanner;
+
+#[async_trait]
+impl QueryPlanner for SluiceQueryPlanner {
+    async fn create_physical_plan(
+        &self,
+        plan: &LogicalPlan,
+        state: &dyn Session,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(SynopsisPlanner)])
+            .create_physical_plan(plan, state)
+            .await
+    }
+}
+
+struct SynopsisPlanner;
+
+#[async_trait]
+impl ExtensionPlanner for SynopsisPlanner {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        _physical_inputs: &[Arc<dyn ExecutionPlan>],
+        _state: &dyn Session,
+        _planning: &PhysicalPlanningContext,
+    ) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(node) = node.as_any().downcast_ref::<SynopsisNode>() else {
+            return Ok(None);
+        };
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(node.schema.inner().clone()),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        );
+        Ok(Some(Arc::new(SynopsisExec::new(
+            Arc::new(node.clone()),
+            Arc::new(properties),
+        ))))
+    }
+}
+
+/// Runs a [`SynopsisNode`]: its answer from synopses, else the aggregate it replaced.
+/// `EXPLAIN ANALYZE` counts which (`from_synopsis`, `from_scan`).
+#[derive(Debug)]
+pub(crate) struct SynopsisExec {
+    node: Arc<SynopsisNode>,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    from_synopsis: Count,
+    from_scan: Count,
+}
+
+impl SynopsisExec {
+    fn new(node: Arc<SynopsisNode>, properties: Arc<PlanProperties>) -> Self {
+        let metrics = ExecutionPlanMetricsSet::new();
+        Self {
+            node,
+            properties,
+            from_synopsis: MetricBuilder::new(&metrics).global_counter("from_synopsis"),
+            from_scan: MetricBuilder::new(&metrics).global_counter("from_scan"),
+            metrics,
+        }
+    }
+}
+
+impl DisplayAs for SynopsisExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "SluiceSynopsisExec: {}", self.node.label)
+    }
+}
+
+impl ExecutionPlan for SynopsisExec {
+    fn name(&self) -> &'static str {
+        "SluiceSynopsisExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    /// A run of a kept plan counts afresh.
+    fn reset_state(self: Arc<Self>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let (node, properties) = (self.node.clone(), self.properties.clone());
+        Ok(Arc::new(Self::new(node, properties)))
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        _partition: usize,
+        ctx: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let node = self.node.clone();
+        let schema = self.schema();
+        let (from_synopsis, from_scan) = (self.from_synopsis.clone(), self.from_scan.clone());
+        let out = schema.clone();
+        let schema_of_rows = schema.clone();
+        let batches = futures::stream::once(async move {
+            let now = Utc::now();
+            if !node.group.is_empty() {
+                node.table.load_groups(&node.filter).await;
+            }
+            if let Some(batch) = node.answer(now) {
+                from_synopsis.add(1);
+                let one: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(
+                    batch.schema(),
+                    futures::stream::iter([Ok(batch)]),
+                ));
+                return Ok::<_, DataFusionError>(one);
+            }
+            from_scan.add(1);
+            let rows = node.fallback(ctx, now).await?;
+            // The aggregate's batches, under this node's schema.
+            let rows =
+                rows.map(move |b| Ok(RecordBatch::try_new(out.clone(), b?.columns().to_vec())?));
+            Ok(
+                Box::pin(RecordBatchStreamAdapter::new(schema_of_rows, rows))
+                    as SendableRecordBatchStream,
+            )
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+    }
+}
+
+fn null(ty: &DataType) -> Option<ScalarValue> {
+    ScalarValue::try_from(ty).ok()
+}
+
+fn sum(s: &ColumnSynopsis, ty: &DataType) -> Option<ScalarValue> {
+    if s.count == 0 {
+        return null(ty);
+    }
+    Some(match (s.sum?, ty) {
+        (Num::Int(v), DataType::Int64) => ScalarValue::Int64(Some(i64::try_from(v).ok()?)),
+        (Num::Int(v), DataType::UInt64) => ScalarValue::UInt64(Some(u64::try_from(v).ok()?)),
+        (Num::Float(v), DataType::Float64) => ScalarValue::Float64(Some(v)),
+        _ => return None,
+    })
+}
+
+fn avg(s: &ColumnSynopsis, ty: &DataType) -> Option<ScalarValue> {
+    if *ty != DataType::Float64 {
+        return None;
+    }
+    if s.count == 0 {
+        return null(ty);
+    }
+    let v = match s.sum? {
+        // Exact integer sum, one rounding.
+        Num::Int(v) => v as f64 / s.count as f64,
+        Num::Float(v) => v / s.count as f64,
+    };
+    Some(ScalarValue::Float64(Some(v)))
+}
+
+/// A group's value of a grouped column, as a value of type `ty`.
+fn key_value(k: &Key, ty: &DataType) -> Option<ScalarValue> {
+    let v = match k {
+        Key::Null => return null(ty),
+        Key::Bool(b) => ScalarValue::Boolean(Some(*b)),
+        Key::Str(s) => ScalarValue::Utf8(Some(s.to_string())),
+        Key::Int(i) if *ty == DataType::Date32 => {
+            ScalarValue::Date32(Some(i32::try_from(*i).ok()?))
+        }
+        Key::Int(i) => int_value(*i, ty)?,
+    };
+    (v.data_type() == *ty).then_some(v)
+}
+
+/// An integer as a value of integer type `ty` (`None` if it does not fit, or `ty` is no
+/// integer type).
+fn int_value(i: i128, ty: &DataType) -> Option<ScalarValue> {
+    Some(match ty {
+        DataType::Int8 => ScalarValue::Int8(Some(i8::try_from(i).ok()?)),
+        DataType::Int16 => ScalarValue::Int16(Some(i16::try_from(i).ok()?)),
+        DataType::Int32 => ScalarValue::Int32(Some(i32::try_from(i).ok()?)),
+        DataType::Int64 => ScalarValue::Int64(Some(i64::try_from(i).ok()?)),
+        DataType::UInt8 => ScalarValue::UInt8(Some(u8::try_from(i).ok()?)),
+        DataType::UInt16 => ScalarValue::UInt16(Some(u16::try_from(i).ok()?)),
+        DataType::UInt32 => ScalarValue::UInt32(Some(u32::try_from(i).ok()?)),
+        DataType::UInt64 => ScalarValue::UInt64(Some(u64::try_from(i).ok()?)),
+        _ => return None,
+    })
+}
+
+fn bound(s: &ColumnSynopsis, v: Option<Num>, ty: &DataType) -> Option<ScalarValue> {
+    if s.count == 0 {
+        return null(ty);
+    }
+    if !s.ordered {
+        return None;
+    }
+    let int = |n: Num| match n {
+        Num::Int(i) => Some(i),
+        Num::Float(_) => None,
+    };
+    let v = v?;
+    Some(match ty {
+        ty if ty.is_integer() => int_value(int(v)?, ty)?,
+        // Values were Float32 to begin with, so this conversion is exact.
+        DataType::Float32 => ScalarValue::Float32(Some(v.as_f64() as f32)),
+        DataType::Float64 => ScalarValue::Float64(Some(v.as_f64())),
+        DataType::Date32 => ScalarValue::Date32(Some(i32::try_from(int(v)?).ok()?)),
+        DataType::Timestamp(TimeUnit::Microsecond, tz) => {
+            ScalarValue::TimestampMicrosecond(Some(i64::try_from(int(v)?).ok()?), tz.clone())
+        }
+        _ => return None,
+    })
+}

@@ -1,0 +1,521 @@
+//! Executing Sluice's own statements (DDL, SHOW, DESCRIBE, FLUSH).
+
+use crate::Engine;
+use crate::error::{Error, Result};
+use crate::ports::QueryOutput;
+use crate::query::ddl::{CreateTable, Statement, TableRef};
+use crate::store::catalog::{Catalog, ColumnDef, DEFAULT_DATABASE, SYSTEM_DATABASE, TableDef};
+use crate::store::state::TableState;
+use datafusion::arrow::array::{ArrayRef, BooleanArray, StringArray, UInt64Array};
+use datafusion::arrow::datatypes::{Field, Schema};
+use datafusion::arrow::record_batch::RecordBatch;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+fn table_output(cols: Vec<(&str, ArrayRef)>) -> Result<QueryOutput> {
+    let schema = Arc::new(Schema::new(
+        cols.iter()
+            .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
+            .collect::<Vec<_>>(),
+    ));
+    let batch = RecordBatch::try_new(schema.clone(), cols.into_iter().map(|(_, a)| a).collect())?;
+    Ok(QueryOutput::from_batches(schema, vec![batch]))
+}
+
+fn strings(v: Vec<String>) -> ArrayRef {
+    Arc::new(StringArray::from(v))
+}
+
+/// An argon2id hash of `password` (slow by design, so off the async threads).
+async fn hash_password(password: String) -> Result<String> {
+    tokio::task::spawn_blocking(move || {
+        use argon2::PasswordHasher;
+        argon2::Argon2::default()
+            .hash_password(password.as_bytes())
+            .map(|h| h.to_string())
+            .map_err(|e| Error::invalid(format!("hashing the password: {e}")))
+    })
+    .await
+    .map_err(|e| Error::invalid(format!("hashing the password: {e}")))?
+}
+
+fn no_rows() -> QueryOutput {
+    QueryOutput::from_batches(Arc::new(Schema::empty()), Vec::new())
+}
+
+/// Columns a table may have (WAL records count columns in 16 bits).
+const MAX_COLUMNS: usize = 4096;
+
+fn valid_name(what: &str, name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name.chars().all(|c| c.is_alphanumeric() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "invalid {what} name '{name}': use letters, digits and '_', not starting with a digit"
+        )))
+    }
+}
+
+impl Engine {
+    pub(crate) async fn run_statement(&self, stmt: Statement) -> Result<QueryOutput> {
+        let catalog = &self.store.catalog;
+        match stmt {
+            Statement::Query => Err(Error::sql("internal: query routed as a statement")),
+            Statement::CreateDatabase {
+                name,
+                if_not_exists,
+            } => {
+                valid_name("database", &name)?;
+                if name == SYSTEM_DATABASE {
+                    return Err(Error::invalid("'system' is reserved"));
+                }
+                catalog.change(|d| {
+                    if d.databases.contains_key(&name) {
+                        return if if_not_exists {
+                            Ok(())
+                        } else {
+                            Err(Error::AlreadyExists {
+                                what: "database",
+                                name: name.clone(),
+                            })
+                        };
+                    }
+                    d.databases.insert(name.clone(), BTreeMap::new());
+                    Ok(())
+                })?;
+                Ok(no_rows())
+            }
+            Statement::DropDatabase { name, if_exists } => {
+                if name == DEFAULT_DATABASE {
+                    return Err(Error::invalid("the default database cannot be dropped"));
+                }
+                catalog.change(|d| match d.databases.get(&name) {
+                    None if if_exists => Ok(()),
+                    None => Err(Error::UnknownDatabase {
+                        database: name.clone(),
+                    }),
+                    Some(t) if !t.is_empty() => Err(Error::invalid(format!(
+                        "database '{name}' still has {} tables; drop them first",
+                        t.len()
+                    ))),
+                    Some(_) => {
+                        d.databases.remove(&name);
+                        Ok(())
+                    }
+                })?;
+                Ok(no_rows())
+            }
+            Statement::CreateTable(ct) => {
+                self.create_table(ct, true)?;
+                Ok(no_rows())
+            }
+            Statement::DropTable { name, if_exists } => {
+                self.drop_table(&name, if_exists).await?;
+                Ok(no_rows())
+            }
+            Statement::AddColumn {
+                name,
+                column,
+                if_not_exists,
+            } => {
+                self.add_columns(&name, std::slice::from_ref(&column), if_not_exists)?;
+                Ok(no_rows())
+            }
+            Statement::SetOptions {
+                name,
+                ttl_secs,
+                options,
+            } => {
+                self.change_table(&name, |next| {
+                    for (k, v) in &options {
+                        if v.is_empty() {
+                            next.options.remove(k);
+                        } else {
+                            next.options.insert(k.clone(), v.clone());
+                        }
+                    }
+                    if ttl_secs.is_some() {
+                        next.ttl_secs = ttl_secs;
+                    }
+                    crate::ingest::decode::validate_options(next)
+                })?;
+                Ok(no_rows())
+            }
+            Statement::CreateUser {
+                name,
+                password,
+                if_not_exists,
+            } => {
+                valid_name("user", &name)?;
+                let hash = hash_password(password).await?;
+                catalog.change(|d| {
+                    if d.users.contains_key(&name) {
+                        return if if_not_exists {
+                            Ok(())
+                        } else {
+                            Err(Error::AlreadyExists {
+                                what: "user",
+                                name: name.clone(),
+                            })
+                        };
+                    }
+                    d.users.insert(name.clone(), hash);
+                    Ok(())
+                })?;
+                Ok(no_rows())
+            }
+            Statement::AlterUser { name, password } => {
+                let hash = hash_password(password).await?;
+                catalog.change(|d| match d.users.get_mut(&name) {
+                    Some(h) => {
+                        *h = hash;
+                        Ok(())
+                    }
+                    None => Err(Error::invalid(format!("no user '{name}'"))),
+                })?;
+                Ok(no_rows())
+            }
+            Statement::DropUser { name, if_exists } => {
+                catalog.change(|d| match d.users.remove(&name) {
+                    Some(_) => Ok(()),
+                    None if if_exists => Ok(()),
+                    None => Err(Error::invalid(format!("no user '{name}'"))),
+                })?;
+                Ok(no_rows())
+            }
+            Statement::CreateAlert { def, if_not_exists } => {
+                self.create_alert(def, if_not_exists).await?;
+                Ok(no_rows())
+            }
+            Statement::DropAlert { name, if_exists } => {
+                self.drop_alert(&name, if_exists)?;
+                Ok(no_rows())
+            }
+            Statement::ShowUsers => {
+                let names: Vec<String> = catalog.snapshot().users.keys().cloned().collect();
+                table_output(vec![("user_name", strings(names))])
+            }
+            Statement::ShowDatabases => {
+                let mut names: Vec<String> = catalog.snapshot().databases.keys().cloned().collect();
+                names.push(SYSTEM_DATABASE.into());
+                table_output(vec![("database_name", strings(names))])
+            }
+            Statement::ShowTables { database } => {
+                let cat = catalog.snapshot();
+                if let Some(db) = database
+                    .as_ref()
+                    .filter(|db| !cat.databases.contains_key(*db))
+                {
+                    return Err(Error::UnknownDatabase {
+                        database: db.clone(),
+                    });
+                }
+                let defs: Vec<&Arc<TableDef>> = cat
+                    .tables()
+                    .filter(|t| database.as_ref().is_none_or(|d| &t.database == d))
+                    .collect();
+                table_output(vec![
+                    (
+                        "database_name",
+                        strings(defs.iter().map(|t| t.database.clone()).collect()),
+                    ),
+                    (
+                        "table_name",
+                        strings(defs.iter().map(|t| t.name.clone()).collect()),
+                    ),
+                ])
+            }
+            Statement::Describe(name) => {
+                let def = self.table(&name.database, &name.table)?;
+                let pc = def.partition_column;
+                table_output(vec![
+                    (
+                        "column_name",
+                        strings(def.columns.iter().map(|c| c.name.clone()).collect()),
+                    ),
+                    (
+                        "data_type",
+                        strings(
+                            def.columns
+                                .iter()
+                                .map(|c| c.ty.name().to_string())
+                                .collect(),
+                        ),
+                    ),
+                    (
+                        "nullable",
+                        Arc::new(BooleanArray::from(
+                            def.columns.iter().map(|c| c.nullable).collect::<Vec<_>>(),
+                        )),
+                    ),
+                    (
+                        "partition_key",
+                        strings(
+                            (0..def.columns.len())
+                                .map(|i| {
+                                    if i == pc {
+                                        def.partition.sql(&def.columns[i].name)
+                                    } else {
+                                        String::new()
+                                    }
+                                })
+                                .collect(),
+                        ),
+                    ),
+                ])
+            }
+            Statement::ShowCreateTable(name) => {
+                let def = self.table(&name.database, &name.table)?;
+                table_output(vec![("statement", strings(vec![def.create_sql()]))])
+            }
+            Statement::Insert {
+                name,
+                columns,
+                rows,
+            } => {
+                let def = self.table(&name.database, &name.table)?;
+                let rows = crate::ingest::decode::decode_values(
+                    &def,
+                    columns.as_deref(),
+                    &rows,
+                    crate::now_micros(),
+                )?;
+                let receipt = self.append_rows(&def, rows).await?;
+                table_output(vec![(
+                    "rows",
+                    Arc::new(UInt64Array::from(vec![receipt.rows as u64])) as ArrayRef,
+                )])
+            }
+            Statement::Flush(name) => {
+                if self.clustered() {
+                    return Err(Error::invalid(
+                        "FLUSH TABLE is not available on a cluster node yet: replicated rows \
+                         stay in the shards' raft logs",
+                    ));
+                }
+                let def = self.table(&name.database, &name.table)?;
+                let files = match self.store.tables.get(def.id) {
+                    Some(t) => self.flush_table(&t).await?,
+                    None => 0,
+                };
+                table_output(vec![(
+                    "files_written",
+                    Arc::new(UInt64Array::from(vec![files as u64])) as ArrayRef,
+                )])
+            }
+        }
+    }
+
+    /// Adds `columns` (made nullable: stored rows have no value for them) to a table in one
+    /// catalog change. With `if_not_exists`, columns already there are skipped.
+    pub(crate) fn add_columns(
+        &self,
+        name: &TableRef,
+        columns: &[ColumnDef],
+        if_not_exists: bool,
+    ) -> Result<()> {
+        for c in columns {
+            valid_name("column", &c.name)?;
+        }
+        self.change_table(name, |next| {
+            for column in columns {
+                if next.column_index(&column.name).is_some() {
+                    if if_not_exists {
+                        continue;
+                    }
+                    return Err(Error::AlreadyExists {
+                        what: "column",
+                        name: column.name.clone(),
+                    });
+                }
+                if next.columns.len() >= MAX_COLUMNS {
+                    return Err(Error::invalid(format!(
+                        "a table has at most {MAX_COLUMNS} columns"
+                    )));
+                }
+                next.columns.push(ColumnDef {
+                    nullable: true,
+                    ..column.clone()
+                });
+            }
+            Ok(())
+        })
+    }
+
+    /// Changes a table's definition in one catalog change; when `change` fails the catalog
+    /// stays as it was.
+    fn change_table(
+        &self,
+        name: &TableRef,
+        change: impl FnOnce(&mut TableDef) -> Result<()>,
+    ) -> Result<()> {
+        self.store.catalog.change(|d| {
+            let cur = d.table(&name.database, &name.table)?.clone();
+            let mut next = (*cur).clone();
+            change(&mut next)?;
+            if next == *cur {
+                return Ok(());
+            }
+            let next = Arc::new(next);
+            // Widen the live state before the new definition is published (the
+            // catalog's write lock is held here), so no row decoded against it can
+            // meet a narrower buffer, and ALTERs apply in order.
+            if let Some(t) = self.store.tables.get(next.id) {
+                t.alter(next.clone());
+            }
+            d.databases
+                .get_mut(&name.database)
+                .expect("checked")
+                .insert(name.table.clone(), next);
+            Ok(())
+        })
+    }
+
+    /// Creates a table. `create_database`: a missing database comes into being with it (as
+    /// for `CREATE TABLE`), else it is an error.
+    pub(crate) fn create_table(&self, ct: CreateTable, create_database: bool) -> Result<()> {
+        valid_name("table", &ct.name.table)?;
+        if ct.columns.len() > MAX_COLUMNS {
+            return Err(Error::invalid(format!(
+                "a table has at most {MAX_COLUMNS} columns"
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for c in &ct.columns {
+            valid_name("column", &c.name)?;
+            if !seen.insert(c.name.to_ascii_lowercase()) {
+                return Err(Error::invalid(format!(
+                    "column '{}' is defined twice",
+                    c.name
+                )));
+            }
+        }
+        let pc = ct
+            .columns
+            .iter()
+            .position(|c| c.name.eq_ignore_ascii_case(&ct.partition_column))
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "PARTITION BY names unknown column '{}'",
+                    ct.partition_column
+                ))
+            })?;
+        let pty = ct.columns[pc].ty;
+        if !ct.partition.accepts(pty) {
+            return Err(Error::invalid(format!(
+                "partition function {} cannot read column '{}' of type {}",
+                ct.partition.sql(&ct.columns[pc].name),
+                ct.columns[pc].name,
+                pty.name()
+            )));
+        }
+        valid_name("database", &ct.name.database)?;
+        if ct.name.database == SYSTEM_DATABASE {
+            return Err(Error::invalid("'system' is reserved"));
+        }
+        let mut allocated = None;
+        let created = self.store.catalog.change(|d| {
+            // JoinBase scripts create `db.t` without a CREATE DATABASE first: the database
+            // comes into being with its first table.
+            if !create_database && !d.databases.contains_key(&ct.name.database) {
+                return Err(Error::UnknownDatabase {
+                    database: ct.name.database.clone(),
+                });
+            }
+            let db = d.databases.entry(ct.name.database.clone()).or_default();
+            if db.contains_key(&ct.name.table) {
+                return if ct.if_not_exists {
+                    Ok(None)
+                } else {
+                    Err(Error::AlreadyExists {
+                        what: "table",
+                        name: format!("{}.{}", ct.name.database, ct.name.table),
+                    })
+                };
+            }
+            let def = Arc::new(TableDef {
+                id: *allocated.insert(Catalog::allocate_id(d)),
+                database: ct.name.database.clone(),
+                name: ct.name.table.clone(),
+                columns: ct.columns.clone(),
+                partition: ct.partition,
+                partition_column: pc,
+                ttl_secs: ct.ttl_secs,
+                options: ct.options.clone(),
+            });
+            crate::ingest::decode::validate_options(&def)?;
+            // The live state exists before the definition is published, so no write can
+            // resolve the table and then find nothing to apply to.
+            self.store
+                .tables
+                .by_id
+                .write()
+                .insert(def.id, Arc::new(TableState::new(def.clone())));
+            d.databases
+                .get_mut(&ct.name.database)
+                .expect("checked")
+                .insert(ct.name.table.clone(), def.clone());
+            Ok(Some(def))
+        });
+        if created.is_err() {
+            // A failed catalog write leaves no live state for the id it allocated.
+            if let Some(id) = allocated {
+                self.store.tables.by_id.write().remove(&id);
+            }
+        }
+        created.map(|_| ())
+    }
+
+    async fn drop_table(&self, name: &TableRef, if_exists: bool) -> Result<()> {
+        // In a cluster the catalog change waits for the metadata group, whose apply takes
+        // the manifest lock to install files: not held across it there. The dropped table's
+        // files stay on the shared store (each node only forgets them).
+        let m = match self.clustered() {
+            true => None,
+            false => Some(self.manifest.lock().await),
+        };
+        let removed = self.store.catalog.change(|d| {
+            let Some(db) = d.databases.get_mut(&name.database) else {
+                return if if_exists {
+                    Ok(None)
+                } else {
+                    Err(Error::UnknownDatabase {
+                        database: name.database.clone(),
+                    })
+                };
+            };
+            match db.remove(&name.table) {
+                Some(def) => Ok(Some(def)),
+                None if if_exists => Ok(None),
+                None => Err(Error::UnknownTable {
+                    database: name.database.clone(),
+                    table: name.table.clone(),
+                }),
+            }
+        })?;
+        let Some(def) = removed else {
+            return Ok(());
+        };
+        self.store.tables.remove(def.id);
+        let Some(mut m) = m else {
+            return Ok(());
+        };
+        if let Some(parts) = m.tables.get(&def.id) {
+            let files: Vec<String> = parts
+                .values()
+                .flat_map(|p| p.files.iter().map(|f| f.path.clone()))
+                .collect();
+            self.change_manifest(&mut m, |next| {
+                next.tables.remove(&def.id);
+            })
+            .await?;
+            self.retire(files);
+        }
+        drop(m);
+        self.truncate_wal()
+    }
+}

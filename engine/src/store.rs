@@ -1,0 +1,37 @@
+//! Where rows live: the catalog of databases and tables ([`catalog`]), each table's live
+//! partitions ([`state`]) with their in-memory buffers ([`buffer`], in sorted [`chunk`]s)
+//! and Parquet files on an object store ([`storage`], the manifest naming them), the
+//! partition functions ([`partition`]), the hot cache of decoded files ([`hot`]) and the
+//! small state files written whole ([`files`]).
+
+pub(crate) mod buffer;
+pub(crate) mod catalog;
+pub(crate) mod chunk;
+pub(crate) mod files;
+pub(crate) mod hot;
+pub(crate) mod partition;
+pub(crate) mod state;
+pub(crate) mod storage;
+
+use std::sync::Arc;
+
+/// The engine's stores, as writes, queries and maintenance share them: the catalog, the
+/// live tables, the object store and hot cache, refused messages and bridge origins.
+#[derive(Debug)]
+pub(crate) struct Store {
+    /// The catalog.
+    pub(crate) catalog: crate::store::catalog::Catalog,
+    /// Live state.
+    pub(crate) tables: Arc<state::Tables>,
+    /// Object store.
+    pub(crate) storage: storage::Storage,
+    /// Refused messages.
+    pub(crate) dead_letters: crate::ingest::dead_letter::DeadLetters,
+    /// Decoded Parquet files.
+    pub(crate) hot: crate::store::hot::HotCache,
+    /// The last stored message per bridge and packet id.
+    pub(crate) origins: Arc<crate::ingest::origin::Origins>,
+    /// `system` tables other layers serve (the broker's `system.bridges`).
+    pub(crate) extra_system:
+        parking_lot::RwLock<std::collections::HashMap<String, crate::ports::SystemRows>>,
+}
