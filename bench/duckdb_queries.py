@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The peer side of bench/src/bin/query_bench.rs: loads the runner's nyct_lite CSV files into
+"""The peer side of bench/src/bin/query_bench/main.rs: loads the runner's nyct_lite CSV files into
 a native DuckDB table (or, with "engine": "chdb", a chDB MergeTree table) and times the
 queries the runner sends, the same way the runner times Sluice.
 

@@ -14,7 +14,7 @@
 //!   SQL must hold each acknowledged message exactly once.
 //! - `src/bin/alert_load.rs`: end to end, the CPU cost of N alerts evaluated every second on
 //!   a table receiving R messages/s over MQTT.
-//! - `src/bin/query_bench.rs`: end to end, JoinBase's nyct_lite queries against the real
+//! - `src/bin/query_bench/main.rs`: end to end, JoinBase's nyct_lite queries against the real
 //!   binary over HTTP and against DuckDB (`duckdb_queries.py`) on the same data in the same
 //!   run, answers compared. Its data comes from [`nyct`], its answers are compared by
 //!   [`answer`].

@@ -1,0 +1,321 @@
+//! The packets a client sends after CONNECT: PUBLISH and its QoS 2 handshake, acks of what
+//! the server sent, SUBSCRIBE, UNSUBSCRIBE, PINGREQ and DISCONNECT.
+
+use super::{Ack, Client};
+use crate::Shared;
+use crate::auth::Action;
+use crate::codec::Version;
+use crate::error::{self, Error, Result};
+use crate::router::min_qos;
+use crate::session::{Delivery, Message, Outgoing, SubOptions};
+use crate::topic;
+use bytes::Bytes;
+use futures::stream::FuturesOrdered;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Handles one packet; returns true on a DISCONNECT (which ends the connection).
+pub(super) async fn handle(
+    shared: &Arc<Shared>,
+    client: &mut Client,
+    packet: Packet,
+    pending: &mut FuturesOrdered<Ack>,
+) -> Result<bool> {
+    match packet {
+        Packet::Publish(p) => on_publish(shared, client, p, pending)?,
+        Packet::PubAck(a) => {
+            let mut st = client.session.state.lock();
+            if matches!(st.inflight.get(&a.pkid), Some(Outgoing::Published(_))) {
+                st.inflight.remove(&a.pkid);
+            }
+            drop(st);
+            client.session.wake_writer.notify_one();
+        }
+        Packet::PubRec(r) => {
+            let known = {
+                let mut st = client.session.state.lock();
+                let known = st.inflight.contains_key(&r.pkid);
+                if known {
+                    if (r.reason as u8) >= 0x80 {
+                        st.inflight.remove(&r.pkid);
+                    } else {
+                        st.inflight.insert(r.pkid, Outgoing::Released);
+                    }
+                }
+                known && (r.reason as u8) < 0x80
+            };
+            if known {
+                let _ = client.ctrl.send(Packet::PubRel(PubRel {
+                    pkid: r.pkid,
+                    reason: PubRelReason::Success,
+                    properties: None,
+                }));
+            } else {
+                client.session.wake_writer.notify_one();
+            }
+        }
+        Packet::PubComp(c) => {
+            client.session.state.lock().inflight.remove(&c.pkid);
+            client.session.wake_writer.notify_one();
+        }
+        Packet::PubRel(r) => {
+            let found = client.session.state.lock().incoming_qos2.remove(&r.pkid);
+            let pkid = r.pkid;
+            // After the PUBREC of the same id, which may still be pending.
+            pending.push_back(Box::pin(async move {
+                let comp = Packet::PubComp(PubComp {
+                    pkid,
+                    reason: if found {
+                        PubCompReason::Success
+                    } else {
+                        PubCompReason::PacketIdentifierNotFound
+                    },
+                    properties: None,
+                });
+                (Some(comp), None)
+            }));
+        }
+        Packet::Subscribe(s) => on_subscribe(shared, client, s).await?,
+        Packet::Unsubscribe(u) => {
+            let reasons = u
+                .filters
+                .iter()
+                .map(|f| match shared.router.unsubscribe(&client.session, f) {
+                    true => UnsubAckReason::Success,
+                    false => UnsubAckReason::NoSubscriptionExisted,
+                })
+                .collect();
+            let _ = client.ctrl.send(Packet::UnsubAck(UnsubAck {
+                pkid: u.pkid,
+                reasons,
+                properties: None,
+            }));
+        }
+        Packet::PingReq(_) => {
+            let _ = client.ctrl.send(Packet::PingResp(PingResp));
+        }
+        Packet::Disconnect(d) => {
+            if let Some(secs) = d.properties.and_then(|p| p.session_expiry_interval) {
+                let mut st = client.session.state.lock();
+                if st.expiry_secs == 0 && secs != 0 {
+                    return Err(Error::Protocol(
+                        "session expiry set at DISCONNECT after 0 at CONNECT".into(),
+                    ));
+                }
+                let max = u32::try_from(shared.max_session_expiry.as_secs()).unwrap_or(u32::MAX);
+                st.expiry_secs = secs.min(max);
+            }
+            // Only a normal disconnection (0x00) deletes the will.
+            if d.reason_code == DisconnectReasonCode::NormalDisconnection {
+                client.will = None;
+            }
+            return Ok(true);
+        }
+        Packet::Connect(..) => return Err(Error::Protocol("second CONNECT".into())),
+        Packet::Auth(_) => return Err(Error::Protocol("AUTH is not supported".into())),
+        other => {
+            return Err(Error::Protocol(format!(
+                "a client may not send {:?}",
+                std::mem::discriminant(&other)
+            )));
+        }
+    }
+    Ok(false)
+}
+
+fn on_publish(
+    shared: &Arc<Shared>,
+    client: &mut Client,
+    mut p: Publish,
+    pending: &mut FuturesOrdered<Ack>,
+) -> Result<()> {
+    shared.metrics.messages_in.fetch_add(1, Ordering::Relaxed);
+    if p.qos != QoS::AtMostOnce {
+        if client.unacked >= usize::from(shared.config.receive_maximum) {
+            return Err(Error::ReceiveMaximum(shared.config.receive_maximum));
+        }
+        client.unacked += 1;
+    }
+    let mut props = p.properties.take();
+    let topic: Arc<str> = match props.as_mut().and_then(|pr| pr.topic_alias.take()) {
+        Some(alias) => {
+            if alias == 0 || alias > shared.config.topic_alias_maximum {
+                return Err(Error::TopicAlias(format!("alias {alias}")));
+            }
+            if p.topic.is_empty() {
+                client
+                    .aliases
+                    .get(&alias)
+                    .cloned()
+                    .ok_or_else(|| Error::TopicAlias(format!("alias {alias} was never set")))?
+            } else {
+                let t: Arc<str> = Arc::from(utf8_topic(&p.topic)?);
+                client.aliases.insert(alias, t.clone());
+                t
+            }
+        }
+        None => Arc::from(utf8_topic(&p.topic)?),
+    };
+    if !topic::valid_name(&topic) {
+        return Err(Error::Protocol(format!("invalid topic name {topic:?}")));
+    }
+    if p.qos == QoS::ExactlyOnce && !client.session.state.lock().incoming_qos2.insert(p.pkid) {
+        // A resent QoS 2 message already stored: acknowledge again, store nothing.
+        let pkid = p.pkid;
+        pending.push_back(Box::pin(async move {
+            let rec = Packet::PubRec(PubRec {
+                pkid,
+                reason: PubRecReason::Success,
+                properties: None,
+            });
+            (Some(rec), None)
+        }));
+        return Ok(());
+    }
+    if props
+        .as_ref()
+        .is_some_and(|pr| !pr.subscription_identifiers.is_empty())
+    {
+        return Err(Error::Protocol(
+            "a PUBLISH from a client may not carry subscription identifiers".into(),
+        ));
+    }
+    let expires = props
+        .as_ref()
+        .and_then(|pr| pr.message_expiry_interval)
+        .map(|s| Instant::now() + Duration::from_secs(u64::from(s)));
+    let message = Arc::new(Message {
+        topic,
+        payload: p.payload,
+        qos: p.qos,
+        retain: p.retain,
+        properties: props,
+        expires,
+        origin: client.id.clone(),
+    });
+    let (qos, pkid, version) = (p.qos, p.pkid, client.version);
+    let problem_info = client.problem_info;
+    let shared = shared.clone();
+    let session = client.session.clone();
+    let started = Instant::now();
+    let user = client.user.clone();
+    pending.push_back(Box::pin(async move {
+        let (reason, text) = crate::ingest::store_rows(&shared, &message, user.as_deref()).await;
+        shared.metrics.observe_ack(started.elapsed());
+        let failed = error::reason_code(reason) >= 0x80;
+        let text = text.filter(|_| problem_info);
+        let properties = (version == Version::V5 && text.is_some()).then(|| PubAckProperties {
+            reason_string: text,
+            user_properties: Vec::new(),
+        });
+        let ack = match qos {
+            QoS::AtMostOnce => None,
+            QoS::AtLeastOnce => Some(Packet::PubAck(PubAck {
+                pkid,
+                reason,
+                properties,
+            })),
+            QoS::ExactlyOnce => {
+                if failed {
+                    session.state.lock().incoming_qos2.remove(&pkid);
+                }
+                Some(Packet::PubRec(PubRec {
+                    pkid,
+                    reason: pubrec_reason(reason),
+                    properties: properties.map(|p| PubRecProperties {
+                        reason_string: p.reason_string,
+                        user_properties: p.user_properties,
+                    }),
+                }))
+            }
+        };
+        (ack, (!failed).then_some(message))
+    }));
+    Ok(())
+}
+
+fn utf8_topic(b: &Bytes) -> Result<&str> {
+    std::str::from_utf8(b).map_err(|_| Error::Malformed("topic is not UTF-8".into()))
+}
+
+fn pubrec_reason(r: PubAckReason) -> PubRecReason {
+    match r {
+        PubAckReason::Success => PubRecReason::Success,
+        PubAckReason::NoMatchingSubscribers => PubRecReason::NoMatchingSubscribers,
+        PubAckReason::UnspecifiedError => PubRecReason::UnspecifiedError,
+        PubAckReason::ImplementationSpecificError => PubRecReason::ImplementationSpecificError,
+        PubAckReason::NotAuthorized => PubRecReason::NotAuthorized,
+        PubAckReason::TopicNameInvalid => PubRecReason::TopicNameInvalid,
+        PubAckReason::PacketIdentifierInUse => PubRecReason::PacketIdentifierInUse,
+        PubAckReason::QuotaExceeded => PubRecReason::QuotaExceeded,
+        PubAckReason::PayloadFormatInvalid => PubRecReason::PayloadFormatInvalid,
+    }
+}
+
+async fn on_subscribe(shared: &Arc<Shared>, client: &mut Client, s: Subscribe) -> Result<()> {
+    let id = s.properties.as_ref().and_then(|p| p.id);
+    if id == Some(0) {
+        return Err(Error::Protocol("subscription identifier 0".into()));
+    }
+    let mut codes = Vec::with_capacity(s.filters.len());
+    let mut retained = Vec::new();
+    for f in &s.filters {
+        let shared_sub = topic::parse_shared(&f.path);
+        let plain = shared_sub.map(|(_, f)| f).unwrap_or(&f.path);
+        let group_ok = shared_sub.is_none_or(|(g, _)| !g.is_empty() && !g.contains(['+', '#']));
+        if !topic::valid_filter(plain)
+            || !group_ok
+            || (f.path.starts_with("$share") && shared_sub.is_none())
+        {
+            codes.push(SubscribeReasonCode::TopicFilterInvalid);
+            continue;
+        }
+        if shared_sub.is_some() && f.nolocal {
+            return Err(Error::Protocol("no local on a shared subscription".into()));
+        }
+        if !shared
+            .auth
+            .allowed(client.user.as_deref(), Action::Subscribe, plain)
+        {
+            tracing::info!(client_id = %client.id, filter = %f.path, "subscription refused by the ACL");
+            codes.push(SubscribeReasonCode::NotAuthorized);
+            continue;
+        }
+        let options = SubOptions {
+            qos: f.qos,
+            no_local: f.nolocal,
+            retain_as_published: f.preserve_retain,
+            id,
+        };
+        let existed = shared.router.subscribe(&client.session, &f.path, options);
+        codes.push(SubscribeReasonCode::Success(f.qos));
+        let send_retained = shared_sub.is_none()
+            && match f.retain_forward_rule {
+                RetainForwardRule::OnEverySubscribe => true,
+                RetainForwardRule::OnNewSubscribe => !existed,
+                RetainForwardRule::Never => false,
+            };
+        if send_retained {
+            for m in shared.router.retained_matching(plain) {
+                retained.push(Delivery {
+                    qos: min_qos(m.qos, f.qos),
+                    message: m,
+                    retain: true,
+                    subscription_ids: id.into_iter().collect(),
+                });
+            }
+        }
+    }
+    let _ = client.ctrl.send(Packet::SubAck(SubAck {
+        pkid: s.pkid,
+        return_codes: codes,
+        properties: None,
+    }));
+    for d in retained {
+        client.session.enqueue(d, false).await;
+    }
+    Ok(())
+}

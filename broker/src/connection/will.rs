@@ -1,0 +1,64 @@
+//! The last will: published, after its delay, when a connection ends without a normal
+//! DISCONNECT.
+
+use crate::Shared;
+use crate::error;
+use crate::session::{Message, Session};
+use rumqttc::v5::mqttbytes::v5::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+pub(super) fn publish_will(
+    shared: &Arc<Shared>,
+    session: &Arc<Session>,
+    will: LastWill,
+    user: Option<Arc<str>>,
+    generation: u64,
+    expiry: u32,
+) {
+    let delay = will
+        .properties
+        .as_ref()
+        .and_then(|p| p.delay_interval)
+        .unwrap_or(0)
+        .min(expiry);
+    let Ok(topic) = std::str::from_utf8(&will.topic) else {
+        return;
+    };
+    let props = will.properties.map(|p| PublishProperties {
+        payload_format_indicator: p.payload_format_indicator,
+        message_expiry_interval: p.message_expiry_interval,
+        topic_alias: None,
+        response_topic: p.response_topic,
+        correlation_data: p.correlation_data,
+        user_properties: p.user_properties,
+        subscription_identifiers: Vec::new(),
+        content_type: p.content_type,
+    });
+    let expires = props
+        .as_ref()
+        .and_then(|p| p.message_expiry_interval)
+        .map(|s| Instant::now() + Duration::from_secs(u64::from(s)));
+    let message = Arc::new(Message {
+        topic: Arc::from(topic),
+        payload: will.message,
+        qos: will.qos,
+        retain: will.retain,
+        properties: props,
+        expires,
+        origin: session.client_id.clone(),
+    });
+    let shared = shared.clone();
+    let session = session.clone();
+    tokio::spawn(async move {
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_secs(u64::from(delay))).await;
+            if session.generation.load(Ordering::Acquire) != generation {
+                return; // The client came back in time.
+            }
+        }
+        let (reason, _) = crate::ingest::store(shared, message, user).await;
+        tracing::debug!(client_id = %session.client_id, reason = error::reason_code(reason), "will published");
+    });
+}

@@ -1,0 +1,81 @@
+//! `[mqtt]`, the broker's listeners and limits, and the `[[topic]]` rules that write
+//! publishes into tables.
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+
+/// The MQTT broker: listeners, limits, sessions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MqttConfig {
+    /// MQTT over TCP. Port 0 picks a free port (printed at start).
+    pub listen: SocketAddr,
+    /// MQTT over TLS; empty: no TLS listener. Needs `tls_cert` and `tls_key`.
+    pub tls_listen: String,
+    /// PEM certificate chain for the TLS listener.
+    pub tls_cert: String,
+    /// PEM private key for the TLS listener.
+    pub tls_key: String,
+    /// Largest MQTT packet accepted, in bytes (MQTT 5 clients are told in CONNACK).
+    pub max_packet_size: u32,
+    /// QoS 1/2 publishes a client may have unacknowledged towards the server (MQTT 5
+    /// receive maximum); more is a protocol error (0x93).
+    pub receive_maximum: u16,
+    /// QoS 1/2 messages the server sends a client before waiting for its acks (lowered by a
+    /// client's own receive maximum).
+    pub max_inflight: u16,
+    /// Concurrent connections; more get CONNACK 0x97 (quota exceeded).
+    pub max_connections: usize,
+    /// Messages queued per session (online or offline) before publishers are slowed
+    /// (online) or the session's oldest QoS 0 messages are dropped (offline).
+    pub max_queued_messages: usize,
+    /// Longest session expiry a client may ask for (MQTT 5); longer requests are capped.
+    pub max_session_expiry: String,
+    /// Topic aliases a client may use towards the server (MQTT 5).
+    pub topic_alias_maximum: u16,
+    /// Compatibility: several connections may share one client id, each with its own
+    /// session, instead of the newer taking over the older (the OIDBS loader needs this).
+    pub shared_client_ids: bool,
+    /// Databases in which the first JSON message on `/db/table` creates the table (types
+    /// inferred); later new fields add nullable columns.
+    pub auto_create_databases: Vec<String>,
+}
+
+impl Default for MqttConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 1883)),
+            tls_listen: String::new(),
+            tls_cert: String::new(),
+            tls_key: String::new(),
+            max_packet_size: 1024 * 1024,
+            receive_maximum: 1024,
+            max_inflight: 1024,
+            max_connections: 100_000,
+            max_queued_messages: 10_000,
+            max_session_expiry: "7 days".into(),
+            topic_alias_maximum: 64,
+            shared_client_ids: false,
+            auto_create_databases: Vec::new(),
+        }
+    }
+}
+
+/// One `[[topic]]` rule: publishes matching `filter` are written into `table`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicRule {
+    /// Topic filter; a level `+name` matches one level and writes it into column `name`,
+    /// a plain `+` matches without capturing, a final `#` matches the rest.
+    pub filter: String,
+    /// Target table, `db.table` or `table` (database `default`).
+    pub table: String,
+    /// Payload format: `json`, `csv`, `line` (InfluxDB line protocol) or `auto` (JSON when
+    /// it starts with `{` or `[`, else CSV).
+    #[serde(default = "auto_format")]
+    pub format: String,
+}
+
+fn auto_format() -> String {
+    "auto".into()
+}
