@@ -35,7 +35,7 @@ mod task;
 pub use status::BridgeStatus;
 pub(crate) use status::{render_metrics, system_table};
 
-use crate::Shared;
+use crate::BrokerState;
 use crate::error::BridgeError;
 use forward::forward_session;
 use saved::SavedFile;
@@ -55,7 +55,7 @@ struct Running {
 
 /// The running bridges.
 pub struct Bridges {
-    shared: Arc<Shared>,
+    shared: Arc<BrokerState>,
     running: tokio::sync::Mutex<BTreeMap<String, Running>>,
     saved: Arc<SavedFile>,
     /// Ends every bridge (server shutdown).
@@ -72,7 +72,7 @@ impl std::fmt::Debug for Bridges {
 
 impl Bridges {
     /// The registry; [`Bridges::start`] starts the configured and saved bridges.
-    pub(crate) fn new(shared: Arc<Shared>, data_dir: &std::path::Path) -> Self {
+    pub(crate) fn new(shared: Arc<BrokerState>, data_dir: &std::path::Path) -> Self {
         let path = data_dir.join("broker").join("bridges.json");
         Self {
             shutdown: shared.shutdown.clone(),

@@ -13,7 +13,7 @@ mod inbound;
 mod will;
 mod writer;
 
-use crate::Shared;
+use crate::BrokerState;
 use crate::codec::{self, Version};
 use crate::error::{Error, Result};
 use crate::session::{Message, Session};
@@ -44,7 +44,7 @@ const WRITER_GRACE: Duration = Duration::from_secs(5);
 type Ack = Pin<Box<dyn Future<Output = (Option<Packet>, Option<Arc<Message>>)> + Send>>;
 
 /// Serves one connection until it ends.
-pub(crate) async fn serve<S>(shared: Arc<Shared>, stream: S, peer: std::net::SocketAddr)
+pub(crate) async fn serve<S>(shared: Arc<BrokerState>, stream: S, peer: std::net::SocketAddr)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -120,7 +120,7 @@ struct Client {
 
 #[allow(clippy::too_many_arguments)]
 async fn run<R, W>(
-    shared: &Arc<Shared>,
+    shared: &Arc<BrokerState>,
     version: Version,
     connect: Connect,
     will: Option<LastWill>,

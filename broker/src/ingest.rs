@@ -1,6 +1,6 @@
 //! Storing one message: topic -> table, one durable append, dead letters, then routing.
 
-use crate::Shared;
+use crate::BrokerState;
 use crate::auth::Action;
 use crate::error;
 use crate::session::Message;
@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 /// on failure, the reason in words. (Connections call [`store_rows`] and [`route`]
 /// separately, to route their messages in the order they were sent.)
 pub(crate) async fn store(
-    shared: Arc<Shared>,
+    shared: Arc<BrokerState>,
     message: Arc<Message>,
     user: Option<Arc<str>>,
 ) -> (PubAckReason, Option<String>) {
@@ -27,7 +27,7 @@ pub(crate) async fn store(
 }
 
 /// Keeps `message` if retained and queues it for every matching session.
-pub(crate) async fn route(shared: &Shared, message: &Arc<Message>) {
+pub(crate) async fn route(shared: &BrokerState, message: &Arc<Message>) {
     if message.retain {
         shared.router.retain(message);
     }
@@ -36,7 +36,7 @@ pub(crate) async fn route(shared: &Shared, message: &Arc<Message>) {
 
 /// Stores `message` in its table, if its topic maps to one (see [`store`]).
 pub(crate) async fn store_rows(
-    shared: &Arc<Shared>,
+    shared: &Arc<BrokerState>,
     message: &Arc<Message>,
     user: Option<&str>,
 ) -> (PubAckReason, Option<String>) {
@@ -59,7 +59,7 @@ pub(crate) struct Refusal {
 /// `origin`; says whether rows were stored. A refusal is returned, not yet kept (see
 /// [`refuse`]).
 pub(crate) async fn try_store(
-    shared: &Arc<Shared>,
+    shared: &Arc<BrokerState>,
     message: &Message,
     user: Option<&str>,
     origin: Option<&Origin>,
@@ -143,7 +143,7 @@ pub(crate) enum Batched {
 /// Stores `messages` (each with its bridged origin) with one log submission; says, for each
 /// in order, what became of it. `Err`: the log failed and none of them is stored.
 pub(crate) async fn try_store_batch(
-    shared: &Arc<Shared>,
+    shared: &Arc<BrokerState>,
     messages: &[(Arc<Message>, Option<Origin>)],
     user: Option<&str>,
 ) -> Result<Vec<Batched>, Refusal> {
@@ -197,7 +197,7 @@ pub(crate) async fn try_store_batch(
 /// Logs a refused message once and keeps it in the dead letters (a failure to keep it is
 /// logged: the publisher is told of the refusal either way).
 pub(crate) async fn refuse(
-    shared: &Shared,
+    shared: &BrokerState,
     message: &Message,
     reason: PubAckReason,
     text: String,
@@ -210,7 +210,7 @@ pub(crate) async fn refuse(
 
 /// Logs a refused message once and keeps it, durably, in the dead letters.
 pub(crate) async fn dead_letter(
-    shared: &Shared,
+    shared: &BrokerState,
     message: &Message,
     reason: PubAckReason,
     text: &str,

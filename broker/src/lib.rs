@@ -46,7 +46,7 @@ const SAVE_EVERY_SECS: u64 = 5;
 const SYS_EVERY_SECS: u64 = 10;
 
 /// State every connection shares.
-struct Shared {
+struct BrokerState {
     config: MqttConfig,
     db: Arc<dyn IngestPort>,
     router: Router,
@@ -59,9 +59,9 @@ struct Shared {
     auth: auth::Auth,
 }
 
-impl std::fmt::Debug for Shared {
+impl std::fmt::Debug for BrokerState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
+        f.debug_struct("BrokerState")
             .field("config", &self.config)
             .field("router", &self.router)
             .finish_non_exhaustive()
@@ -94,7 +94,7 @@ impl sluice_engine::AlertSink for AlertPublisher {
 /// The broker; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Broker {
-    shared: Arc<Shared>,
+    shared: Arc<BrokerState>,
     tasks: TaskTracker,
     bridges: Arc<Bridges>,
 }
@@ -111,7 +111,7 @@ impl Broker {
         let router = Router::new(config.mqtt.max_queued_messages);
         let store = persist::Store::new(&config.data_dir);
         store.load(&router);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(BrokerState {
             config: config.mqtt.clone(),
             db,
             router,

@@ -33,7 +33,7 @@ const QUIET: Duration = Duration::from_millis(5);
 
 /// What the connections of one listener share.
 #[derive(Debug)]
-struct Shared {
+struct SpinState {
     /// The origin of the times below.
     epoch: Instant,
     /// The last two connections that read a request, each with when it last did (µs since
@@ -46,7 +46,7 @@ struct Shared {
     missed: AtomicU64,
 }
 
-impl Shared {
+impl SpinState {
     fn now_us(&self) -> u64 {
         self.epoch.elapsed().as_micros() as u64
     }
@@ -73,14 +73,14 @@ impl Shared {
 pub(crate) struct SpinListener {
     inner: TcpListener,
     budget: Duration,
-    shared: Arc<Shared>,
+    shared: Arc<SpinState>,
     next_id: u64,
 }
 
 impl SpinListener {
     /// `budget` zero turns spinning off.
     pub(crate) fn new(inner: TcpListener, budget: Duration) -> Self {
-        let shared = Shared {
+        let shared = SpinState {
             epoch: Instant::now(),
             readers: Mutex::new([(0, 0); 2]),
             spinning: AtomicBool::new(false),
@@ -97,7 +97,7 @@ impl SpinListener {
 
     /// Spins so far that read a request, and that ran out of budget (or gave way).
     #[cfg(test)]
-    fn spins(&self) -> Arc<Shared> {
+    fn spins(&self) -> Arc<SpinState> {
         self.shared.clone()
     }
 }
@@ -132,7 +132,7 @@ pub(crate) struct SpinStream {
     /// Unique among the listener's connections, from 1.
     id: u64,
     budget: Duration,
-    shared: Arc<Shared>,
+    shared: Arc<SpinState>,
     /// When a read first found nothing to read since the last response went out.
     idle_since: Option<Instant>,
     /// Whether the last gap between requests was within the budget.
@@ -276,7 +276,7 @@ mod tests {
     const STEP: Duration = Duration::from_secs(20);
 
     /// Serves a route echoing the body on 127.0.0.1, through a [`SpinListener`].
-    async fn serve(budget: Duration) -> (std::net::SocketAddr, Arc<Shared>) {
+    async fn serve(budget: Duration) -> (std::net::SocketAddr, Arc<SpinState>) {
         let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = tcp.local_addr().unwrap();
         let listener = SpinListener::new(tcp, budget);

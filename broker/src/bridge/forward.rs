@@ -2,7 +2,7 @@
 
 use super::link::Client;
 use super::store::Context;
-use crate::Shared;
+use crate::BrokerState;
 use crate::session::{Session, SubOptions};
 use rumqttc::v5::mqttbytes::QoS;
 use sluice_conf::BridgeConfig;
@@ -30,7 +30,7 @@ pub(super) struct Forward {
 }
 
 impl Forward {
-    pub(super) fn new(shared: &Arc<Shared>, cfg: &BridgeConfig) -> Option<Self> {
+    pub(super) fn new(shared: &Arc<BrokerState>, cfg: &BridgeConfig) -> Option<Self> {
         if cfg.forward.is_empty() {
             return None;
         }

@@ -3,7 +3,7 @@
 
 use super::link::Received;
 use super::status::Status;
-use crate::Shared;
+use crate::BrokerState;
 use crate::ingest;
 use crate::session::Message;
 use rumqttc::v5::mqttbytes::QoS;
@@ -28,7 +28,7 @@ fn local_topic(cfg: &BridgeConfig, remote: &str) -> String {
 
 /// What one bridge's stores share.
 pub(super) struct Context {
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<BrokerState>,
     pub(super) config: BridgeConfig,
     pub(super) status: Arc<Status>,
     /// `bridge:<name>`: the messages' origin (dead letters' client id, ACL user).

@@ -6,7 +6,7 @@ use super::link::{self, Client, Got};
 use super::saved::SavedFile;
 use super::status::Status;
 use super::store::{Context, Handled, store_batch};
-use crate::Shared;
+use crate::BrokerState;
 use crate::ingest;
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
@@ -80,7 +80,7 @@ async fn settle<F>(
 
 /// One bridge, until `stop`.
 pub(super) async fn run(
-    shared: Arc<Shared>,
+    shared: Arc<BrokerState>,
     config: BridgeConfig,
     status: Arc<Status>,
     stop: CancellationToken,

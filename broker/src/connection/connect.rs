@@ -1,6 +1,6 @@
 //! Reading the CONNECT packet (and refusing what cannot be served) and answering with CONNACK.
 
-use crate::Shared;
+use crate::BrokerState;
 use crate::codec::{self, Version};
 use crate::error::{Error, Result};
 use bytes::BytesMut;
@@ -8,7 +8,7 @@ use rumqttc::v5::mqttbytes::v5::*;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 pub(super) async fn read_connect<R, W>(
-    shared: &Shared,
+    shared: &BrokerState,
     rd: &mut R,
     wr: &mut W,
     buf: &mut BytesMut,

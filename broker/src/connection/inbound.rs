@@ -2,7 +2,7 @@
 //! the server sent, SUBSCRIBE, UNSUBSCRIBE, PINGREQ and DISCONNECT.
 
 use super::{Ack, Client};
-use crate::Shared;
+use crate::BrokerState;
 use crate::auth::Action;
 use crate::codec::Version;
 use crate::error::{self, Error, Result};
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 /// Handles one packet; returns true on a DISCONNECT (which ends the connection).
 pub(super) async fn handle(
-    shared: &Arc<Shared>,
+    shared: &Arc<BrokerState>,
     client: &mut Client,
     packet: Packet,
     pending: &mut FuturesOrdered<Ack>,
@@ -127,7 +127,7 @@ pub(super) async fn handle(
 }
 
 fn on_publish(
-    shared: &Arc<Shared>,
+    shared: &Arc<BrokerState>,
     client: &mut Client,
     mut p: Publish,
     pending: &mut FuturesOrdered<Ack>,
@@ -255,7 +255,7 @@ fn pubrec_reason(r: PubAckReason) -> PubRecReason {
     }
 }
 
-async fn on_subscribe(shared: &Arc<Shared>, client: &mut Client, s: Subscribe) -> Result<()> {
+async fn on_subscribe(shared: &Arc<BrokerState>, client: &mut Client, s: Subscribe) -> Result<()> {
     let id = s.properties.as_ref().and_then(|p| p.id);
     if id == Some(0) {
         return Err(Error::Protocol("subscription identifier 0".into()));

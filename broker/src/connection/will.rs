@@ -1,7 +1,7 @@
 //! The last will: published, after its delay, when a connection ends without a normal
 //! DISCONNECT.
 
-use crate::Shared;
+use crate::BrokerState;
 use crate::error;
 use crate::session::{Message, Session};
 use rumqttc::v5::mqttbytes::v5::*;
@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 pub(super) fn publish_will(
-    shared: &Arc<Shared>,
+    shared: &Arc<BrokerState>,
     session: &Arc<Session>,
     will: LastWill,
     user: Option<Arc<str>>,

@@ -1,7 +1,7 @@
 //! The writer task: owns the socket's write half, sends control packets first, then the
 //! session's queued messages within the client's receive window.
 
-use crate::Shared;
+use crate::BrokerState;
 use crate::codec::{self, Version};
 use crate::session::{Delivery, Outgoing, Session};
 use bytes::{Bytes, BytesMut};
@@ -25,7 +25,7 @@ pub(super) struct WriterState {
 }
 
 pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
-    shared: Arc<Shared>,
+    shared: Arc<BrokerState>,
     mut wr: W,
     mut st: WriterState,
     mut ctrl: mpsc::UnboundedReceiver<Packet>,
@@ -119,7 +119,7 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
 }
 
 /// Moves queued messages into `out` while the client's receive window has room.
-fn fill(shared: &Shared, st: &mut WriterState, out: &mut BytesMut) {
+fn fill(shared: &BrokerState, st: &mut WriterState, out: &mut BytesMut) {
     loop {
         let room = st
             .window

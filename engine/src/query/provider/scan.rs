@@ -1,0 +1,256 @@
+//! Scanning a table: the partitions and files a query needs ([`Scan`]), read as one DataFusion plan node ([`ScanExec`]) over buffers and Parquet.
+
+use super::*;
+
+/// What a scan reads, decided when it is planned; the rows are taken when it runs.
+#[derive(Debug)]
+pub(super) struct Scan {
+    pub(super) table: SluiceTable,
+    pub(super) keys: KeyFilter,
+    pub(super) rows: RowFilter,
+    /// The filters, for Parquet's statistics and page index.
+    pub(super) predicate: Option<Arc<dyn PhysicalExpr>>,
+    pub(super) projection: Option<Vec<usize>>,
+    /// The table's schema with the projection applied.
+    pub(super) projected: SchemaRef,
+    pub(super) limit: Option<usize>,
+    /// Output partitions.
+    pub(super) lanes: usize,
+}
+
+impl Scan {
+    /// The plan reading what the table holds now: its Parquet files and its in-memory rows
+    /// (hot files and buffers, narrowed by the chunk indexes). Each output partition of the
+    /// scan is one or more of this plan's partitions.
+    pub(super) fn input(&self, metrics: &ScanMetrics) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let t = &self.table;
+        let set = t.scan_set(&self.keys, &self.rows, self.projection.as_deref())?;
+        for (path, bytes) in &set.files {
+            t.warm(path, *bytes);
+        }
+        metrics.files.add(set.files.len());
+        metrics
+            .memory_rows
+            .add(set.batches.iter().map(|b| b.num_rows()).sum());
+        let lanes = self.lanes;
+        let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
+        if !set.files.is_empty() {
+            let mut source = ParquetSource::new(t.schema.clone())
+                .with_enable_page_index(true)
+                .with_pushdown_filters(false);
+            if let Some(p) = &self.predicate {
+                source = source.with_predicate(p.clone());
+            }
+            let mut groups: Vec<Vec<PartitionedFile>> =
+                vec![Vec::new(); lanes.min(set.files.len())];
+            let n = groups.len();
+            for (i, (path, size)) in set.files.into_iter().enumerate() {
+                groups[i % n].push(PartitionedFile::new(path, size));
+            }
+            let conf = FileScanConfigBuilder::new(t.store.storage.url.clone(), Arc::new(source))
+                .with_file_groups(groups.into_iter().map(FileGroup::new).collect())
+                .with_projection_indices(self.projection.clone())?
+                .with_limit(self.limit)
+                .build();
+            inputs.push(DataSourceExec::from_data_source(conf));
+        }
+        if !set.batches.is_empty() || inputs.is_empty() {
+            let n = lanes.min(set.batches.len()).max(1);
+            let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
+            for (i, b) in set.batches.into_iter().enumerate() {
+                parts[i % n].push(b);
+            }
+            // The batches have the projected columns already.
+            let schema = self.projected.clone();
+            inputs.push(MemorySourceConfig::try_new_exec(&parts, schema, None)?);
+        }
+        UnionExec::try_new(inputs)
+    }
+}
+
+/// A scan's counters, shown by `EXPLAIN ANALYZE`.
+#[derive(Debug)]
+pub(super) struct ScanMetrics {
+    /// Parquet files read from the object store (not in the hot cache).
+    files: Count,
+    /// In-memory rows passed on after the chunk indexes narrowed them.
+    memory_rows: Count,
+}
+
+impl ScanMetrics {
+    pub(super) fn new(set: &ExecutionPlanMetricsSet) -> Self {
+        Self {
+            files: MetricBuilder::new(set).global_counter("files_read"),
+            memory_rows: MetricBuilder::new(set).global_counter("memory_rows"),
+        }
+    }
+}
+
+impl SluiceTable {
+    /// Loads a file the hot cache missed into it in the background, if there is room.
+    fn warm(&self, path: &str, bytes: u64) {
+        // Decoded columns take a few times the compressed size.
+        let estimate = usize::try_from(bytes)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(5);
+        if !self.store.hot.claim(path, estimate) {
+            return;
+        }
+        let store = self.store.clone();
+        let path = path.to_string();
+        tokio::spawn(async move {
+            let loaded = async {
+                let bytes = store.storage.get(&path).await?;
+                tokio::task::spawn_blocking(move || -> crate::error::Result<_> {
+                    let batches = Storage::decode_parquet(bytes)?;
+                    match batches.first() {
+                        Some(b) => Ok(Some(datafusion::arrow::compute::concat_batches(
+                            &b.schema(),
+                            &batches,
+                        )?)),
+                        None => Ok(None),
+                    }
+                })
+                .await
+                .map_err(|e| crate::error::Error::io("hot cache load", std::io::Error::other(e)))?
+            };
+            match loaded.await {
+                Ok(Some(batch)) => store.hot.insert(&path, &batch),
+                Ok(None) => store.hot.abandon(&path),
+                Err(e) => {
+                    store.hot.abandon(&path);
+                    tracing::debug!(error = %e, path, "hot cache: could not load file");
+                }
+            }
+        });
+    }
+}
+
+/// A table's scan. Its first run reads the table as it was when planned (the input `EXPLAIN`
+/// shows: partitions, files, pruning); [`ExecutionPlan::reset_state`] readies it for another
+/// run, which reads the table as it is then, so a plan kept for a repeated query (an alert)
+/// sees every row applied since. Each run takes one snapshot, shared by its output
+/// partitions.
+#[derive(Debug)]
+pub(crate) struct ScanExec {
+    pub(super) scan: Arc<Scan>,
+    pub(super) shown: Vec<u64>,
+    pub(super) of: usize,
+    pub(super) properties: Arc<PlanProperties>,
+    /// The input made when planned, for the first run.
+    pub(super) planned: Option<Arc<dyn ExecutionPlan>>,
+    /// A later run's input, made by the first partition executed.
+    pub(super) input: Mutex<Option<Arc<dyn ExecutionPlan>>>,
+    pub(super) metrics: ExecutionPlanMetricsSet,
+}
+
+impl DisplayAs for ScanExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        const SHOWN: usize = 16;
+        let def = &self.scan.table.def;
+        write!(
+            f,
+            "SluiceScan: {}.{} partitions={} of {} [",
+            def.database,
+            def.name,
+            self.shown.len(),
+            self.of
+        )?;
+        for (i, k) in self.shown.iter().take(SHOWN).enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{k}")?;
+        }
+        if self.shown.len() > SHOWN {
+            write!(f, ", ... {} more", self.shown.len() - SHOWN)?;
+        }
+        f.write_str("]")
+    }
+}
+
+impl ExecutionPlan for ScanExec {
+    fn name(&self) -> &'static str {
+        "SluiceScan"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.planned.iter().collect()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if children.len() != self.planned.iter().len() {
+            return Err(DataFusionError::Internal(
+                "SluiceScan keeps the inputs it was planned with".into(),
+            ));
+        }
+        Ok(Arc::new(Self {
+            scan: self.scan.clone(),
+            shown: self.shown.clone(),
+            of: self.of,
+            properties: self.properties.clone(),
+            planned: children.pop(),
+            input: Mutex::new(None),
+            metrics: self.metrics.clone(),
+        }))
+    }
+
+    fn reset_state(self: Arc<Self>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self {
+            scan: self.scan.clone(),
+            shown: self.shown.clone(),
+            of: self.of,
+            properties: self.properties.clone(),
+            planned: None,
+            input: Mutex::new(None),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let input = {
+            let mut input = self.input.lock();
+            match self.planned.as_ref().or(input.as_ref()) {
+                Some(i) => i.clone(),
+                None => {
+                    let made = self.scan.input(&ScanMetrics::new(&self.metrics))?;
+                    *input = Some(made.clone());
+                    made
+                }
+            }
+        };
+        let n = input.properties().partitioning.partition_count();
+        let lanes = self.scan.lanes;
+        let streams = (partition..n)
+            .step_by(lanes)
+            .map(|j| input.execute(j, context.clone()))
+            .collect::<DfResult<Vec<_>>>()?;
+        let schema = self.properties.eq_properties.schema().clone();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::iter(streams).flatten(),
+        )))
+    }
+}
