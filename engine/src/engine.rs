@@ -1,6 +1,7 @@
-//! The single-node engine: opens the catalog, the manifest and the log, replays, and then
-//! serves writes (decode -> log -> apply -> ack) and SQL, while a background task persists
-//! buffers, compacts files and applies retention.
+//! The engine: opens the catalog, the manifest and the log, replays, and then serves writes
+//! (decode -> log -> apply -> ack) and SQL, while a background task persists buffers,
+//! compacts files and applies retention. On a cluster node the log is the cluster's
+//! ([`Engine::join_cluster`]) and `engine/replicated.rs` holds the cluster-facing half.
 
 use crate::alerts::{AlertDef, AlertSink, AlertStatus, Alerts};
 use crate::error::{Error, Result};
@@ -328,16 +329,6 @@ impl Engine {
         self.append(def, rows, false, None).await
     }
 
-    /// Like [`Engine::append_rows`], but waits for room in the log's queue instead of
-    /// refusing with `overloaded` (MQTT publishers are slowed, not refused).
-    pub async fn append_rows_waiting(
-        &self,
-        def: &TableDef,
-        rows: Vec<Vec<crate::types::Value>>,
-    ) -> Result<WriteReceipt> {
-        self.append(def, rows, true, None).await
-    }
-
     pub(crate) async fn append(
         &self,
         def: &TableDef,
@@ -348,18 +339,25 @@ impl Engine {
         self.room_in_buffers().await?;
         let n = rows.len();
         let record = write_record(def, rows, origin);
-        let lsn = self.log()?.append(def, vec![record], wait).await?;
+        let lsn = self.log_records(def, vec![record], wait).await?;
         Ok(WriteReceipt {
             rows: n,
             lsn: lsn.unwrap_or(0),
         })
     }
 
-    /// Where writes become durable (refused until a cluster node has joined its cluster).
-    fn log(&self) -> Result<&Arc<dyn WriteLog>> {
-        self.log.get().ok_or_else(|| Error::Replication {
+    /// The one place writes go to the log ([`WriteLog::append`]): the local WAL, or the
+    /// shard groups once a cluster node has joined its cluster (refused before that).
+    async fn log_records(
+        &self,
+        def: &TableDef,
+        records: Vec<Arc<WriteRecord>>,
+        wait: bool,
+    ) -> Result<Option<u64>> {
+        let log = self.log.get().ok_or_else(|| Error::Replication {
             reason: "this node has not joined its cluster yet".into(),
-        })
+        })?;
+        log.append(def, records, wait).await
     }
 
     /// Holds writes back while the buffers hold twice their budget (flushing has fallen
@@ -566,7 +564,7 @@ impl IngestPort for Engine {
         let Some(def) = first_def else {
             return Ok(out);
         };
-        let last = self.log()?.append(&def, records, true).await?;
+        let last = self.log_records(&def, records, true).await?;
         // Consecutive positions on the local log; none where each shard counts its own.
         let first = last.map(|last| last + 1 - slots.len() as u64);
         for (n, (i, rows)) in slots.into_iter().enumerate() {

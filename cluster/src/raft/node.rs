@@ -153,7 +153,7 @@ impl AppendStream {
 pub const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// How long a write forwarded to another node may take before it is sent again (to the
-/// leader known then; a copy that was committed after all is dropped by the applier).
+/// leader known then; a copy that was committed after all is dropped by the state machine, by its write id).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Why [`Node::write`] failed.
@@ -241,7 +241,7 @@ impl Node {
     /// (tried when this node has no replica and no leader is known).
     ///
     /// A command is re-sent only when it may have been committed already (a leader died
-    /// after receiving it), or surely was not: so the applier must drop a second copy of a
+    /// after receiving it), or surely was not: so the state machine must drop a second copy of a
     /// command it has applied, which it can tell by an id inside the command.
     pub async fn write(
         &self,
@@ -385,7 +385,7 @@ impl Node {
     /// [`Self::forward`]s `command` to `to`, but stops waiting once this node's replica of
     /// the group (`local`) sees another leader: `to` froze or was cut off, and the write goes
     /// to the new leader at once instead of after [`FORWARD_TIMEOUT`]. It may have been
-    /// committed all the same: the applier drops the second copy by its id.
+    /// committed all the same: the state machine drops the second copy by its id.
     async fn forward_until_moved(
         &self,
         to: u64,
@@ -433,7 +433,7 @@ impl Node {
         };
         match (self.pool.call(&addr, frame, FORWARD_TIMEOUT)).await {
             Ok(b) => from_cbor(&b).unwrap_or_else(|e| WriteAnswer::Unknown(e.to_string())),
-            // Whether the leader got it is unknown: the applier drops a second copy.
+            // Whether the leader got it is unknown: the state machine drops a second copy.
             Err(e) => WriteAnswer::Unknown(e.to_string()),
         }
     }
