@@ -23,6 +23,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("app.js", JS, include_str!("../assets/app.js")),
     ("api.js", JS, include_str!("../assets/api.js")),
     ("chart.js", JS, include_str!("../assets/chart.js")),
+    ("scale.js", JS, include_str!("../assets/scale.js")),
     ("sql.js", JS, include_str!("../assets/sql.js")),
     ("catalog.js", JS, include_str!("../assets/catalog.js")),
     ("live.js", JS, include_str!("../assets/live.js")),
