@@ -85,7 +85,7 @@ impl Engine {
         let catalog = Catalog::open(&dir)?;
         let (storage, manifests) = match &config.cluster {
             Some(c) => {
-                let store = sluice_conf::StorageConfig {
+                let shared_store = sluice_conf::StorageConfig {
                     url: c.shared_store.clone(),
                     ..config.storage.clone()
                 };
@@ -93,7 +93,7 @@ impl Engine {
                     url: String::new(),
                     ..config.storage.clone()
                 };
-                (Storage::open(&store, &dir)?, Storage::open(&local, &dir)?)
+                (Storage::open(&shared_store, &dir)?, Storage::open(&local, &dir)?)
             }
             None => {
                 let s = Storage::open(&config.storage, &dir)?;
