@@ -93,7 +93,10 @@ impl Engine {
                     url: String::new(),
                     ..config.storage.clone()
                 };
-                (Storage::open(&shared_store, &dir)?, Storage::open(&local, &dir)?)
+                (
+                    Storage::open(&shared_store, &dir)?,
+                    Storage::open(&local, &dir)?,
+                )
             }
             None => {
                 let s = Storage::open(&config.storage, &dir)?;
