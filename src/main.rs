@@ -202,7 +202,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         Arc::new(move |stream, peer| broker.serve_connection(stream, peer))
     };
     let routes = {
-        let broker = broker.clone();
+        let (broker, queries) = (broker.clone(), queries.clone());
         let cluster_routes = (cluster.clone())
             .map(|c| sluice_web::cluster_routes(c as Arc<dyn sluice_engine::ClusterAdmin>));
         sluice_web::stream_route("/mqtt", "mqtt", ws)
@@ -211,7 +211,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             .route(
                 "/metrics",
                 axum::routing::get(move || {
-                    let text = broker.metrics_text();
+                    let text = broker.metrics_text() + &queries.metrics();
                     async move {
                         (
                             [(

@@ -154,6 +154,18 @@ async fn sessions_and_retained_messages_survive_a_restart() {
 async fn metrics_on_http_and_as_sys_topics() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &[]);
+    s.sql_ok("CREATE TABLE m (ts TIMESTAMP, v DOUBLE) PARTITION BY ymdh(ts)")
+        .await;
+    // Two writes, three rows: two records made durable by the log.
+    s.write_ok(
+        "default",
+        "m",
+        "text/csv",
+        "2026-01-01 00:00:00,1\n2026-01-01 00:00:01,2",
+    )
+    .await;
+    s.write_ok("default", "m", "text/csv", "2026-01-01 00:00:02,3")
+        .await;
     publish(&s, "plain/topic", "x");
     let text = s
         .client()
@@ -172,6 +184,25 @@ async fn metrics_on_http_and_as_sys_topics() {
         text.contains("sluice_mqtt_ack_latency_seconds_count 1"),
         "{text}"
     );
+    // The engine's own figures: the log's appends and group commits, each synced (the
+    // default durability), applied, and the rows waiting in buffers.
+    let figure = |name: &str| -> u64 {
+        (text.lines())
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+    };
+    assert_eq!(figure("sluice_wal_appends_total"), 2);
+    let groups = figure("sluice_wal_group_records_count");
+    assert!((1..=2).contains(&groups), "{groups} group commits");
+    assert_eq!(
+        figure("sluice_wal_group_records_bucket{le=\"+Inf\"}"),
+        groups
+    );
+    assert_eq!(figure("sluice_wal_fsync_seconds_count"), groups);
+    assert_eq!(figure("sluice_wal_apply_seconds_count"), groups);
+    assert!(figure("sluice_wal_bytes_total") > 0);
+    assert_eq!(figure("sluice_buffered_rows"), 3);
+    assert!(figure("sluice_buffered_bytes") > 0);
     let mut got = String::new();
     eventually("$SYS/broker/messages_received_total", 30, || {
         let out = s.mosquitto(

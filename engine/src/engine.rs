@@ -484,6 +484,59 @@ impl QueryPort for Engine {
         Engine::drop_alert(self, name, if_exists)
     }
 
+    fn metrics(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        // In a cluster the local log is idle: the shard groups' logs carry the writes.
+        self.wal.render_metrics(&mut out);
+        let h = QueryPort::health(self);
+        let figures: [(&str, &str, &str, u64); 6] = [
+            (
+                "sluice_flushes_total",
+                "counter",
+                "Buffers written to Parquet since start.",
+                h.flushes,
+            ),
+            (
+                "sluice_buffered_rows",
+                "gauge",
+                "Rows in memory, not yet in Parquet.",
+                h.buffered_rows,
+            ),
+            (
+                "sluice_buffered_bytes",
+                "gauge",
+                "Bytes of the rows in memory.",
+                h.buffered_bytes,
+            ),
+            (
+                "sluice_flushing_partitions",
+                "gauge",
+                "Partitions being written to Parquet now.",
+                h.flushing,
+            ),
+            (
+                "sluice_partitions",
+                "gauge",
+                "Partitions of every table.",
+                h.partitions,
+            ),
+            (
+                "sluice_parquet_files",
+                "gauge",
+                "Parquet files of every table.",
+                h.files,
+            ),
+        ];
+        for (name, kind, help, v) in figures {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        }
+        out
+    }
+
     fn health(&self) -> Health {
         let mut h = Health {
             applied_lsn: self.wal.applied_lsn(),

@@ -4,6 +4,7 @@
 //! `sluice-cluster` crate). Either way the committed records come back to the same apply step
 //! ([`wal::RecordSink`] locally, `Engine::apply_replicated` on a cluster's replicas).
 
+pub(crate) mod metrics;
 pub(crate) mod wal;
 
 use crate::error::Result;

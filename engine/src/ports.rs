@@ -212,6 +212,10 @@ pub trait QueryPort: Logins {
 
     /// Current health figures.
     fn health(&self) -> Health;
+
+    /// The engine's own figures in Prometheus text format, for `/metrics`: the log's
+    /// appends, group commits, fdatasync and apply latencies, and the buffers and files.
+    fn metrics(&self) -> String;
 }
 
 /// A cluster as its operators manage it over HTTP (`/v1/cluster`): this node's view, nodes

@@ -15,6 +15,7 @@
 pub(crate) mod record;
 
 use crate::error::{Error, Result};
+use crate::log::metrics::LogMetrics;
 use record::{FrameError, WriteRecord, decode_frame, encode_frame};
 use sluice_conf::{Durability, WalConfig};
 use std::fs::{File, OpenOptions};
@@ -74,6 +75,8 @@ pub struct Wal {
     threads: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
     applied: Arc<AtomicU64>,
     capacity: usize,
+    /// Appends, group sizes, sync and apply times, for `/metrics`.
+    metrics: Arc<LogMetrics>,
 }
 
 impl std::fmt::Debug for Wal {
@@ -221,6 +224,7 @@ impl Wal {
         let applied = Arc::new(AtomicU64::new(next_lsn - 1));
         let (tx, rx) = mpsc::channel::<Pending>(capacity);
         let (group_tx, group_rx) = std::sync::mpsc::sync_channel::<Vec<(u64, Pending)>>(4);
+        let metrics = Arc::new(LogMetrics::default());
         let writer = Writer {
             dir: dir.to_path_buf(),
             file,
@@ -231,16 +235,19 @@ impl Wal {
             segments: segments.clone(),
             poisoned: None,
             zeroed: SEGMENT_MAGIC.len() as u64,
+            metrics: metrics.clone(),
         };
         let w = std::thread::Builder::new()
             .name("sluice-wal".into())
             .spawn(move || writer.run(rx, group_tx))
             .map_err(|e| Error::io(dir, e))?;
         let applied2 = applied.clone();
+        let apply_metrics = metrics.clone();
         let a = std::thread::Builder::new()
             .name("sluice-apply".into())
             .spawn(move || {
                 while let Ok(group) = group_rx.recv() {
+                    let started = std::time::Instant::now();
                     for (first, p) in group {
                         for (lsn, (_, record)) in (first..).zip(p.records()) {
                             sink.apply(lsn, record);
@@ -249,6 +256,7 @@ impl Wal {
                         applied2.store(last, Ordering::Release);
                         let _ = p.done.send(Ok(last));
                     }
+                    apply_metrics.applied(started.elapsed());
                 }
             })
             .map_err(|e| Error::io(dir, e))?;
@@ -259,6 +267,7 @@ impl Wal {
             threads: parking_lot::Mutex::new(vec![w, a]),
             applied,
             capacity,
+            metrics,
         })
     }
 
@@ -341,6 +350,11 @@ impl Wal {
         wait_done.await.map_err(|_| Error::ShuttingDown)?
     }
 
+    /// Appends the log's figures (Prometheus text) to `out`.
+    pub(crate) fn render_metrics(&self, out: &mut String) {
+        self.metrics.render(out);
+    }
+
     /// The LSN of the last record applied.
     pub fn applied_lsn(&self) -> u64 {
         self.applied.load(Ordering::Acquire)
@@ -418,6 +432,7 @@ struct Writer {
     poisoned: Option<String>,
     /// Bytes of the segment already written, with records or with zeros ahead of them.
     zeroed: u64,
+    metrics: Arc<LogMetrics>,
 }
 
 /// Zeros written at a time ahead of the records (see [`Writer::zero_ahead`]).
@@ -523,11 +538,17 @@ impl Writer {
         }
         let before = self.size;
         self.zero_ahead(before + buf.len() as u64);
+        let mut synced = None;
         let written = self
             .file
             .write_all(buf)
             .and_then(|_| match self.config.durability {
-                Durability::Fsync => self.file.sync_data(),
+                Durability::Fsync => {
+                    let started = std::time::Instant::now();
+                    let r = self.file.sync_data();
+                    synced = Some(started.elapsed());
+                    r
+                }
                 Durability::None => Ok(()),
             });
         if let Err(source) = written {
@@ -548,7 +569,9 @@ impl Writer {
             });
         }
         self.size += buf.len() as u64;
-        self.next_lsn += group.iter().map(Pending::len).sum::<u64>();
+        let records = group.iter().map(Pending::len).sum::<u64>();
+        self.next_lsn += records;
+        self.metrics.committed(records, buf.len() as u64, synced);
         Ok(first)
     }
 
