@@ -11,13 +11,14 @@ use sluice_cluster::{Command, GroupId, GroupRaft, GroupState, Node, Response, se
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// Applied commands, by index (a second apply of an index would show as a duplicate).
+/// Applied commands, by index (a second apply of an index would show as a duplicate), and
+/// a wake-up for whoever waits for them.
 #[derive(Debug, Default)]
-struct Applied(Mutex<Vec<(u64, String)>>);
+struct Applied(Mutex<Vec<(u64, String)>>, tokio::sync::Notify);
 
 impl GroupState for Applied {
     fn apply(&self, index: u64, command: &Command) -> Response {
@@ -25,6 +26,7 @@ impl GroupState for Applied {
             return Response::default();
         };
         self.0.lock().push((index, text.clone()));
+        self.1.notify_waiters();
         Response {
             rows: 1,
             error: None,
@@ -42,6 +44,7 @@ impl GroupState for Applied {
             .filter_map(|l| l.split_once(' '))
             .map(|(i, t)| (i.parse().unwrap(), t.to_string()))
             .collect();
+        self.1.notify_waiters();
         Ok(())
     }
 }
@@ -81,9 +84,11 @@ async fn stop(r: Running) {
     r.node.shutdown().await;
 }
 
-/// Waits until some node of `nodes` is leader and every other one agrees.
+/// Waits until some node of `nodes` is leader and every other one agrees. Polled rather
+/// than woken by the metrics: agreement shows in the metrics a moment before the leader
+/// takes writes (its lease), which the poll interval covers.
 async fn leader(nodes: &BTreeMap<u64, Running>) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let seen: Vec<Option<u64>> = nodes
             .values()
@@ -95,7 +100,10 @@ async fn leader(nodes: &BTreeMap<u64, Running>) -> u64 {
         {
             return *l;
         }
-        assert!(Instant::now() < deadline, "no agreed leader: {seen:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no agreed leader: {seen:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -113,23 +121,26 @@ async fn write(raft: &GroupRaft, range: std::ops::Range<u32>, want: &mut Vec<Str
     }
 }
 
-/// Waits until `r` has applied exactly `want`, in order.
+/// Waits until `r` has applied exactly `want`, in order, woken by each apply.
 async fn applied(r: &Running, want: &[String]) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
+        // Registered before looking, so an apply in between is not missed.
+        let change = r.applied.1.notified();
+        tokio::pin!(change);
+        change.as_mut().enable();
         let got = r.applied.texts();
         if got == want {
             return;
         }
         assert!(
-            Instant::now() < deadline,
+            tokio::time::timeout_at(deadline, change).await.is_ok(),
             "node {} applied {} of {} (first {:?})",
             r.node.id(),
             got.len(),
             want.len(),
             got.first()
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
