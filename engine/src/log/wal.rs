@@ -1,12 +1,16 @@
 //! The write-ahead log: the "log zone" every write passes through before it is applied.
 //!
-//! Appenders encode their record on their own task and queue it ([`Wal::append`]). One
-//! writer thread takes every record waiting at that moment, frames them with consecutive
-//! LSNs, issues one `write` and one `fdatasync` for the whole group (group commit), then hands
-//! the group, in LSN order, to the apply thread, which applies each record to the engine's
-//! buffers and only then completes the appenders' futures. So: log -> apply -> ack, and the
-//! same [`RecordSink`] runs on replay after a crash. A raft log can replace this module without
-//! the engine noticing: it too yields committed records in order to the same apply step.
+//! Appenders encode their record on their own task and queue it ([`Wal::append`]). Group
+//! commit without a log thread: the appender that finds nobody committing becomes the
+//! leader; on its own task it takes every record waiting at that moment, frames them with
+//! consecutive LSNs, issues one `write` and one `fdatasync` for the whole group, applies the
+//! group in LSN order to the engine's buffers ([`RecordSink`]) and only then completes the
+//! appenders' futures. Records queued meanwhile wait for the next group, which the leader
+//! hands to the first of them ([`Turn::Lead`]): one wake-up per group, none when the log was
+//! idle, and no thread crossing between a record, its sync, its apply and its
+//! acknowledgement. So: log -> apply -> ack, and the same [`RecordSink`] runs on replay after
+//! a crash. A raft log can replace this module without the engine noticing: it too yields
+//! committed records in order to the same apply step.
 //!
 //! Segments are files `wal/<first lsn>.wal`, each opening with [`SEGMENT_MAGIC`]. The engine
 //! deletes whole segments once every record in them is persisted as Parquet
@@ -23,7 +27,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 /// First bytes of every segment file: name and format version.
 pub(crate) const SEGMENT_MAGIC: &[u8; 8] = b"SLWAL\x00\x01\n";
@@ -39,7 +43,7 @@ pub trait RecordSink: Send + Sync + 'static {
 struct Pending {
     first: (Vec<u8>, Arc<WriteRecord>),
     more: Vec<(Vec<u8>, Arc<WriteRecord>)>,
-    done: oneshot::Sender<Result<u64>>,
+    done: oneshot::Sender<Turn>,
 }
 
 impl Pending {
@@ -53,6 +57,149 @@ impl Pending {
 
     fn bytes(&self) -> usize {
         self.records().map(|(p, _)| p.len()).sum()
+    }
+}
+
+/// What an appender waiting on the log is told.
+enum Turn {
+    /// Its records are durable and applied (the LSN of the last), or why not.
+    Done(Result<u64>),
+    /// It leads the next group commit, which holds its records; its answer comes on the
+    /// receiver.
+    Lead(Leadership, oneshot::Receiver<Turn>),
+}
+
+/// The duty to commit the next group. Dropped unused (its appender stopped waiting), it is
+/// carried out by whoever drops it, so queued records are never left without a leader.
+struct Leadership(Option<Arc<Shared>>);
+
+impl Leadership {
+    fn lead(mut self) {
+        if let Some(log) = self.0.take() {
+            log.lead();
+        }
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        if let Some(log) = self.0.take() {
+            log.lead();
+        }
+    }
+}
+
+/// Appends waiting for the next group commit.
+#[derive(Default)]
+struct Queue {
+    waiting: std::collections::VecDeque<Pending>,
+    /// Whether an appender leads (or has been handed the next group): true whenever
+    /// `waiting` is not empty.
+    leading: bool,
+    closed: bool,
+}
+
+/// The log's state shared by its appenders.
+struct Shared {
+    queue: parking_lot::Mutex<Queue>,
+    /// Taken by the leader for a group's write, sync and apply, so groups go in LSN order.
+    writer: parking_lot::Mutex<Writer>,
+    sink: Arc<dyn RecordSink>,
+    /// Room for appends waiting for a group (`capacity` permits), first come first served.
+    room: tokio::sync::Semaphore,
+    applied: AtomicU64,
+    metrics: Arc<LogMetrics>,
+}
+
+impl Shared {
+    /// Commits the waiting records, one group, then hands the next group to the first
+    /// appender still waiting (or commits it too if that appender is gone).
+    fn lead(self: &Arc<Self>) {
+        loop {
+            self.commit_next();
+            let mut q = self.queue.lock();
+            let Some(next) = q.waiting.front_mut() else {
+                q.leading = false;
+                return;
+            };
+            let (tx, rx) = oneshot::channel();
+            let old = std::mem::replace(&mut next.done, tx);
+            drop(q);
+            match old.send(Turn::Lead(Leadership(Some(self.clone())), rx)) {
+                Ok(()) => return,
+                Err(Turn::Lead(mut l, _)) => l.0 = None,
+                Err(Turn::Done(_)) => unreachable!("sent a lead"),
+            }
+        }
+    }
+
+    /// Takes the records waiting (up to the group size), writes, syncs and applies them, and
+    /// answers their appenders.
+    fn commit_next(&self) {
+        let mut writer = self.writer.lock();
+        let group: Vec<Pending> = {
+            let mut q = self.queue.lock();
+            let mut bytes = 0;
+            let mut n = 0;
+            for p in &q.waiting {
+                bytes += p.bytes();
+                if n > 0 && bytes > writer.config.max_group_bytes {
+                    break;
+                }
+                n += 1;
+            }
+            q.waiting.drain(..n).collect()
+        };
+        if group.is_empty() {
+            return;
+        }
+        self.room.add_permits(group.len());
+        if let Some(reason) = &writer.poisoned {
+            let reason = reason.clone();
+            for p in group {
+                let _ = (p.done).send(Turn::Done(Err(Error::WalPoisoned {
+                    reason: reason.clone(),
+                })));
+            }
+            return;
+        }
+        match writer.commit(&group) {
+            Ok(mut lsn) => {
+                let started = std::time::Instant::now();
+                for p in &group {
+                    for (_, record) in p.records() {
+                        self.sink.apply(lsn, record);
+                        lsn += 1;
+                    }
+                }
+                self.applied.store(lsn - 1, Ordering::Release);
+                self.metrics.applied(started.elapsed());
+                drop(writer);
+                let mut last = lsn - 1;
+                // Answers go out in reverse, each with the LSN of its own last record.
+                for p in group.into_iter().rev() {
+                    let n = p.len();
+                    let _ = p.done.send(Turn::Done(Ok(last)));
+                    last -= n;
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, records = group.len(), "WAL group commit failed; none of it was acknowledged");
+                let reason = e.to_string();
+                let kind = match &e {
+                    Error::Wal { source, .. } | Error::Io { source, .. } => source.kind(),
+                    _ => std::io::ErrorKind::Other,
+                };
+                let path = writer.path.clone();
+                drop(writer);
+                for p in group {
+                    let _ = p.done.send(Turn::Done(Err(Error::Wal {
+                        path: path.clone(),
+                        source: std::io::Error::new(kind, reason.clone()),
+                    })));
+                }
+            }
+        }
     }
 }
 
@@ -70,20 +217,16 @@ pub(crate) struct ReplayReport {
 /// The write-ahead log handle.
 pub struct Wal {
     dir: PathBuf,
-    tx: parking_lot::Mutex<Option<mpsc::Sender<Pending>>>,
+    shared: Arc<Shared>,
     segments: Arc<parking_lot::Mutex<Vec<(u64, PathBuf)>>>,
-    threads: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
-    applied: Arc<AtomicU64>,
     capacity: usize,
-    /// Appends, group sizes, sync and apply times, for `/metrics`.
-    metrics: Arc<LogMetrics>,
 }
 
 impl std::fmt::Debug for Wal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Wal")
             .field("dir", &self.dir)
-            .field("applied", &self.applied.load(Ordering::Relaxed))
+            .field("applied", &self.applied_lsn())
             .finish()
     }
 }
@@ -205,9 +348,9 @@ pub(crate) fn replay(dir: &Path, mut apply: impl FnMut(u64, &WriteRecord)) -> Re
 }
 
 impl Wal {
-    /// Starts the log after replay: a new segment at `next_lsn`, the writer and apply threads.
-    /// `capacity` bounds the appends waiting at once; beyond it `append` fails with
-    /// [`Error::Overloaded`] instead of queueing without bound.
+    /// Starts the log after replay: a new segment at `next_lsn`. `capacity` bounds the
+    /// appends waiting at once; beyond it `append` fails with [`Error::Overloaded`] instead
+    /// of queueing without bound.
     pub fn start(
         dir: &Path,
         config: &WalConfig,
@@ -221,9 +364,6 @@ impl Wal {
         let mut segments = list_segments(dir)?;
         segments.retain(|(lsn, _)| *lsn <= next_lsn);
         let segments = Arc::new(parking_lot::Mutex::new(segments));
-        let applied = Arc::new(AtomicU64::new(next_lsn - 1));
-        let (tx, rx) = mpsc::channel::<Pending>(capacity);
-        let (group_tx, group_rx) = std::sync::mpsc::sync_channel::<Vec<(u64, Pending)>>(4);
         let metrics = Arc::new(LogMetrics::default());
         let writer = Writer {
             dir: dir.to_path_buf(),
@@ -236,38 +376,22 @@ impl Wal {
             poisoned: None,
             zeroed: SEGMENT_MAGIC.len() as u64,
             metrics: metrics.clone(),
+            buf: Vec::with_capacity(64 << 10),
+            closed: false,
         };
-        let w = std::thread::Builder::new()
-            .name("sluice-wal".into())
-            .spawn(move || writer.run(rx, group_tx))
-            .map_err(|e| Error::io(dir, e))?;
-        let applied2 = applied.clone();
-        let apply_metrics = metrics.clone();
-        let a = std::thread::Builder::new()
-            .name("sluice-apply".into())
-            .spawn(move || {
-                while let Ok(group) = group_rx.recv() {
-                    let started = std::time::Instant::now();
-                    for (first, p) in group {
-                        for (lsn, (_, record)) in (first..).zip(p.records()) {
-                            sink.apply(lsn, record);
-                        }
-                        let last = first + p.len() - 1;
-                        applied2.store(last, Ordering::Release);
-                        let _ = p.done.send(Ok(last));
-                    }
-                    apply_metrics.applied(started.elapsed());
-                }
-            })
-            .map_err(|e| Error::io(dir, e))?;
+        let shared = Arc::new(Shared {
+            queue: parking_lot::Mutex::new(Queue::default()),
+            writer: parking_lot::Mutex::new(writer),
+            sink,
+            room: tokio::sync::Semaphore::new(capacity),
+            applied: AtomicU64::new(next_lsn - 1),
+            metrics,
+        });
         Ok(Self {
             dir: dir.to_path_buf(),
-            tx: parking_lot::Mutex::new(Some(tx)),
+            shared,
             segments,
-            threads: parking_lot::Mutex::new(vec![w, a]),
-            applied,
             capacity,
-            metrics,
         })
     }
 
@@ -323,6 +447,10 @@ impl Wal {
         Ok(payload)
     }
 
+    /// Queues the records and waits for their group commit, leading it when nobody else
+    /// does. The leader's write, sync and apply run on the calling task's thread (a short
+    /// blocking stretch: one `fdatasync`), which saves the wake-ups of handing them to a
+    /// thread of their own.
     async fn send(
         &self,
         payload: Vec<u8>,
@@ -330,34 +458,54 @@ impl Wal {
         more: Vec<(Vec<u8>, Arc<WriteRecord>)>,
         wait: bool,
     ) -> Result<u64> {
-        let (done, wait_done) = oneshot::channel();
-        let tx = self.tx.lock().clone().ok_or(Error::ShuttingDown)?;
-        let pending = Pending {
-            first: (payload, record),
-            more,
-            done,
-        };
-        if wait {
-            tx.send(pending).await.map_err(|_| Error::ShuttingDown)?;
+        let s = &self.shared;
+        let permit = if wait {
+            s.room.acquire().await.map_err(|_| Error::ShuttingDown)?
         } else {
-            tx.try_send(pending).map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => Error::Overloaded {
+            s.room.try_acquire().map_err(|e| match e {
+                tokio::sync::TryAcquireError::NoPermits => Error::Overloaded {
                     pending: self.capacity,
                 },
-                mpsc::error::TrySendError::Closed(_) => Error::ShuttingDown,
-            })?;
+                tokio::sync::TryAcquireError::Closed => Error::ShuttingDown,
+            })?
+        };
+        let (done, mut answer) = oneshot::channel();
+        let lead = {
+            let mut q = s.queue.lock();
+            if q.closed {
+                return Err(Error::ShuttingDown);
+            }
+            // The leader gives the permit back when it takes the records.
+            permit.forget();
+            q.waiting.push_back(Pending {
+                first: (payload, record),
+                more,
+                done,
+            });
+            !std::mem::replace(&mut q.leading, true)
+        };
+        if lead {
+            s.lead();
         }
-        wait_done.await.map_err(|_| Error::ShuttingDown)?
+        loop {
+            match answer.await.map_err(|_| Error::ShuttingDown)? {
+                Turn::Done(r) => return r,
+                Turn::Lead(lead, next) => {
+                    lead.lead();
+                    answer = next;
+                }
+            }
+        }
     }
 
     /// Appends the log's figures (Prometheus text) to `out`.
     pub(crate) fn render_metrics(&self, out: &mut String) {
-        self.metrics.render(out);
+        self.shared.metrics.render(out);
     }
 
     /// The LSN of the last record applied.
     pub fn applied_lsn(&self) -> u64 {
-        self.applied.load(Ordering::Acquire)
+        self.shared.applied.load(Ordering::Acquire)
     }
 
     /// How many segments [`Wal::truncate_before`] would delete for `lsn`.
@@ -389,13 +537,21 @@ impl Wal {
         (segs.len(), segs.first().map(|s| s.0).unwrap_or(0))
     }
 
-    /// Stops accepting appends, lets every queued append finish (durable and applied), and
-    /// joins the threads.
+    /// Stops accepting appends, commits every queued append (durable and applied) and
+    /// closes the segment.
     pub fn close(&self) {
-        self.tx.lock().take();
-        for t in self.threads.lock().drain(..) {
-            let _ = t.join();
+        let s = &self.shared;
+        s.queue.lock().closed = true;
+        s.room.close();
+        loop {
+            s.commit_next();
+            if s.queue.lock().waiting.is_empty() {
+                break;
+            }
         }
+        let mut w = s.writer.lock();
+        w.close_segment();
+        w.closed = true;
     }
 }
 
@@ -433,6 +589,10 @@ struct Writer {
     /// Bytes of the segment already written, with records or with zeros ahead of them.
     zeroed: u64,
     metrics: Arc<LogMetrics>,
+    /// A group's frames.
+    buf: Vec<u8>,
+    /// The segment was closed: the log is shut.
+    closed: bool,
 }
 
 /// Zeros written at a time ahead of the records (see [`Writer::zero_ahead`]).
@@ -442,82 +602,10 @@ const ZERO_AHEAD: u64 = 2 << 20;
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 impl Writer {
-    fn run(
-        mut self,
-        mut rx: mpsc::Receiver<Pending>,
-        out: std::sync::mpsc::SyncSender<Vec<(u64, Pending)>>,
-    ) {
-        let mut buf = Vec::with_capacity(1 << 20);
-        let mut carry: Option<Pending> = None;
-        loop {
-            let first = match carry.take() {
-                Some(p) => p,
-                None => match rx.blocking_recv() {
-                    Some(p) => p,
-                    None => {
-                        self.close_segment();
-                        return;
-                    }
-                },
-            };
-            let mut bytes = first.bytes();
-            let mut group = vec![first];
-            while bytes < self.config.max_group_bytes {
-                match rx.try_recv() {
-                    Ok(p) => {
-                        bytes += p.bytes();
-                        group.push(p);
-                    }
-                    Err(_) => break,
-                }
-            }
-            if bytes > self.config.max_group_bytes && group.len() > 1 {
-                carry = group.pop();
-            }
-            if let Some(reason) = &self.poisoned {
-                for p in group {
-                    let _ = p.done.send(Err(Error::WalPoisoned {
-                        reason: reason.clone(),
-                    }));
-                }
-                continue;
-            }
-            match self.commit(&mut buf, &group) {
-                Ok(mut lsn) => {
-                    let numbered = group
-                        .into_iter()
-                        .map(|p| {
-                            let first = lsn;
-                            lsn += p.len();
-                            (first, p)
-                        })
-                        .collect();
-                    if out.send(numbered).is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, records = group.len(), "WAL group commit failed; none of it was acknowledged");
-                    let reason = e.to_string();
-                    let kind = match &e {
-                        Error::Wal { source, .. } | Error::Io { source, .. } => source.kind(),
-                        _ => std::io::ErrorKind::Other,
-                    };
-                    for p in group {
-                        let _ = p.done.send(Err(Error::Wal {
-                            path: self.path.clone(),
-                            source: std::io::Error::new(kind, reason.clone()),
-                        }));
-                    }
-                }
-            }
-        }
-    }
-
     /// Gives back the unused preallocated tail of the current segment (best effort: replay
     /// reads an all-zero tail as the clean end anyway).
     fn close_segment(&mut self) {
-        if self.poisoned.is_none() {
+        if self.poisoned.is_none() && !self.closed {
             let _ = self
                 .file
                 .set_len(self.size)
@@ -526,7 +614,17 @@ impl Writer {
     }
 
     /// Writes and syncs one group; returns the LSN of its first record.
-    fn commit(&mut self, buf: &mut Vec<u8>, group: &[Pending]) -> Result<u64> {
+    fn commit(&mut self, group: &[Pending]) -> Result<u64> {
+        if self.closed {
+            return Err(Error::ShuttingDown);
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        let r = self.commit_in(&mut buf, group);
+        self.buf = buf;
+        r
+    }
+
+    fn commit_in(&mut self, buf: &mut Vec<u8>, group: &[Pending]) -> Result<u64> {
         if self.size > SEGMENT_MAGIC.len() as u64 && self.size >= self.config.segment_bytes {
             self.rotate()?;
         }

@@ -190,3 +190,36 @@ async fn truncation_keeps_the_needed_segments() {
     replay(dir.path(), |lsn, _| lsns.push(lsn)).unwrap();
     assert!(lsns.contains(&15) && lsns.contains(&20));
 }
+
+/// Appenders that stop waiting (their task aborted) may hold the next group's lead: the log
+/// must still commit everything queued and answer everyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_appends_do_not_stall_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let applied = Arc::new(Collect::default());
+    let wal = Arc::new(Wal::start(dir.path(), &config(1 << 20), 1, 4096, applied.clone()).unwrap());
+    for round in 0..20i64 {
+        let mut kept = Vec::new();
+        for i in 0..30 {
+            let w = wal.clone();
+            let t = tokio::spawn(async move { w.append(rec(round * 100 + i)).await.unwrap() });
+            if i % 3 == 0 {
+                t.abort();
+            } else {
+                kept.push(t);
+            }
+        }
+        for t in kept {
+            tokio::time::timeout(std::time::Duration::from_secs(10), t)
+                .await
+                .expect("an append waited for a leader that never came")
+                .unwrap();
+        }
+    }
+    let last = wal.append(rec(-1)).await.unwrap();
+    assert_eq!(wal.applied_lsn(), last);
+    wal.close();
+    // Whatever was logged was applied, in order, once each.
+    let lsns: Vec<u64> = applied.0.lock().iter().map(|(l, _)| *l).collect();
+    assert_eq!(lsns, (1..=last).collect::<Vec<_>>());
+}
