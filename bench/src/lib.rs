@@ -9,6 +9,10 @@
 //!   message at QoS 0 or 1 into the real binary, and into Mosquitto in the same run.
 //!   With `--cluster 3` the same load goes to a three-node cluster and to one node, at each
 //!   window of `--inflight`, with the ratios.
+//! - `src/bin/paho_load.rs`: end to end, Eclipse Paho for Go (`paho/`, built by the runner)
+//!   with one message in flight per connection, as devices publish: 8 and 64 connections,
+//!   QoS 0, fleets of 2,000 and 10,000 slow connections, against the real binary and
+//!   Mosquitto in the same run; rates, latencies, CPU per message, memory per connection.
 //! - `src/bin/cluster_chaos.rs`: three nodes, devices publishing numbered QoS 1 messages
 //!   through every node while nodes are killed, restarted, frozen and resumed; every node's
 //!   SQL must hold each acknowledged message exactly once.

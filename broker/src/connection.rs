@@ -1,17 +1,19 @@
-//! One client connection: the CONNECT handshake, then a reader (this task) and a writer task.
+//! One client connection: the CONNECT handshake, then one task that reads, handles and writes.
 //!
-//! The reader decodes packets and handles them in arrival order. A PUBLISH becomes a future
-//! in `pending` (store in the table, then route to subscribers); those complete in order, and
-//! only then is its PUBACK/PUBREC handed to the writer, so acks are durable and ordered. At
-//! most `receive_maximum` publishes are pending; past that the reader stops reading, which
-//! slows the client through TCP. The writer owns the socket's write half: it sends control
-//! packets (acks, SUBACK, PINGRESP) first, then the session's queued messages within the
-//! client's receive maximum.
+//! Packets are decoded and handled in arrival order. A PUBLISH becomes a future in `pending`
+//! (store in the table, then route to subscribers); those complete in order, and only then
+//! is its PUBACK/PUBREC encoded into the outgoing buffer, so acks are durable and ordered.
+//! At most `receive_maximum` publishes are pending; past that the task stops reading, which
+//! slows the client through TCP. Control packets (acks, SUBACK, PINGRESP) are encoded as
+//! they arise; the session's queued messages follow within the client's receive maximum
+//! ([`outbound`]). The same task writes the buffer out as the socket takes it: no task or
+//! channel between a stored message and its PUBACK, and an idle connection holds no buffer
+//! beyond a small read buffer.
 
 mod connect;
 mod inbound;
+mod outbound;
 mod will;
-mod writer;
 
 use crate::BrokerState;
 use crate::codec::{self, Version};
@@ -21,7 +23,8 @@ use crate::topic;
 use bytes::BytesMut;
 use connect::{read_connect, send_connack};
 use futures::stream::{FuturesOrdered, StreamExt};
-use inbound::handle;
+use inbound::{handle, on_publish};
+use outbound::{Outbound, fill, resend};
 use rumqttc::v5::mqttbytes::v5::*;
 use std::collections::HashMap;
 use std::future::Future;
@@ -29,15 +32,17 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
-use tokio::sync::mpsc;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use will::publish_will;
-use writer::{WriterState, write_loop};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long a closing connection's writer may take to flush before it is abandoned.
+/// How long a closing connection may take to write what it still has before it is dropped.
 const WRITER_GRACE: Duration = Duration::from_secs(5);
+
+/// Read buffer of a new connection; it grows while a client sends faster than it is read,
+/// and goes back to this size once drained, so idle connections stay small.
+const READ_BUF: usize = 1024;
 
 /// A pending publish (or PUBREL): the ack to send once it completes, and the message to
 /// route then. Completed in arrival order, so a client's messages are routed in order.
@@ -49,58 +54,82 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut rd, mut wr) = tokio::io::split(stream);
-    let mut buf = BytesMut::with_capacity(8 * 1024);
-    let first = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        read_connect(&shared, &mut rd, &mut wr, &mut buf),
-    )
-    .await;
+    let mut buf = BytesMut::with_capacity(READ_BUF);
+    // The handshake runs boxed, and what it leaves is boxed: held only while needed, its
+    // state does not make every connection's task (what an idle connection costs) larger.
+    let Some(hello) = Box::pin(handshake(&shared, &mut rd, &mut wr, &mut buf, peer)).await else {
+        return;
+    };
+    let r = run(&shared, hello, rd, wr, buf, peer).await;
+    shared.metrics.connections.fetch_sub(1, Ordering::AcqRel);
+    if let Err(e) = r {
+        tracing::debug!(%peer, error = %e, "connection closed");
+    }
+}
+
+/// What the handshake learnt: the client's CONNECT and who logged in.
+struct Hello {
+    version: Version,
+    connect: Connect,
+    will: Option<LastWill>,
+    user: Option<Arc<str>>,
+}
+
+/// Reads the CONNECT, logs the client in and counts the connection (refusing it past
+/// `mqtt.max_connections`); `None` when the connection ends here.
+async fn handshake<R, W>(
+    shared: &BrokerState,
+    rd: &mut R,
+    wr: &mut W,
+    buf: &mut BytesMut,
+    peer: std::net::SocketAddr,
+) -> Option<Box<Hello>>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let first = tokio::time::timeout(CONNECT_TIMEOUT, read_connect(shared, rd, wr, buf)).await;
     let (version, packet) = match first {
         Ok(Ok(Some(x))) => x,
-        Ok(Ok(None)) => return,
+        Ok(Ok(None)) => return None,
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "connection refused before CONNECT");
-            return;
+            return None;
         }
         Err(_) => {
             tracing::debug!(%peer, "no CONNECT in time");
-            return;
+            return None;
         }
     };
     let Packet::Connect(connect, will, login) = packet else {
-        return;
+        return None;
     };
     let user = match shared.auth.login(login, Some(&*shared.db)).await {
         Ok(user) => user,
         Err(code) => {
             tracing::warn!(%peer, client_id = %connect.client_id, ?code, "connection refused: authentication failed");
-            let _ = send_connack(&mut wr, version, code, false, None).await;
-            return;
+            let _ = send_connack(wr, version, code, false, None).await;
+            return None;
         }
     };
     let current = shared.metrics.connections.fetch_add(1, Ordering::AcqRel) + 1;
     if current > shared.config.max_connections as u64 {
         shared.metrics.connections.fetch_sub(1, Ordering::AcqRel);
         tracing::warn!(%peer, max = shared.config.max_connections, "connection refused: too many connections");
-        let _ = send_connack(
-            &mut wr,
-            version,
-            ConnectReturnCode::QuotaExceeded,
-            false,
-            None,
-        )
-        .await;
-        return;
+        let code = ConnectReturnCode::QuotaExceeded;
+        let _ = send_connack(wr, version, code, false, None).await;
+        return None;
     }
     shared
         .metrics
         .connections_total
         .fetch_add(1, Ordering::Relaxed);
-    let r = run(&shared, version, connect, will, user, rd, wr, buf, peer).await;
-    shared.metrics.connections.fetch_sub(1, Ordering::AcqRel);
-    if let Err(e) = r {
-        tracing::debug!(%peer, error = %e, "connection closed");
-    }
+    Some(Box::new(Hello {
+        version,
+        connect,
+        will,
+        user,
+    }))
 }
 
 /// What a connection knows about its client.
@@ -108,7 +137,8 @@ struct Client {
     version: Version,
     id: Arc<str>,
     session: Arc<Session>,
-    ctrl: mpsc::UnboundedSender<Packet>,
+    /// Encoded packets not yet written to the socket.
+    out: BytesMut,
     aliases: HashMap<u16, Arc<str>>,
     will: Option<LastWill>,
     user: Option<Arc<str>>,
@@ -118,13 +148,19 @@ struct Client {
     problem_info: bool,
 }
 
+impl Client {
+    /// Queues a control packet (ack, SUBACK, PINGRESP, ...) for the client.
+    fn send(&mut self, p: Packet) {
+        if let Err(e) = codec::write(self.version, &p, &mut self.out) {
+            tracing::debug!(client_id = %self.id, error = %e, "packet not encodable, not sent");
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run<R, W>(
     shared: &Arc<BrokerState>,
-    version: Version,
-    connect: Connect,
-    will: Option<LastWill>,
-    user: Option<Arc<str>>,
+    hello: Box<Hello>,
     mut rd: R,
     mut wr: W,
     mut buf: BytesMut,
@@ -135,117 +171,122 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let cfg = &shared.config;
-    let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-    let props = connect.properties.clone().unwrap_or_default();
-    let bad_connect = if props.receive_maximum == Some(0) {
-        Some("receive maximum 0")
-    } else if props.max_packet_size == Some(0) {
-        Some("maximum packet size 0")
-    } else if will
-        .as_ref()
-        .is_some_and(|w| std::str::from_utf8(&w.topic).map_or(true, |t| !topic::valid_name(t)))
-    {
-        Some("invalid will topic")
-    } else {
-        None
-    };
-    if let Some(why) = bad_connect {
-        let code = match version {
-            Version::V5 => ConnectReturnCode::ProtocolError,
-            Version::V4 => ConnectReturnCode::ServiceUnavailable,
+    // The session is set up in a block of its own, so that the CONNECT's parts are not kept
+    // in the task for the connection's life.
+    let (mut client, mut outbound, cancel, conn, generation, expiry, keep_alive) = {
+        let Hello {
+            version,
+            connect,
+            will,
+            user,
+        } = *hello;
+        let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+        let props = connect.properties.clone().unwrap_or_default();
+        let bad_connect = if props.receive_maximum == Some(0) {
+            Some("receive maximum 0")
+        } else if props.max_packet_size == Some(0) {
+            Some("maximum packet size 0")
+        } else if will
+            .as_ref()
+            .is_some_and(|w| std::str::from_utf8(&w.topic).map_or(true, |t| !topic::valid_name(t)))
+        {
+            Some("invalid will topic")
+        } else {
+            None
         };
-        send_connack(&mut wr, version, code, false, None).await?;
-        return Err(Error::Protocol(why.into()));
-    }
-    let problem_info = props.request_problem_info != Some(0);
-    let mut assigned = None;
-    let client_id: Arc<str> = if connect.client_id.is_empty() {
-        if version == Version::V4 && !connect.clean_start {
-            send_connack(
-                &mut wr,
-                version,
-                ConnectReturnCode::ClientIdentifierNotValid,
-                false,
-                None,
-            )
-            .await?;
-            return Err(Error::Protocol(
-                "empty client id needs a clean session".into(),
-            ));
+        if let Some(why) = bad_connect {
+            let code = match version {
+                Version::V5 => ConnectReturnCode::ProtocolError,
+                Version::V4 => ConnectReturnCode::ServiceUnavailable,
+            };
+            Box::pin(send_connack(&mut wr, version, code, false, None)).await?;
+            return Err(Error::Protocol(why.into()));
         }
-        // Unique across restarts (restored sessions keep their ids) and unlikely to be chosen
-        // by a client: the connection number and the start time in nanoseconds.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let id = format!("sluice-{conn}-{nanos:x}");
-        assigned = Some(id.clone());
-        Arc::from(id)
-    } else {
-        Arc::from(connect.client_id.as_str())
-    };
-    let max_expiry = u32::try_from(shared.max_session_expiry.as_secs()).unwrap_or(u32::MAX);
-    let asked_expiry = match version {
-        Version::V5 => props.session_expiry_interval.unwrap_or(0),
-        Version::V4 if connect.clean_start => 0,
-        Version::V4 => u32::MAX,
-    };
-    let expiry = asked_expiry.min(max_expiry);
-    let key: Arc<str> = if cfg.shared_client_ids {
-        Arc::from(format!("{client_id}#{conn}"))
-    } else {
-        client_id.clone()
-    };
-    let cancel = shared.shutdown.child_token();
-    let (session, present, generation) = shared.router.attach(
-        &key,
-        connect.clean_start || cfg.shared_client_ids,
-        expiry,
-        conn,
-        cancel.clone(),
-    );
-    let connack_props = (version == Version::V5).then(|| ConnAckProperties {
-        session_expiry_interval: (expiry != asked_expiry).then_some(expiry),
-        receive_max: Some(cfg.receive_maximum),
-        max_packet_size: Some(cfg.max_packet_size),
-        assigned_client_identifier: assigned,
-        topic_alias_max: Some(cfg.topic_alias_maximum),
-        retain_available: Some(1),
-        wildcard_subscription_available: Some(1),
-        subscription_identifiers_available: Some(1),
-        shared_subscription_available: Some(1),
-        max_qos: None,
-        user_properties: Vec::new(),
-        reason_string: None,
-        server_keep_alive: None,
-        response_information: None,
-        server_reference: None,
-        authentication_method: None,
-        authentication_data: None,
-    });
-    send_connack(
-        &mut wr,
-        version,
-        ConnectReturnCode::Success,
-        present,
-        connack_props,
-    )
-    .await?;
-    tracing::debug!(%peer, client_id = %client_id, ?version, present, "client connected");
+        let problem_info = props.request_problem_info != Some(0);
+        let mut assigned = None;
+        let client_id: Arc<str> = if connect.client_id.is_empty() {
+            if version == Version::V4 && !connect.clean_start {
+                Box::pin(send_connack(
+                    &mut wr,
+                    version,
+                    ConnectReturnCode::ClientIdentifierNotValid,
+                    false,
+                    None,
+                ))
+                .await?;
+                return Err(Error::Protocol(
+                    "empty client id needs a clean session".into(),
+                ));
+            }
+            // Unique across restarts (restored sessions keep their ids) and unlikely to be chosen
+            // by a client: the connection number and the start time in nanoseconds.
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            let id = format!("sluice-{conn}-{nanos:x}");
+            assigned = Some(id.clone());
+            Arc::from(id)
+        } else {
+            Arc::from(connect.client_id.as_str())
+        };
+        let max_expiry = u32::try_from(shared.max_session_expiry.as_secs()).unwrap_or(u32::MAX);
+        let asked_expiry = match version {
+            Version::V5 => props.session_expiry_interval.unwrap_or(0),
+            Version::V4 if connect.clean_start => 0,
+            Version::V4 => u32::MAX,
+        };
+        let expiry = asked_expiry.min(max_expiry);
+        let key: Arc<str> = if cfg.shared_client_ids {
+            Arc::from(format!("{client_id}#{conn}"))
+        } else {
+            client_id.clone()
+        };
+        let cancel = shared.shutdown.child_token();
+        let (session, present, generation) = shared.router.attach(
+            &key,
+            connect.clean_start || cfg.shared_client_ids,
+            expiry,
+            conn,
+            cancel.clone(),
+        );
+        let connack_props = (version == Version::V5).then(|| ConnAckProperties {
+            session_expiry_interval: (expiry != asked_expiry).then_some(expiry),
+            receive_max: Some(cfg.receive_maximum),
+            max_packet_size: Some(cfg.max_packet_size),
+            assigned_client_identifier: assigned,
+            topic_alias_max: Some(cfg.topic_alias_maximum),
+            retain_available: Some(1),
+            wildcard_subscription_available: Some(1),
+            subscription_identifiers_available: Some(1),
+            shared_subscription_available: Some(1),
+            max_qos: None,
+            user_properties: Vec::new(),
+            reason_string: None,
+            server_keep_alive: None,
+            response_information: None,
+            server_reference: None,
+            authentication_method: None,
+            authentication_data: None,
+        });
+        Box::pin(send_connack(
+            &mut wr,
+            version,
+            ConnectReturnCode::Success,
+            present,
+            connack_props,
+        ))
+        .await?;
+        tracing::debug!(%peer, client_id = %client_id, ?version, present, "client connected");
 
-    let (ctrl, ctrl_rx) = mpsc::unbounded_channel();
-    let window = usize::from(
-        props
-            .receive_maximum
-            .unwrap_or(u16::MAX)
-            .min(cfg.max_inflight)
-            .max(1),
-    );
-    let writer = tokio::spawn(write_loop(
-        shared.clone(),
-        wr,
-        WriterState {
+        let window = usize::from(
+            props
+                .receive_maximum
+                .unwrap_or(u16::MAX)
+                .min(cfg.max_inflight)
+                .max(1),
+        );
+        let mut outbound = Outbound {
             version,
             session: session.clone(),
             window,
@@ -255,24 +296,28 @@ where
                 .unwrap_or(usize::MAX),
             alias_max: props.topic_alias_max.unwrap_or(0),
             aliases: HashMap::new(),
-        },
-        ctrl_rx,
-        cancel.clone(),
-        present,
-    ));
-    let mut client = Client {
-        version,
-        id: key.clone(),
-        session: session.clone(),
-
-        ctrl,
-        aliases: HashMap::new(),
-        will,
-        user,
-        unacked: 0,
-        problem_info,
+        };
+        let mut client = Client {
+            version,
+            id: key.clone(),
+            session: session.clone(),
+            out: BytesMut::new(),
+            aliases: HashMap::new(),
+            will,
+            user,
+            unacked: 0,
+            problem_info,
+        };
+        if present {
+            resend(&mut outbound, &mut client.out);
+        }
+        let keep_alive = Duration::from_secs(u64::from(connect.keep_alive)) * 3 / 2;
+        (
+            client, outbound, cancel, conn, generation, expiry, keep_alive,
+        )
     };
-    let keep_alive = Duration::from_secs(u64::from(connect.keep_alive)) * 3 / 2;
+    let version = client.version;
+    let session = client.session.clone();
     let mut deadline = tokio::time::Instant::now() + keep_alive;
     let mut pending: FuturesOrdered<Ack> = FuturesOrdered::new();
     // 3.1.1 clients are held to the receive maximum by not reading further; MQTT 5 clients
@@ -283,13 +328,26 @@ where
         Version::V5 => 2 * usize::from(cfg.receive_maximum),
     };
     let max = cfg.max_packet_size;
+    // The socket needs a flush after the buffer was written (TLS keeps records back).
+    let mut unflushed = false;
+    // Whether the session may have messages to send (queued, or room in the window).
+    let mut woken = true;
     let result: Result<()> = async {
         loop {
             while pending.len() < cap {
                 match codec::read(version, &mut buf, max)? {
                     Some(p) => {
                         shared.metrics.packets_in.fetch_add(1, Ordering::Relaxed);
-                        if handle(shared, &mut client, p, &mut pending).await? {
+                        // A PUBLISH is handled at once; other packets may wait (boxed, so
+                        // that their state is held only meanwhile).
+                        let bye = match p {
+                            Packet::Publish(p) => {
+                                on_publish(shared, &mut client, p, &mut pending)?;
+                                false
+                            }
+                            p => Box::pin(handle(shared, &mut client, p, &mut pending)).await?,
+                        };
+                        if bye {
                             return Ok(());
                         }
                     }
@@ -300,6 +358,14 @@ where
             // the select below only waits on it when idle.
             if cancel.is_cancelled() {
                 return Ok(());
+            }
+            if std::mem::take(&mut woken) {
+                fill(shared, &mut outbound, &mut client.out);
+            }
+            if buf.is_empty() && buf.capacity() > 4 * READ_BUF {
+                buf = BytesMut::with_capacity(READ_BUF);
+            } else if buf.capacity() - buf.len() < READ_BUF / 2 {
+                buf.reserve(buf.capacity().max(4 * READ_BUF));
             }
             // While this side stops reading (the client's window is full of messages still
             // being stored, which may wait for room in the buffers), the client's silence
@@ -315,15 +381,29 @@ where
                         if matches!(p, Packet::PubAck(_) | Packet::PubRec(_)) {
                             client.unacked = client.unacked.saturating_sub(1);
                         }
-                        let _ = client.ctrl.send(p);
+                        client.send(p);
                     }
-                    // May wait for room in a slow subscriber's queue: the reader then stops
-                    // reading, which slows this publisher.
+                    // May wait for room in a slow subscriber's queue: reading then stops,
+                    // which slows this publisher.
                     if let Some(m) = routed {
-                        crate::ingest::route(shared, &m).await;
+                        Box::pin(crate::ingest::route(shared, &m)).await;
                     }
                 }
-                r = rd.read_buf(&mut buf), if pending.len() < cap => {
+                r = write_some(&mut wr, &client.out), if unflushed || !client.out.is_empty() => {
+                    match r? {
+                        0 => unflushed = false,
+                        n => {
+                            shared.metrics.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+                            bytes::Buf::advance(&mut client.out, n);
+                            // Give a large buffer back (a burst of deliveries grew it).
+                            if client.out.is_empty() && client.out.capacity() > 16 * 1024 {
+                                client.out = BytesMut::new();
+                            }
+                            unflushed = true;
+                        }
+                    }
+                }
+                r = rd.read_buf(&mut buf), if reading => {
                     let n = r?;
                     if n == 0 {
                         return Ok(());
@@ -331,6 +411,8 @@ where
                     shared.metrics.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
                     deadline = tokio::time::Instant::now() + keep_alive;
                 }
+                // Deliveries queued for this session, or room in the client's window.
+                _ = session.wake_writer.notified() => woken = true,
                 _ = tokio::time::sleep_until(deadline), if !keep_alive.is_zero() && reading => {
                     return Err(Error::KeepAlive);
                 }
@@ -339,29 +421,15 @@ where
         }
     }
     .await;
-    // Stored messages still waiting for the log finish (and are routed) even though their
-    // acks can no longer be sent.
-    while let Some((_, routed)) = pending.next().await {
-        if let Some(m) = routed {
-            crate::ingest::route(shared, &m).await;
-        }
-    }
-    if let Err(e) = &result
-        && version == Version::V5
-    {
-        let reason = e.disconnect_reason();
-        let _ = client.ctrl.send(Packet::Disconnect(Disconnect {
-            reason_code: reason,
-            properties: None,
-        }));
-    }
-    drop(client.ctrl);
-    // A peer that stopped reading must not hold the session (and its will) for as long as
-    // TCP takes to give up.
-    let abort = writer.abort_handle();
-    if tokio::time::timeout(WRITER_GRACE, writer).await.is_err() {
-        abort.abort();
-    }
+    Box::pin(close(
+        shared,
+        &mut client,
+        &mut pending,
+        &mut wr,
+        &cancel,
+        &result,
+    ))
+    .await;
     let still_ours = session.detach(conn);
     // The will is gone after a normal DISCONNECT; any other end publishes it.
     if let Some(w) = client.will.take() {
@@ -371,4 +439,61 @@ where
         shared.router.discard(&session);
     }
     result
+}
+
+/// Writes some of `out` (returns how much), or when it is empty flushes the socket (returns
+/// 0). A write of nothing with data waiting means the peer is gone.
+async fn write_some<W: AsyncWrite + Unpin>(wr: &mut W, out: &[u8]) -> std::io::Result<usize> {
+    if out.is_empty() {
+        wr.flush().await?;
+        return Ok(0);
+    }
+    match wr.write(out).await? {
+        0 => Err(std::io::ErrorKind::WriteZero.into()),
+        n => Ok(n),
+    }
+}
+
+/// The end of a connection: stored messages still waiting for the log finish (and are
+/// routed) though their acks can no longer be sent; an MQTT 5 client is told why it ends;
+/// what is still unwritten goes out, within [`WRITER_GRACE`].
+async fn close<W: AsyncWrite + Unpin>(
+    shared: &BrokerState,
+    client: &mut Client,
+    pending: &mut FuturesOrdered<Ack>,
+    wr: &mut W,
+    cancel: &tokio_util::sync::CancellationToken,
+    result: &Result<()>,
+) {
+    while let Some((_, routed)) = pending.next().await {
+        if let Some(m) = routed {
+            crate::ingest::route(shared, &m).await;
+        }
+    }
+    let reason = match result {
+        Err(e) => Some(e.disconnect_reason()),
+        Ok(()) if cancel.is_cancelled() => Some(if shared.shutdown.is_cancelled() {
+            DisconnectReasonCode::ServerShuttingDown
+        } else {
+            DisconnectReasonCode::SessionTakenOver
+        }),
+        Ok(()) => None,
+    };
+    if let Some(reason_code) = reason
+        && client.version == Version::V5
+    {
+        client.send(Packet::Disconnect(Disconnect {
+            reason_code,
+            properties: None,
+        }));
+    }
+    // What is still unwritten goes out; a peer that stopped reading must not hold the
+    // session (and its will) for as long as TCP takes to give up.
+    let out = std::mem::take(&mut client.out);
+    let _ = tokio::time::timeout(WRITER_GRACE, async {
+        wr.write_all(&out).await?;
+        wr.flush().await?;
+        wr.shutdown().await
+    })
+    .await;
 }

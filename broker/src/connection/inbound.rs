@@ -48,7 +48,7 @@ pub(super) async fn handle(
                 known && (r.reason as u8) < 0x80
             };
             if known {
-                let _ = client.ctrl.send(Packet::PubRel(PubRel {
+                client.send(Packet::PubRel(PubRel {
                     pkid: r.pkid,
                     reason: PubRelReason::Success,
                     properties: None,
@@ -78,7 +78,7 @@ pub(super) async fn handle(
                 (Some(comp), None)
             }));
         }
-        Packet::Subscribe(s) => on_subscribe(shared, client, s).await?,
+        Packet::Subscribe(s) => Box::pin(on_subscribe(shared, client, s)).await?,
         Packet::Unsubscribe(u) => {
             let reasons = u
                 .filters
@@ -88,14 +88,14 @@ pub(super) async fn handle(
                     false => UnsubAckReason::NoSubscriptionExisted,
                 })
                 .collect();
-            let _ = client.ctrl.send(Packet::UnsubAck(UnsubAck {
+            client.send(Packet::UnsubAck(UnsubAck {
                 pkid: u.pkid,
                 reasons,
                 properties: None,
             }));
         }
         Packet::PingReq(_) => {
-            let _ = client.ctrl.send(Packet::PingResp(PingResp));
+            client.send(Packet::PingResp(PingResp));
         }
         Packet::Disconnect(d) => {
             if let Some(secs) = d.properties.and_then(|p| p.session_expiry_interval) {
@@ -126,7 +126,7 @@ pub(super) async fn handle(
     Ok(false)
 }
 
-fn on_publish(
+pub(super) fn on_publish(
     shared: &Arc<BrokerState>,
     client: &mut Client,
     mut p: Publish,
@@ -309,7 +309,7 @@ async fn on_subscribe(shared: &Arc<BrokerState>, client: &mut Client, s: Subscri
             }
         }
     }
-    let _ = client.ctrl.send(Packet::SubAck(SubAck {
+    client.send(Packet::SubAck(SubAck {
         pkid: s.pkid,
         return_codes: codes,
         properties: None,
