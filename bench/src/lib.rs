@@ -202,3 +202,35 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
 }
+
+/// Starts Mosquitto (Debian's package) on a free 127.0.0.1 port with `allow_anonymous`,
+/// no persistence and `extra` configuration lines, its file under `dir`; waits until it
+/// accepts connections. Returns the process (stopped when dropped) and its port.
+pub fn start_mosquitto(dir: &std::path::Path, extra: &str) -> anyhow::Result<(Killer, u16)> {
+    use anyhow::Context;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let conf = dir.join("mosquitto.conf");
+    std::fs::write(
+        &conf,
+        format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n{extra}"),
+    )?;
+    let child = std::process::Command::new("mosquitto")
+        .arg("-c")
+        .arg(&conf)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("starting mosquitto (apt-get install mosquitto)")?;
+    let process = Killer(child);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "mosquitto did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Ok((process, port))
+}

@@ -14,7 +14,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use sluice_bench::{Killer, Sluice};
+use sluice_bench::Sluice;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -80,34 +80,13 @@ fn main() -> Result<()> {
 
 /// One round: (Sluice msg/s, mosquitto_sub msg/s).
 async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<(f64, f64)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let conf = dir.join("mosquitto.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
-             max_queued_messages 0\nmax_inflight_messages {}\n",
+    let (_mosquitto, port) = sluice_bench::start_mosquitto(
+        dir,
+        &format!(
+            "max_queued_messages 0\nmax_inflight_messages {}\n",
             args.inflight
         ),
     )?;
-    let _mosquitto = Killer(
-        Command::new("mosquitto")
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting mosquitto (apt-get install mosquitto)")?,
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            bail!("mosquitto did not start");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let port_s = port.to_string();
     let sub = |extra: &[&str]| {
         Command::new("mosquitto_sub")

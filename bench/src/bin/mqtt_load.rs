@@ -21,9 +21,8 @@ use bytes::BytesMut;
 use clap::Parser;
 use rumqttc::mqttbytes::QoS;
 use rumqttc::mqttbytes::v4::{Connect, Packet, Publish};
-use sluice_bench::{Killer, Sluice};
+use sluice_bench::Sluice;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -335,33 +334,8 @@ async fn failover(nodes: &[Sluice]) -> Result<(Duration, Duration)> {
 }
 
 async fn run_mosquitto(dir: &Path, args: &Args) -> Result<Vec<Figures>> {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        l.local_addr()?.port()
-    };
-    let conf = dir.join("mosquitto.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 100000\n"
-        ),
-    )?;
-    let child = Command::new("mosquitto")
-        .arg("-c")
-        .arg(&conf)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting mosquitto (apt-get install mosquitto)")?;
-    let _guard = Killer(child);
+    let (_guard, port) = sluice_bench::start_mosquitto(dir, "max_queued_messages 100000\n")?;
     let addr = format!("127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(&addr).await.is_err() {
-        if Instant::now() > deadline {
-            bail!("mosquitto did not start");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     let mut all = Vec::new();
     for args in windows(args) {
         all.push(load(&addr, &args).await?);

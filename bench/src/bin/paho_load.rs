@@ -416,32 +416,8 @@ async fn run_sluice(
 
 /// Every load against one Mosquitto (Debian's package, no persistence) on 127.0.0.1.
 fn run_mosquitto(dir: &Path, client: &Path, loads: &[Load], args: &Args) -> Result<Vec<Figures>> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let conf = dir.join("mosquitto.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 100000\n"
-        ),
-    )?;
-    let child = Command::new("mosquitto")
-        .arg("-c")
-        .arg(&conf)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting mosquitto (apt-get install mosquitto)")?;
-    let guard = Killer(child);
+    let (guard, port) = sluice_bench::start_mosquitto(dir, "max_queued_messages 100000\n")?;
     let addr = format!("127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(&addr).is_err() {
-        if Instant::now() > deadline {
-            bail!("mosquitto did not start");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
     (loads.iter())
         .map(|l| run_load(client, &addr, guard.0.id(), l, args))
         .collect()
