@@ -40,9 +40,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a closing connection may take to write what it still has before it is dropped.
 const WRITER_GRACE: Duration = Duration::from_secs(5);
 
-/// Read buffer of a new connection; it grows while a client sends faster than it is read,
-/// and goes back to this size once drained, so idle connections stay small.
+/// Read size of a new connection; it doubles (up to [`MAX_READ`]) while reads fill it, and
+/// halves back while they use a quarter of it, and a drained buffer larger than twice the
+/// read size is given back, so idle connections stay small and busy ones read in bulk.
 const READ_BUF: usize = 1024;
+
+/// The largest read size.
+const MAX_READ: usize = 64 * 1024;
 
 /// A pending publish (or PUBREL): the ack to send once it completes, and the message to
 /// route then. Completed in arrival order, so a client's messages are routed in order.
@@ -332,6 +336,7 @@ where
     let mut unflushed = false;
     // Whether the session may have messages to send (queued, or room in the window).
     let mut woken = true;
+    let mut read_size = READ_BUF;
     let result: Result<()> = async {
         loop {
             while pending.len() < cap {
@@ -362,11 +367,12 @@ where
             if std::mem::take(&mut woken) {
                 fill(shared, &mut outbound, &mut client.out);
             }
-            if buf.is_empty() && buf.capacity() > 4 * READ_BUF {
-                buf = BytesMut::with_capacity(READ_BUF);
-            } else if buf.capacity() - buf.len() < READ_BUF / 2 {
-                buf.reserve(buf.capacity().max(4 * READ_BUF));
+            if buf.is_empty() && buf.capacity() > 2 * read_size {
+                buf = BytesMut::with_capacity(read_size);
+            } else if buf.capacity() - buf.len() < read_size {
+                buf.reserve(read_size);
             }
+            let spare = buf.capacity() - buf.len();
             // While this side stops reading (the client's window is full of messages still
             // being stored, which may wait for room in the buffers), the client's silence
             // proves nothing: its keep-alive counts again from when reading resumes.
@@ -410,6 +416,11 @@ where
                     }
                     shared.metrics.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
                     deadline = tokio::time::Instant::now() + keep_alive;
+                    if n >= spare {
+                        read_size = (read_size * 2).min(MAX_READ);
+                    } else if n < read_size / 4 {
+                        read_size = (read_size / 2).max(READ_BUF);
+                    }
                 }
                 // Deliveries queued for this session, or room in the client's window.
                 _ = session.wake_writer.notified() => woken = true,
