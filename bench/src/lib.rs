@@ -234,3 +234,16 @@ pub fn start_mosquitto(dir: &std::path::Path, extra: &str) -> anyhow::Result<(Ki
     }
     Ok((process, port))
 }
+
+/// User + system CPU seconds of process `pid` so far (`/proc/PID/stat`).
+pub fn cpu_secs(pid: u32) -> anyhow::Result<f64> {
+    use anyhow::Context;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start at state (field 3).
+    let rest = stat.rsplit_once(')').context("odd /proc stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks / hz)
+}

@@ -48,7 +48,8 @@ struct Args {
     /// The window of the load being run (one of `inflight`).
     #[arg(skip)]
     window: usize,
-    /// Payload format: csv or json.
+    /// Payload: csv, json or lp (line protocol): a time, a device, a sequence number and a
+    /// temperature; csv16, json16 or lp16: the same with 12 more float fields (16 columns).
     #[arg(long, default_value = "csv")]
     payload: String,
     /// Rounds, alternating Sluice and Mosquitto; the median of each is reported.
@@ -66,8 +67,8 @@ struct Args {
     no_mosquitto: bool,
 }
 
-/// messages/s, p50 ms, p99 ms.
-type Figures = (f64, f64, f64);
+/// messages/s, p50 ms, p99 ms, server CPU µs per message (all servers' together).
+type Figures = (f64, f64, f64, f64);
 
 fn main() -> Result<()> {
     let args = Args::parse();
@@ -103,8 +104,8 @@ fn main() -> Result<()> {
         for (side, (name, figures)) in sides.into_iter().enumerate() {
             for (w, f) in figures.into_iter().enumerate() {
                 eprintln!(
-                    "round {round}, window {}: {name} {:.0} msg/s (p50 {:.2} ms, p99 {:.2} ms)",
-                    args.inflight[w], f.0, f.1, f.2
+                    "round {round}, window {}: {name} {:.0} msg/s (p50 {:.2} ms, p99 {:.2} ms, {:.1} µs CPU/msg)",
+                    args.inflight[w], f.0, f.1, f.2, f.3
                 );
                 let per_window = if side == 0 { &mut ours } else { &mut theirs };
                 per_window[w].push(f);
@@ -144,13 +145,13 @@ fn main() -> Result<()> {
         args.messages,
         args.rounds.max(1)
     );
-    println!("| Sluice | window | messages/s | p50 ms | p99 ms |");
-    println!("|---|---|---|---|---|");
+    println!("| Sluice | window | messages/s | p50 ms | p99 ms | server CPU µs/msg |");
+    println!("|---|---|---|---|---|---|");
     for (name, figures) in [(us.as_str(), &ours), (them, &theirs)] {
         for (w, f) in figures.iter().enumerate() {
             println!(
-                "| {name} | {} | {:.0} | {:.2} | {:.2} |",
-                args.inflight[w], f.0, f.1, f.2
+                "| {name} | {} | {:.0} | {:.2} | {:.2} | {:.1} |",
+                args.inflight[w], f.0, f.1, f.2, f.3
             );
         }
     }
@@ -168,9 +169,10 @@ fn main() -> Result<()> {
     println!();
     for (w, (a, b)) in ours.iter().zip(&theirs).enumerate() {
         println!(
-            "window {}: ratio {us} / {them}: {:.2}x",
+            "window {}: ratio {us} / {them}: {:.2}x rate, {:.2}x CPU per message",
             args.inflight[w],
-            a.0 / b.0
+            a.0 / b.0,
+            a.3 / b.3
         );
     }
     if windows > 1 {
@@ -179,7 +181,7 @@ fn main() -> Result<()> {
             (v.iter().enumerate())
                 .max_by(|a, b| a.1.0.total_cmp(&b.1.0))
                 .map(|(w, f)| (args.inflight[w], *f))
-                .unwrap_or((0, (f64::NAN, f64::NAN, f64::NAN)))
+                .unwrap_or((0, (f64::NAN, f64::NAN, f64::NAN, f64::NAN)))
         };
         let ((wa, a), (wb, b)) = (peak(&ours), peak(&theirs));
         println!(
@@ -200,12 +202,10 @@ fn main() -> Result<()> {
 async fn run_sluice(bin: &Path, dir: &Path, args: &Args) -> Result<Vec<Figures>> {
     let sluice = Sluice::start(bin, dir)?;
     sluice.sql("CREATE DATABASE bench").await?;
-    sluice
-        .sql("CREATE TABLE bench.readings (ts TIMESTAMP, device STRING, seq BIGINT, temp DOUBLE) PARTITION BY ymdh(ts)")
-        .await?;
+    sluice.sql(&create_table(&args.payload)).await?;
     let mut all = Vec::new();
     for (w, args) in windows(args).enumerate() {
-        all.push(load(&sluice.mqtt, &args).await?);
+        all.push(load(&sluice.mqtt, sluice.pid(), &args).await?);
         let count = sluice
             .sql("SELECT count(*) AS n FROM bench.readings")
             .await?;
@@ -251,13 +251,12 @@ async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<(Vec<Figures
         n.await_leaders(Duration::from_secs(30)).await?;
     }
     nodes[0].sql("CREATE DATABASE bench").await?;
-    nodes[0]
-        .sql("CREATE TABLE bench.readings (ts TIMESTAMP, device STRING, seq BIGINT, temp DOUBLE) PARTITION BY ymdh(ts)")
-        .await?;
+    nodes[0].sql(&create_table(&args.payload)).await?;
     let addrs: Vec<String> = nodes.iter().map(|n| n.mqtt.clone()).collect();
+    let pids: Vec<u32> = nodes.iter().map(Sluice::pid).collect();
     let mut figures = Vec::new();
     for (w, args) in windows(args).enumerate() {
-        figures.push(load_spread(&addrs, &args).await?);
+        figures.push(load_spread(&addrs, &pids, &args).await?);
         let stored = stored_after(&args, w);
         for (i, n) in nodes.iter().enumerate() {
             let deadline = Instant::now() + Duration::from_secs(30);
@@ -334,22 +333,26 @@ async fn failover(nodes: &[Sluice]) -> Result<(Duration, Duration)> {
 }
 
 async fn run_mosquitto(dir: &Path, args: &Args) -> Result<Vec<Figures>> {
-    let (_guard, port) = sluice_bench::start_mosquitto(dir, "max_queued_messages 100000\n")?;
+    let (guard, port) = sluice_bench::start_mosquitto(dir, "max_queued_messages 100000\n")?;
     let addr = format!("127.0.0.1:{port}");
     let mut all = Vec::new();
     for args in windows(args) {
-        all.push(load(&addr, &args).await?);
+        all.push(load(&addr, guard.0.id(), &args).await?);
     }
     Ok(all)
 }
 
-/// Runs the load against `addr`; returns messages/s and ack latency percentiles.
-async fn load(addr: &str, args: &Args) -> Result<Figures> {
-    load_spread(&[addr.to_string()], args).await
+/// Runs the load against `addr`, served by process `pid`; returns messages/s, ack latency
+/// percentiles and the server's CPU per message.
+async fn load(addr: &str, pid: u32, args: &Args) -> Result<Figures> {
+    load_spread(&[addr.to_string()], &[pid], args).await
 }
 
-/// Runs the load with connection `c` to `addrs[c % addrs.len()]`.
-async fn load_spread(addrs: &[String], args: &Args) -> Result<Figures> {
+/// Runs the load with connection `c` to `addrs[c % addrs.len()]`; the CPU per message is
+/// that of all of `pids` together.
+async fn load_spread(addrs: &[String], pids: &[u32], args: &Args) -> Result<Figures> {
+    let cpu = || -> Result<f64> { pids.iter().map(|p| sluice_bench::cpu_secs(*p)).sum() };
+    let cpu0 = cpu()?;
     let per = args.messages / args.connections;
     let mut conns = Vec::new();
     for c in 0..args.connections {
@@ -374,7 +377,13 @@ async fn load_spread(addrs: &[String], args: &Args) -> Result<Figures> {
             .map(|d| d.as_secs_f64() * 1000.0)
             .unwrap_or(f64::NAN)
     };
-    Ok(((per * args.connections) as f64 / secs, pct(0.5), pct(0.99)))
+    let cpu_us = (cpu()? - cpu0) * 1e6 / (per * args.connections) as f64;
+    Ok((
+        (per * args.connections) as f64 / secs,
+        pct(0.5),
+        pct(0.99),
+        cpu_us,
+    ))
 }
 
 async fn connect(addr: &str, id: &str) -> Result<TcpStream> {
@@ -400,6 +409,18 @@ async fn connect(addr: &str, id: &str) -> Result<TcpStream> {
     }
 }
 
+/// The table the payloads of `kind` fill.
+fn create_table(kind: &str) -> String {
+    let extra: String = match kind.ends_with("16") {
+        true => (1..=12).map(|i| format!(", f{i} DOUBLE")).collect(),
+        false => String::new(),
+    };
+    format!(
+        "CREATE TABLE bench.readings (ts TIMESTAMP, device STRING, seq BIGINT, temp DOUBLE{extra}) \
+         PARTITION BY ymdh(ts)"
+    )
+}
+
 fn payload(kind: &str, c: usize, seq: usize) -> String {
     let (min, sec, us) = (
         (seq / 60_000_000) % 60,
@@ -407,11 +428,28 @@ fn payload(kind: &str, c: usize, seq: usize) -> String {
         seq % 1_000_000,
     );
     let temp = 20.0 + (seq % 100) as f64 / 10.0;
-    match kind {
-        "json" => format!(
-            r#"{{"ts":"2026-11-21T10:{min:02}:{sec:02}.{us:06}Z","device":"dev-{c}","seq":{seq},"temp":{temp}}}"#
-        ),
-        _ => format!("2026-11-21 10:{min:02}:{sec:02}.{us:06},dev-{c},{seq},{temp}"),
+    // The 12 more fields of the 16-column payloads.
+    let more = |i: usize| 100.0 + ((seq * 7 + i * 13) % 1000) as f64 / 10.0;
+    let wide = kind.ends_with("16");
+    let n = if wide { 12 } else { 0 };
+    match kind.trim_end_matches("16") {
+        "json" => {
+            let extra: String = (1..=n).map(|i| format!(r#","f{i}":{}"#, more(i))).collect();
+            format!(
+                r#"{{"ts":"2026-11-21T10:{min:02}:{sec:02}.{us:06}Z","device":"dev-{c}","seq":{seq},"temp":{temp}{extra}}}"#
+            )
+        }
+        "lp" => {
+            // 2026-11-21T10:00:00Z is 1795255200 s after the epoch.
+            let ns =
+                (1_795_255_200_000_000 + (min * 60_000_000 + sec * 1_000_000 + us) as i64) * 1000;
+            let extra: String = (1..=n).map(|i| format!(",f{i}={}", more(i))).collect();
+            format!("readings,device=dev-{c} seq={seq}i,temp={temp}{extra} {ns}")
+        }
+        _ => {
+            let extra: String = (1..=n).map(|i| format!(",{}", more(i))).collect();
+            format!("2026-11-21 10:{min:02}:{sec:02}.{us:06},dev-{c},{seq},{temp}{extra}")
+        }
     }
 }
 

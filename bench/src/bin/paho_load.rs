@@ -20,7 +20,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use sluice_bench::{Killer, Sluice};
+use sluice_bench::{Killer, Sluice, cpu_secs};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -289,18 +289,6 @@ fn fdatasync_latency(dir: &Path) -> Result<(f64, f64)> {
     times.sort_by(f64::total_cmp);
     let mean = times.iter().sum::<f64>() / times.len() as f64;
     Ok((times[times.len() / 2], mean))
-}
-
-/// User + system CPU seconds of process `pid` so far.
-fn cpu_secs(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces) start at state (field 3).
-    let rest = stat.rsplit_once(')').context("odd /proc stat")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok(ticks / hz)
 }
 
 /// Resident memory of process `pid`, in KiB.

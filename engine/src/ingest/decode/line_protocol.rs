@@ -14,6 +14,7 @@
 use super::{Target, epoch_to_micros, parse_text, time_value};
 use crate::error::{Error, Result};
 use crate::types::{ColumnType, Value};
+use std::borrow::Cow;
 
 /// Decodes line protocol text; `now_micros` is the arrival time for lines without one.
 pub(super) fn decode(target: &Target<'_>, text: &str, now_micros: i64) -> Result<Vec<Vec<Value>>> {
@@ -28,13 +29,20 @@ pub(super) fn decode(target: &Target<'_>, text: &str, now_micros: i64) -> Result
         }
         let parsed = parse_line(raw).map_err(|reason| Error::BadPayload { line, reason })?;
         let mut row = target.blank();
-        let mut set = |key: &str, value: Result<Value, String>| -> Result<()> {
-            let c = table
-                .column_index(key)
-                .ok_or_else(|| target.unknown(line, key))?;
-            if target.is_fixed(c) {
-                return Ok(());
-            }
+        // Keys usually come in the table's column order: each lookup tries the column after
+        // the last one found before searching.
+        let mut next = 0;
+        let mut column = |key: &str| -> Result<usize> {
+            let c = match table.columns.get(next) {
+                Some(col) if col.name == key => next,
+                _ => table
+                    .column_index(key)
+                    .ok_or_else(|| target.unknown(line, key))?,
+            };
+            next = c + 1;
+            Ok(c)
+        };
+        let mut set = |c: usize, value: Result<Value, String>| -> Result<()> {
             row[c] = Some(value.map_err(|reason| Error::BadRow {
                 line,
                 column: table.columns[c].name.clone(),
@@ -43,12 +51,16 @@ pub(super) fn decode(target: &Target<'_>, text: &str, now_micros: i64) -> Result
             Ok(())
         };
         for (key, value) in &parsed.tags {
-            let ty = table.column_index(key).map(|c| table.columns[c].ty);
-            set(key, ty.map_or(Ok(Value::Null), |ty| parse_text(ty, value)))?;
+            let c = column(key)?;
+            if !target.is_fixed(c) {
+                set(c, parse_text(table.columns[c].ty, value))?;
+            }
         }
         for (key, value) in &parsed.fields {
-            let ty = table.column_index(key).map(|c| table.columns[c].ty);
-            set(key, ty.map_or(Ok(Value::Null), |ty| value.convert(ty)))?;
+            let c = column(key)?;
+            if !target.is_fixed(c) {
+                set(c, value.convert(table.columns[c].ty))?;
+            }
         }
         match (parsed.timestamp, time_col) {
             (Some(_), None) => {
@@ -73,25 +85,26 @@ pub(super) fn decode(target: &Target<'_>, text: &str, now_micros: i64) -> Result
     Ok(rows)
 }
 
-/// One parsed line (the measurement is checked and dropped).
+/// One parsed line (the measurement is checked and dropped); keys and values borrow from
+/// the line unless they held escapes.
 #[derive(Debug, Clone, PartialEq)]
-struct Line {
-    tags: Vec<(String, String)>,
-    fields: Vec<(String, Field)>,
+struct Line<'a> {
+    tags: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+    fields: Vec<(Cow<'a, str>, Field<'a>)>,
     timestamp: Option<i64>,
 }
 
 /// A field value as typed in the line.
 #[derive(Debug, Clone, PartialEq)]
-enum Field {
+enum Field<'a> {
     Float(f64),
     Int(i64),
     UInt(u64),
-    Str(String),
+    Str(Cow<'a, str>),
     Bool(bool),
 }
 
-impl Field {
+impl Field<'_> {
     fn kind(&self) -> &'static str {
         match self {
             Field::Float(_) => "float",
@@ -140,84 +153,117 @@ impl Field {
     }
 }
 
-/// A position in a line.
+/// A position in a line. Every delimiter is ASCII, so the line is walked byte by byte and
+/// cut only at delimiters (always at a char boundary).
 struct Cursor<'a> {
     s: &'a str,
     pos: usize,
 }
 
-impl Cursor<'_> {
-    fn peek(&self) -> Option<char> {
-        self.s[self.pos..].chars().next()
+impl<'a> Cursor<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.s.as_bytes().get(self.pos).copied()
     }
 
-    fn bump(&mut self) -> Option<char> {
+    fn bump(&mut self) -> Option<u8> {
         let c = self.peek()?;
-        self.pos += c.len_utf8();
+        self.pos += 1;
         Some(c)
     }
 
     fn skip_spaces(&mut self) -> bool {
         let start = self.pos;
-        while self.peek() == Some(' ') {
-            self.bump();
+        while self.peek() == Some(b' ') {
+            self.pos += 1;
         }
         self.pos > start
     }
 
-    /// Reads up to an unescaped char of `stops`, resolving `\,` `\ ` `\=`; any other
-    /// backslash is kept as written.
-    fn token(&mut self, stops: &[char]) -> String {
-        let mut out = String::new();
-        while let Some(c) = self.peek() {
+    /// Reads up to an unescaped byte of `stops`, resolving `\,` `\ ` `\=`; any other
+    /// backslash is kept as written. Borrowed unless there was an escape.
+    fn token(&mut self, stops: &[u8]) -> Cow<'a, str> {
+        let bytes = self.s.as_bytes();
+        let start = self.pos;
+        let mut escaped = false;
+        while let Some(&c) = bytes.get(self.pos) {
             if stops.contains(&c) {
                 break;
             }
-            self.bump();
-            match (c, self.peek()) {
-                ('\\', Some(n @ (',' | ' ' | '='))) => {
-                    self.bump();
+            if c == b'\\' && matches!(bytes.get(self.pos + 1), Some(b',' | b' ' | b'=')) {
+                escaped = true;
+                self.pos += 2;
+            } else {
+                self.pos += 1;
+            }
+        }
+        let raw = &self.s[start..self.pos];
+        if !escaped {
+            return Cow::Borrowed(raw);
+        }
+        let mut out = String::with_capacity(raw.len());
+        let mut chars = raw.chars().peekable();
+        while let Some(c) = chars.next() {
+            match (c, chars.peek()) {
+                ('\\', Some(&n @ (',' | ' ' | '='))) => {
+                    chars.next();
                     out.push(n);
                 }
                 _ => out.push(c),
             }
         }
-        out
+        Cow::Owned(out)
     }
 
-    /// Reads a string field value after its opening quote.
-    fn string(&mut self, key: &str) -> Result<String, String> {
-        let mut out = String::new();
+    /// Reads a string field value after its opening quote (`\"` and `\\` resolved).
+    fn string(&mut self, key: &str) -> Result<Cow<'a, str>, String> {
+        let bytes = self.s.as_bytes();
+        let start = self.pos;
+        let mut escaped = false;
         loop {
-            match self.bump() {
+            match bytes.get(self.pos) {
                 None => return Err(format!("field '{key}' has an unterminated string")),
-                Some('"') => return Ok(out),
-                Some('\\') => match self.peek() {
-                    Some(n @ ('"' | '\\')) => {
-                        self.bump();
-                        out.push(n);
-                    }
-                    _ => out.push('\\'),
-                },
-                Some(c) => out.push(c),
+                Some(b'"') => break,
+                Some(b'\\') => {
+                    escaped = true;
+                    self.pos +=
+                        1 + usize::from(matches!(bytes.get(self.pos + 1), Some(b'"' | b'\\')));
+                }
+                Some(_) => self.pos += 1,
             }
         }
+        let raw = &self.s[start..self.pos];
+        self.pos += 1;
+        if !escaped {
+            return Ok(Cow::Borrowed(raw));
+        }
+        let mut out = String::with_capacity(raw.len());
+        let mut chars = raw.chars().peekable();
+        while let Some(c) = chars.next() {
+            match (c, chars.peek()) {
+                ('\\', Some(&n @ ('"' | '\\'))) => {
+                    chars.next();
+                    out.push(n);
+                }
+                _ => out.push(c),
+            }
+        }
+        Ok(Cow::Owned(out))
     }
 }
 
-fn parse_line(s: &str) -> Result<Line, String> {
+fn parse_line(s: &str) -> Result<Line<'_>, String> {
     let mut cur = Cursor { s, pos: 0 };
-    if cur.token(&[',', ' ']).is_empty() {
+    if cur.token(b", ").is_empty() {
         return Err("missing measurement name".into());
     }
     let mut tags = Vec::new();
-    while cur.peek() == Some(',') {
+    while cur.peek() == Some(b',') {
         cur.bump();
-        let key = cur.token(&['=', ',', ' ']);
-        if cur.bump() != Some('=') {
+        let key = cur.token(b"=, ");
+        if cur.bump() != Some(b'=') {
             return Err(format!("tag '{key}' has no '=value'"));
         }
-        let value = cur.token(&[',', ' ']);
+        let value = cur.token(b", ");
         if key.is_empty() || value.is_empty() {
             return Err(format!("tag '{key}={value}' has an empty key or value"));
         }
@@ -228,18 +274,18 @@ fn parse_line(s: &str) -> Result<Line, String> {
     }
     let mut fields = Vec::new();
     loop {
-        let key = cur.token(&['=', ',', ' ']);
+        let key = cur.token(b"=, ");
         if key.is_empty() {
             return Err("a field has an empty key".into());
         }
-        if cur.bump() != Some('=') {
+        if cur.bump() != Some(b'=') {
             return Err(format!("field '{key}' has no '=value'"));
         }
-        let value = if cur.peek() == Some('"') {
+        let value = if cur.peek() == Some(b'"') {
             cur.bump();
             Field::Str(cur.string(&key)?)
         } else {
-            let raw = cur.token(&[',', ' ']);
+            let raw = cur.token(b", ");
             field_value(&raw).ok_or_else(|| {
                 format!(
                     "field '{key}': '{raw}' is not a value (float 1.5, integer 1i, unsigned 1u, string \"s\", boolean t/f)"
@@ -247,7 +293,7 @@ fn parse_line(s: &str) -> Result<Line, String> {
             })?
         };
         fields.push((key, value));
-        if cur.peek() == Some(',') {
+        if cur.peek() == Some(b',') {
             cur.bump();
         } else {
             break;
@@ -257,7 +303,7 @@ fn parse_line(s: &str) -> Result<Line, String> {
     let timestamp = match cur.peek() {
         None => None,
         Some(_) => {
-            let raw = cur.token(&[' ']);
+            let raw = cur.token(b" ");
             let ts = raw.parse::<i64>().map_err(|_| {
                 format!("'{raw}' is not a timestamp (integer nanoseconds since the epoch)")
             })?;
@@ -279,7 +325,7 @@ fn parse_line(s: &str) -> Result<Line, String> {
 }
 
 /// A non-string field value, typed by its spelling.
-fn field_value(raw: &str) -> Option<Field> {
+fn field_value(raw: &str) -> Option<Field<'static>> {
     match raw {
         "t" | "T" | "true" | "True" | "TRUE" => return Some(Field::Bool(true)),
         "f" | "F" | "false" | "False" | "FALSE" => return Some(Field::Bool(false)),
