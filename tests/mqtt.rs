@@ -557,6 +557,28 @@ async fn a_malformed_packet_closes_only_its_connection() {
         "{rest:?}"
     );
 
+    // CONNECT with its reserved flag set [MQTT-3.1.2-3]: closed, no CONNACK.
+    let mut raw = tokio::net::TcpStream::connect(&s.mqtt).await.unwrap();
+    let mut bad = connect.clone();
+    bad[9] |= 1; // after 0x10, the length, "\0\x04MQTT" and the level: the flags
+    raw.write_all(&bad).await.unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), raw.read_to_end(&mut rest)).await;
+    assert!(rest.is_empty(), "closed without CONNACK expected: {rest:?}");
+
+    // SUBSCRIBE with header flags 0b0000 instead of 0b0010 [MQTT-3.8.1-1]: DISCONNECT 0x81.
+    let mut raw = tokio::net::TcpStream::connect(&s.mqtt).await.unwrap();
+    raw.write_all(&connect).await.unwrap();
+    let _ = raw.read(&mut buf).await.unwrap();
+    let subscribe = [0x80, 0x07, 0x00, 0x01, 0x00, 0x00, 0x01, b't', 0x01];
+    raw.write_all(&subscribe).await.unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), raw.read_to_end(&mut rest)).await;
+    assert!(
+        rest.starts_with(&[0xE0]) && rest.contains(&0x81),
+        "{rest:?}"
+    );
+
     // The other connection is untouched.
     good.publish1("t", "still here").await;
     assert_eq!(

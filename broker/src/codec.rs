@@ -36,6 +36,7 @@ pub(crate) fn connect_version(buf: &[u8], max_packet: u32) -> Result<Option<(Ver
     if buf[0] >> 4 != 1 {
         return Err(Error::Protocol("the first packet must be CONNECT".into()));
     }
+    fixed_header_flags(buf[0])?;
     // The remaining length is 1-4 bytes, each but the last with the high bit set.
     let start = 1 + buf[1..].iter().take_while(|b| **b & 0x80 != 0).count() + 1;
     let name_len = buf
@@ -45,10 +46,36 @@ pub(crate) fn connect_version(buf: &[u8], max_packet: u32) -> Result<Option<(Ver
     let level = *buf
         .get(start + 2 + name_len)
         .ok_or_else(|| Error::Malformed("CONNECT too short".into()))?;
+    // [MQTT-3.1.2-3]: the CONNECT flags' reserved bit must be 0 (a 3.1.1 and a 5.0 rule).
+    let flags = buf.get(start + 3 + name_len).copied().unwrap_or(0);
+    if (level == 4 || level == 5) && flags & 1 != 0 {
+        return Err(Error::Malformed(
+            "CONNECT with its reserved flag set [MQTT-3.1.2-3]".into(),
+        ));
+    }
     match level {
         4 => Ok(Some((Version::V4, level))),
         5 => Ok(Some((Version::V5, level))),
         other => Ok(Some((Version::V4, other))),
+    }
+}
+
+/// Checks the flags of a fixed header's first byte ([MQTT-2.1.3-1] in 5.0, [MQTT-2.2.2-1]
+/// and [MQTT-2.2.2-2] in 3.1.1): PUBREL, SUBSCRIBE and UNSUBSCRIBE carry 0b0010, PUBLISH
+/// any QoS but 3, every other packet 0; type 0 is reserved.
+fn fixed_header_flags(first: u8) -> Result<()> {
+    let (kind, flags) = (first >> 4, first & 0x0F);
+    let ok = match kind {
+        0 => false,
+        3 => (flags >> 1) & 0b11 != 0b11,
+        6 | 8 | 10 => flags == 0b0010,
+        _ => flags == 0,
+    };
+    match ok {
+        true => Ok(()),
+        false => Err(Error::Malformed(format!(
+            "fixed header 0x{first:02X}: flags 0b{flags:04b} are not allowed for packet type {kind}"
+        ))),
     }
 }
 
@@ -58,6 +85,9 @@ pub(crate) fn read(
     buf: &mut BytesMut,
     max_packet: u32,
 ) -> Result<Option<Packet>> {
+    if let Some(&first) = buf.first() {
+        fixed_header_flags(first)?;
+    }
     match version {
         Version::V5 => {
             // rumqttc reads neither an empty DISCONNECT ("normal") nor one with a reason
