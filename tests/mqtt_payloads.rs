@@ -1,5 +1,6 @@
 //! MQTT payload formats end to end: JSON mappings with `*`, InfluxDB line protocol, tables
-//! created from the first JSON message; plus state that outlives a restart and the metrics.
+//! created from the first JSON message; plus state that outlives a restart, the metrics, and
+//! MQTT 5 flow control.
 
 mod common;
 
@@ -351,4 +352,84 @@ async fn users_made_with_sql_log_in() {
     assert!(sub(&[]));
     s.login(None);
     s.sql_ok("SHOW USERS").await;
+}
+
+/// MQTT 5 flow control (§4.9): a QoS 2 publish holds its receive-maximum slot until its
+/// PUBCOMP, and a client that sends past the maximum is disconnected with 0x93.
+#[tokio::test(flavor = "multi_thread")]
+async fn qos2_holds_a_receive_maximum_slot_until_pubcomp() {
+    use bytes::BytesMut;
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::{Packet, PubRel, PubRelReason, Publish};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[("SLUICE_MQTT_RECEIVE_MAXIMUM", "4")]);
+    let mut raw = tokio::net::TcpStream::connect(&s.mqtt).await.unwrap();
+    raw.write_all(&common::v5_connect("flow", None))
+        .await
+        .unwrap();
+    let mut buf = BytesMut::new();
+    // The next packet from the server (None once the connection is closed).
+    async fn next(raw: &mut tokio::net::TcpStream, buf: &mut BytesMut) -> Option<Packet> {
+        loop {
+            if let Ok(p) = Packet::read(buf, None) {
+                return Some(p);
+            }
+            if raw.read_buf(buf).await.ok()? == 0 {
+                return None;
+            }
+        }
+    }
+    assert!(matches!(
+        next(&mut raw, &mut buf).await,
+        Some(Packet::ConnAck(_))
+    ));
+    let send = |pkid: u16| {
+        let mut p = Publish::new("plain/flow", QoS::ExactlyOnce, "x", None);
+        p.pkid = pkid;
+        let mut out = BytesMut::new();
+        Packet::Publish(p).write(&mut out, None).unwrap();
+        out
+    };
+    // Four publishes and their PUBRELs: every slot comes back at its PUBCOMP.
+    for pkid in 1..=4 {
+        raw.write_all(&send(pkid)).await.unwrap();
+        assert!(matches!(
+            next(&mut raw, &mut buf).await,
+            Some(Packet::PubRec(_))
+        ));
+    }
+    for pkid in 1..=4 {
+        let mut out = BytesMut::new();
+        let rel = PubRel {
+            pkid,
+            reason: PubRelReason::Success,
+            properties: None,
+        };
+        Packet::PubRel(rel).write(&mut out, None).unwrap();
+        raw.write_all(&out).await.unwrap();
+        assert!(matches!(
+            next(&mut raw, &mut buf).await,
+            Some(Packet::PubComp(_))
+        ));
+    }
+    // Four more, never released, hold all four slots: a fifth is one too many.
+    for pkid in 5..=8 {
+        raw.write_all(&send(pkid)).await.unwrap();
+        assert!(matches!(
+            next(&mut raw, &mut buf).await,
+            Some(Packet::PubRec(_))
+        ));
+    }
+    // A resent one (same id, no PUBREL yet) takes no new slot: PUBREC again.
+    raw.write_all(&send(8)).await.unwrap();
+    assert!(matches!(
+        next(&mut raw, &mut buf).await,
+        Some(Packet::PubRec(_))
+    ));
+    raw.write_all(&send(9)).await.unwrap();
+    match next(&mut raw, &mut buf).await {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason_code as u8, 0x93, "{d:?}"),
+        other => panic!("DISCONNECT 0x93 expected, got {other:?}"),
+    }
 }

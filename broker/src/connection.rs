@@ -384,7 +384,15 @@ where
                 biased;
                 Some((ack, routed)) = pending.next(), if !pending.is_empty() => {
                     if let Some(p) = ack {
-                        if matches!(p, Packet::PubAck(_) | Packet::PubRec(_)) {
+                        // A slot of the receive maximum is free again at the PUBACK, at the
+                        // PUBCOMP of a QoS 2 publish, or at a PUBREC that refused it.
+                        let freed = match &p {
+                            Packet::PubAck(_) => true,
+                            Packet::PubRec(r) => (r.reason as u8) >= 0x80,
+                            Packet::PubComp(c) => c.reason == PubCompReason::Success,
+                            _ => false,
+                        };
+                        if freed {
                             client.unacked = client.unacked.saturating_sub(1);
                         }
                         client.send(p);

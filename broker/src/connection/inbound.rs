@@ -133,9 +133,15 @@ pub(super) fn on_publish(
     pending: &mut FuturesOrdered<Ack>,
 ) -> Result<()> {
     shared.metrics.messages_in.fetch_add(1, Ordering::Relaxed);
-    if p.qos != QoS::AtMostOnce {
-        if client.unacked >= usize::from(shared.config.receive_maximum) {
-            return Err(Error::ReceiveMaximum(shared.config.receive_maximum));
+    // The receive maximum counts QoS 1 publishes until their PUBACK and QoS 2 ones until
+    // their PUBCOMP (MQTT 5 §4.9); a resent QoS 2 publish still awaiting its PUBREL is
+    // already counted. 3.1.1 clients are held back by not reading instead.
+    let resent =
+        p.qos == QoS::ExactlyOnce && (client.session.state.lock().incoming_qos2).contains(&p.pkid);
+    if p.qos != QoS::AtMostOnce && !resent {
+        let max = shared.config.receive_maximum;
+        if client.version == Version::V5 && client.unacked >= usize::from(max) {
+            return Err(Error::ReceiveMaximum(max));
         }
         client.unacked += 1;
     }
