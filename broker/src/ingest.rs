@@ -46,6 +46,12 @@ pub(crate) async fn store_rows(
     }
 }
 
+/// An empty retained PUBLISH clears its topic's retained message: it is no reading, so it
+/// is not stored (nor kept as a dead letter) even on a table's topic.
+fn clears_retained(message: &Message) -> bool {
+    message.retain && message.payload.is_empty()
+}
+
 /// Why a message was not stored.
 #[derive(Debug)]
 pub(crate) struct Refusal {
@@ -74,6 +80,9 @@ pub(crate) async fn try_store(
     if !shared.auth.allowed(user, Action::Publish, &message.topic) {
         let text = format!("not authorized to publish to {}", message.topic);
         return refusal(PubAckReason::NotAuthorized, text);
+    }
+    if clears_retained(message) {
+        return Ok(false);
     }
     let Some(t) = shared.mapper.map(
         &message.topic,
@@ -153,6 +162,10 @@ pub(crate) async fn try_store_batch(
     for (i, (m, _)) in messages.iter().enumerate() {
         // A refused message is left to be stored alone, which refuses it with the reason.
         if !shared.auth.allowed(user, Action::Publish, &m.topic) {
+            continue;
+        }
+        if clears_retained(m) {
+            outcome[i] = Batched::Unmapped;
             continue;
         }
         let Some(t) = (shared.mapper).map(&m.topic, m.properties.as_ref(), &m.payload) else {
