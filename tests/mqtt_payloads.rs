@@ -433,3 +433,52 @@ async fn qos2_holds_a_receive_maximum_slot_until_pubcomp() {
         other => panic!("DISCONNECT 0x93 expected, got {other:?}"),
     }
 }
+
+/// `mqtt.max_keep_alive`: an MQTT 5 client asking for more is told the server's keep-alive
+/// in CONNACK; a 3.1.1 client (Mosquitto's tools) asking for more is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn max_keep_alive_is_told_or_enforced() {
+    use bytes::BytesMut;
+    use rumqttc::v5::mqttbytes::v5::{Connect, Packet};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[("SLUICE_MQTT_MAX_KEEP_ALIVE", "30")]);
+    let mut raw = tokio::net::TcpStream::connect(&s.mqtt).await.unwrap();
+    let mut out = BytesMut::new();
+    let connect = Connect {
+        keep_alive: 600,
+        client_id: "ka".into(),
+        clean_start: true,
+        properties: None,
+    };
+    Packet::Connect(connect, None, None)
+        .write(&mut out, None)
+        .unwrap();
+    raw.write_all(&out).await.unwrap();
+    let mut buf = BytesMut::new();
+    let connack = loop {
+        if let Ok(p) = Packet::read(&mut buf, None) {
+            break p;
+        }
+        assert!(raw.read_buf(&mut buf).await.unwrap() > 0, "closed");
+    };
+    let Packet::ConnAck(ack) = connack else {
+        panic!("CONNACK expected: {connack:?}")
+    };
+    assert_eq!(ack.properties.and_then(|p| p.server_keep_alive), Some(30));
+    let publish = |keep_alive: &str| {
+        let args = ["-k", keep_alive, "-t", "ka/x", "-m", "1", "-q", "1"];
+        s.mosquitto("mosquitto_pub", &args)
+    };
+    let refused = publish("120");
+    assert!(
+        !refused.status.success(),
+        "a 3.1.1 keep-alive of 120 s was accepted"
+    );
+    let out = publish("20");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

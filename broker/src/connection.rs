@@ -198,6 +198,21 @@ where
         } else {
             None
         };
+        // `mqtt.max_keep_alive`: an MQTT 5 client asking for more (or for none) is told the
+        // server's in CONNACK; a 3.1.1 client cannot be told, and is refused as Mosquitto
+        // does (0x02).
+        let max_keep_alive = cfg.max_keep_alive;
+        let server_keep_alive = (max_keep_alive > 0
+            && (connect.keep_alive == 0 || connect.keep_alive > max_keep_alive))
+            .then_some(max_keep_alive);
+        if server_keep_alive.is_some() && version == Version::V4 {
+            let code = ConnectReturnCode::ClientIdentifierNotValid;
+            Box::pin(send_connack(&mut wr, version, code, false, None)).await?;
+            return Err(Error::Protocol(format!(
+                "keep alive {} s beyond mqtt.max_keep_alive {max_keep_alive} s",
+                connect.keep_alive
+            )));
+        }
         if let Some(why) = bad_connect {
             let code = match version {
                 Version::V5 => ConnectReturnCode::ProtocolError,
@@ -267,7 +282,7 @@ where
             max_qos: None,
             user_properties: Vec::new(),
             reason_string: None,
-            server_keep_alive: None,
+            server_keep_alive,
             response_information: None,
             server_reference: None,
             authentication_method: None,
@@ -315,7 +330,8 @@ where
         if present {
             resend(&mut outbound, &mut client.out);
         }
-        let keep_alive = Duration::from_secs(u64::from(connect.keep_alive)) * 3 / 2;
+        let keep_alive_secs = server_keep_alive.unwrap_or(connect.keep_alive);
+        let keep_alive = Duration::from_secs(u64::from(keep_alive_secs)) * 3 / 2;
         (
             client, outbound, cancel, conn, generation, expiry, keep_alive,
         )

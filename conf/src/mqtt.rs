@@ -26,6 +26,10 @@ pub struct MqttConfig {
     pub max_inflight: u16,
     /// Concurrent connections; more get CONNACK 0x97 (quota exceeded).
     pub max_connections: usize,
+    /// Longest keep-alive a client may ask for, in seconds (0: no limit). An MQTT 5 client
+    /// asking for more, or for none, gets this one as Server Keep Alive in CONNACK; a 3.1.1
+    /// client, which cannot be told, is refused (CONNACK 0x02), as Mosquitto does.
+    pub max_keep_alive: u16,
     /// Messages queued per session (online or offline) before publishers are slowed
     /// (online) or the session's oldest QoS 0 messages are dropped (offline).
     pub max_queued_messages: usize,
@@ -52,6 +56,7 @@ impl Default for MqttConfig {
             receive_maximum: 1024,
             max_inflight: 1024,
             max_connections: 100_000,
+            max_keep_alive: 0,
             max_queued_messages: 10_000,
             max_session_expiry: "7 days".into(),
             topic_alias_maximum: 64,
