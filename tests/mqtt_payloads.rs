@@ -131,6 +131,42 @@ async fn sessions_and_retained_messages_survive_a_restart() {
     assert_eq!(s.terminate(), 0);
 
     let s = Server::start(dir.path(), &[]);
+    // The restored state, as SQL: the offline session with its queued message, its
+    // subscription, the retained message.
+    assert_eq!(
+        s.rows("SELECT client_id, connected, subscriptions, queued, inflight FROM system.sessions")
+            .await,
+        vec![
+            serde_json::json!({"client_id": "keeper", "connected": false,
+            "subscriptions": 1, "queued": 1, "inflight": 0})
+        ]
+    );
+    assert_eq!(
+        s.rows("SELECT client_id, filter, share_group, qos FROM system.subscriptions")
+            .await,
+        vec![
+            serde_json::json!({"client_id": "keeper", "filter": "alerts/#",
+            "share_group": null, "qos": 1})
+        ]
+    );
+    assert_eq!(
+        s.rows("SELECT topic, payload, bytes FROM system.retained WHERE topic NOT LIKE '$SYS/%'")
+            .await,
+        vec![serde_json::json!({"topic": "config/rate", "payload": "10s", "bytes": 3})]
+    );
+    // And in /metrics.
+    let text = (s.client().get(s.url("/metrics")).send().await.unwrap())
+        .text()
+        .await
+        .unwrap();
+    for figure in [
+        "sluice_mqtt_sessions 1",
+        "sluice_mqtt_sessions_online 0",
+        "sluice_mqtt_subscriptions 1",
+        "sluice_mqtt_queued_messages 1",
+    ] {
+        assert!(text.contains(figure), "{figure} expected:\n{text}");
+    }
     let out = s.mosquitto(
         "mosquitto_sub",
         &[

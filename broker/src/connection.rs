@@ -269,6 +269,7 @@ where
             conn,
             cancel.clone(),
         );
+        *session.user.lock() = user.clone();
         let connack_props = (version == Version::V5).then(|| ConnAckProperties {
             session_expiry_interval: (expiry != asked_expiry).then_some(expiry),
             receive_max: Some(cfg.receive_maximum),

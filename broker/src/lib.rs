@@ -22,6 +22,7 @@ mod metrics;
 mod persist;
 mod router;
 mod session;
+mod tables;
 mod topic;
 
 pub use bridge::{BridgeStatus, Bridges};
@@ -125,6 +126,17 @@ impl Broker {
         });
         let bridges = Arc::new(Bridges::new(shared.clone(), &config.data_dir));
         let status = Arc::downgrade(&bridges);
+        for (name, rows) in tables::TABLES {
+            let state = Arc::downgrade(&shared);
+            let empty = rows(&Router::new(1));
+            shared.db.add_system_table(
+                name,
+                sluice_engine::SystemRows(Arc::new(move || match state.upgrade() {
+                    Some(s) => rows(&s.router),
+                    None => empty.clone(),
+                })),
+            );
+        }
         shared.db.add_system_table(
             "bridges",
             sluice_engine::SystemRows(Arc::new(move || {
@@ -191,11 +203,7 @@ impl Broker {
     /// `$SYS/broker/messages_received_total`).
     async fn publish_sys(&self) {
         let r = &self.shared.router;
-        for (name, _, value) in self
-            .shared
-            .metrics
-            .values(r.session_count(), r.retained_count())
-        {
+        for (name, _, value) in self.shared.metrics.values(&r.gauges()) {
             let topic = format!("$SYS/broker/{}", name.trim_start_matches("sluice_mqtt_"));
             let m = Arc::new(session::Message {
                 topic: Arc::from(topic),
@@ -228,7 +236,7 @@ impl Broker {
         let m = &self.shared.metrics;
         let r = &self.shared.router;
         let mut mqtt = serde_json::Map::new();
-        for (name, _, value) in m.values(r.session_count(), r.retained_count()) {
+        for (name, _, value) in m.values(&r.gauges()) {
             let short = name.trim_start_matches("sluice_mqtt_");
             let key = match short {
                 "connections_total" => "connections_accepted".to_string(),
@@ -278,10 +286,7 @@ impl Broker {
 
     /// The broker's metrics (bridges' included) in Prometheus text format.
     pub fn metrics_text(&self) -> String {
-        let mut text = self.shared.metrics.render(
-            self.shared.router.session_count(),
-            self.shared.router.retained_count(),
-        );
+        let mut text = self.shared.metrics.render(&self.shared.router.gauges());
         text.push_str(&bridge::render_metrics(&self.bridges.status_now()));
         text
     }

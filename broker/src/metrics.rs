@@ -1,5 +1,6 @@
 //! Broker counters, rendered as Prometheus text for `/metrics`.
 
+use crate::router::Gauges;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -84,11 +85,7 @@ impl Metrics {
     }
 
     /// (name, help, value) of every plain counter and gauge.
-    pub(crate) fn values(
-        &self,
-        sessions: usize,
-        retained: usize,
-    ) -> Vec<(&'static str, &'static str, u64)> {
+    pub(crate) fn values(&self, state: &Gauges) -> Vec<(&'static str, &'static str, u64)> {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         vec![
             (
@@ -104,12 +101,32 @@ impl Metrics {
             (
                 "sluice_mqtt_sessions",
                 "MQTT sessions, online and offline",
-                sessions as u64,
+                state.sessions,
+            ),
+            (
+                "sluice_mqtt_sessions_online",
+                "MQTT sessions with a connection attached",
+                state.online,
+            ),
+            (
+                "sluice_mqtt_subscriptions",
+                "Subscriptions of all sessions (one per session and filter)",
+                state.subscriptions,
+            ),
+            (
+                "sluice_mqtt_queued_messages",
+                "Messages queued for sessions, not yet sent",
+                state.queued,
+            ),
+            (
+                "sluice_mqtt_inflight_messages",
+                "QoS 1/2 messages sent to sessions and not yet acknowledged",
+                state.inflight,
             ),
             (
                 "sluice_mqtt_retained_messages",
                 "Retained messages",
-                retained as u64,
+                state.retained,
             ),
             (
                 "sluice_mqtt_packets_received_total",
@@ -150,9 +167,9 @@ impl Metrics {
     }
 
     /// Prometheus text exposition.
-    pub(crate) fn render(&self, sessions: usize, retained: usize) -> String {
+    pub(crate) fn render(&self, state: &Gauges) -> String {
         let mut out = String::new();
-        for (name, help, v) in self.values(sessions, retained) {
+        for (name, help, v) in self.values(state) {
             let kind = if name.ends_with("_total") {
                 "counter"
             } else {

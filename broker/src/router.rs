@@ -28,6 +28,17 @@ struct SubEntry {
     options: SubOptions,
 }
 
+/// The broker's state in figures, for `/metrics`, `$SYS` and the console.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Gauges {
+    pub(crate) sessions: u64,
+    pub(crate) online: u64,
+    pub(crate) retained: u64,
+    pub(crate) subscriptions: u64,
+    pub(crate) queued: u64,
+    pub(crate) inflight: u64,
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct Router {
@@ -137,9 +148,31 @@ impl Router {
         self.sessions.lock().get(key).cloned()
     }
 
-    /// Number of sessions (online and offline).
-    pub(crate) fn session_count(&self) -> usize {
-        self.sessions.lock().len()
+    /// Every session (online and offline).
+    pub(crate) fn sessions(&self) -> Vec<Arc<Session>> {
+        self.sessions.lock().values().cloned().collect()
+    }
+
+    /// The state's figures (one pass over the sessions).
+    pub(crate) fn gauges(&self) -> Gauges {
+        let mut g = Gauges {
+            retained: self.retained_count() as u64,
+            ..Gauges::default()
+        };
+        for s in self.sessions() {
+            let st = s.state.lock();
+            g.sessions += 1;
+            g.online += u64::from(st.disconnected_at.is_none());
+            g.subscriptions += st.subscriptions.len() as u64;
+            g.queued += st.queue.len() as u64;
+            g.inflight += st.inflight.len() as u64;
+        }
+        g
+    }
+
+    /// Every retained message.
+    pub(crate) fn retained_all(&self) -> Vec<Arc<Message>> {
+        self.retained.read().values().cloned().collect()
     }
 
     /// Subscribes `session` to `filter` (possibly `$share/group/...`); returns whether it

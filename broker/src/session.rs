@@ -101,6 +101,8 @@ pub(crate) struct Session {
     pub(crate) connection: Mutex<Option<(u64, CancellationToken)>>,
     /// Bumped whenever a connection attaches, so a delayed will knows it was superseded.
     pub(crate) generation: AtomicU64,
+    /// Who logged in on the last connection attached (`system.sessions`).
+    pub(crate) user: Mutex<Option<Arc<str>>>,
 }
 
 impl Session {
@@ -113,6 +115,7 @@ impl Session {
             max_queued,
             connection: Mutex::new(None),
             generation: AtomicU64::new(0),
+            user: Mutex::new(None),
         })
     }
 
