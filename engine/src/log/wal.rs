@@ -164,8 +164,9 @@ impl Shared {
             return;
         }
         match writer.commit(&group) {
-            Ok(mut lsn) => {
+            Ok(first) => {
                 let started = std::time::Instant::now();
+                let mut lsn = first;
                 for p in &group {
                     for (_, record) in p.records() {
                         self.sink.apply(lsn, record);
@@ -175,12 +176,11 @@ impl Shared {
                 self.applied.store(lsn - 1, Ordering::Release);
                 self.metrics.applied(started.elapsed());
                 drop(writer);
-                let mut last = lsn - 1;
-                // Answers go out in reverse, each with the LSN of its own last record.
-                for p in group.into_iter().rev() {
-                    let n = p.len();
-                    let _ = p.done.send(Turn::Done(Ok(last)));
-                    last -= n;
+                // Answers in arrival order, each with the LSN of its own last record.
+                let mut next = first;
+                for p in group {
+                    next += p.len();
+                    let _ = p.done.send(Turn::Done(Ok(next - 1)));
                 }
             }
             Err(e) => {
