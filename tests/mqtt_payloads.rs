@@ -295,6 +295,12 @@ user = "*"
 action = "publish"
 filter = "locked/#"
 allow = false
+
+[[acl]]
+user = "*"
+action = "subscribe"
+filter = "secret/#"
+allow = false
 "#
         ),
     );
@@ -350,6 +356,44 @@ allow = false
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("SUBACK") && text.contains("128"), "{text}");
+
+    // Read rules hold per delivered message: `#` gets nothing under a denied `secret/#`,
+    // neither retained nor live.
+    let publish = |topic: &str, extra: &[&str]| {
+        let args = [
+            &[
+                "-u", "gw", "-P", "s3cret", "-q", "1", "-t", topic, "-m", "m",
+            ],
+            extra,
+        ];
+        assert!(
+            s.mosquitto("mosquitto_pub", &args.concat())
+                .status
+                .success()
+        );
+    };
+    publish("secret/launch-codes", &["-r"]);
+    publish("open/news", &["-r"]);
+    c.subscribe("#", rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut subscribed = false;
+    while !got.contains(&"open/live".to_string()) {
+        match el.poll().await.unwrap() {
+            rumqttc::v5::Event::Incoming(P5::SubAck(_)) if !subscribed => {
+                subscribed = true;
+                publish("secret/live", &[]);
+                publish("open/live", &[]);
+            }
+            rumqttc::v5::Event::Incoming(P5::Publish(p)) => {
+                got.push(String::from_utf8_lossy(&p.topic).to_string())
+            }
+            _ => {}
+        }
+    }
+    got.sort();
+    assert_eq!(got, vec!["open/live", "open/news"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -93,6 +93,13 @@ impl Auth {
         !self.rules.is_empty()
     }
 
+    /// Whether a session of `user` may be sent a message on `topic`: the subscribe rules
+    /// are decided for each message delivered (as Mosquitto's read ACL), so a subscription
+    /// to `#` gets nothing from a denied `secret/#`.
+    pub(crate) fn may_receive(&self, user: Option<&str>, topic: &str) -> bool {
+        !self.has_rules() || self.allowed(user, Action::Subscribe, topic)
+    }
+
     /// Whether `user` may do `action` on `name` (a topic, a subscription filter, or
     /// `db.table`).
     pub(crate) fn allowed(&self, user: Option<&str>, action: Action, name: &str) -> bool {

@@ -31,7 +31,7 @@ pub(crate) async fn route(shared: &BrokerState, message: &Arc<Message>) {
     if message.retain {
         shared.router.retain(message);
     }
-    shared.router.route(message).await;
+    shared.router.route(message, &shared.auth).await;
 }
 
 /// Stores `message` in its table, if its topic maps to one (see [`store`]).

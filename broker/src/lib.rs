@@ -215,7 +215,7 @@ impl Broker {
                 origin: Arc::from("$SYS"),
             });
             r.retain(&m);
-            r.route(&m).await;
+            r.route(&m, &self.shared.auth).await;
         }
     }
 

@@ -27,6 +27,10 @@ pub(crate) struct State {
 #[derive(Serialize, Deserialize)]
 pub(crate) struct SessionState {
     pub(crate) id: String,
+    /// Who logged in on its last connection: deliveries to it are checked against the ACL
+    /// as that user, also after a restart.
+    #[serde(default)]
+    pub(crate) user: Option<String>,
     pub(crate) expiry_secs: u32,
     pub(crate) subscriptions: Vec<StoredSub>,
     pub(crate) queue: Vec<StoredDelivery>,

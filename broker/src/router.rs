@@ -1,6 +1,7 @@
 //! The router: sessions by client id, the subscription tree, retained messages, and the
 //! fan-out of one message to every session whose subscriptions match it.
 
+use crate::auth::Auth;
 use crate::persist;
 use crate::session::{Delivery, Message, Outgoing, Session, SubOptions};
 use crate::topic::{self, Tree};
@@ -254,14 +255,19 @@ impl Router {
 
     /// Delivers `message` to every matching session: once per session with the highest QoS
     /// of its matching subscriptions and all their identifiers, and to one member of each
-    /// shared group. Waits while an online receiver's queue is full. Returns the number of
-    /// sessions it was queued for.
-    pub(crate) async fn route(&self, message: &Arc<Message>) -> usize {
+    /// shared group, each only if `auth` lets its session's user receive the topic. Waits
+    /// while an online receiver's queue is full. Returns the number of sessions it was
+    /// queued for.
+    pub(crate) async fn route(&self, message: &Arc<Message>, auth: &Auth) -> usize {
+        let may_receive = |s: &Session| auth.may_receive(s.user.lock().as_deref(), &message.topic);
         let mut direct: HashMap<Arc<str>, (Arc<Session>, Delivery)> = HashMap::new();
         let mut groups: HashMap<(Arc<str>, Arc<str>), Members> = HashMap::new();
         self.tree
             .read()
             .for_each_match(&message.topic, |key, entry| {
+                if auth.has_rules() && !may_receive(&entry.session) {
+                    return;
+                }
                 if let Some(group) = &key.group {
                     groups
                         .entry((group.clone(), entry.filter.clone()))
@@ -346,6 +352,7 @@ impl Router {
             }
             out.push(persist::SessionState {
                 id: s.client_id.to_string(),
+                user: s.user.lock().as_deref().map(str::to_string),
                 expiry_secs: st.expiry_secs,
                 subscriptions: st
                     .subscriptions
@@ -379,6 +386,7 @@ impl Router {
     ) {
         for saved in sessions {
             let s = Session::new(Arc::from(saved.id.as_str()), self.max_queued);
+            *s.user.lock() = saved.user.map(Arc::from);
             {
                 let mut st = s.state.lock();
                 st.expiry_secs = saved.expiry_secs;

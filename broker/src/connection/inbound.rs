@@ -305,7 +305,10 @@ async fn on_subscribe(shared: &Arc<BrokerState>, client: &mut Client, s: Subscri
                 RetainForwardRule::Never => false,
             };
         if send_retained {
-            for m in shared.router.retained_matching(plain) {
+            let user = client.user.as_deref();
+            for m in (shared.router.retained_matching(plain).into_iter())
+                .filter(|m| shared.auth.may_receive(user, &m.topic))
+            {
                 retained.push(Delivery {
                     qos: min_qos(m.qos, f.qos),
                     message: m,
