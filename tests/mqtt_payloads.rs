@@ -394,6 +394,18 @@ allow = false
     }
     got.sort();
     assert_eq!(got, vec!["open/live", "open/news"]);
+    // Each refusal is counted: one publish, two subscriptions, two deliveries withheld.
+    let metrics = s.authorized(s.client().get(s.url("/metrics")));
+    let text = metrics.send().await.unwrap().text().await.unwrap();
+    for (action, n) in [
+        ("publish", 1),
+        ("subscribe", 2),
+        ("write", 0),
+        ("deliver", 2),
+    ] {
+        let line = format!("sluice_acl_refusals_total{{action=\"{action}\"}} {n}");
+        assert!(text.contains(&line), "{line} expected:\n{text}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -9,14 +9,15 @@ use sluice_conf::{AclRule, UserConfig};
 use sluice_engine::Logins;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What a rule governs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Action {
-    Publish,
-    Subscribe,
+    Publish = 0,
+    Subscribe = 1,
     /// Storing rows into a table.
-    Write,
+    Write = 2,
 }
 
 /// Users and rules.
@@ -24,6 +25,8 @@ pub(crate) enum Action {
 pub(crate) struct Auth {
     users: HashMap<String, String>,
     rules: Vec<AclRule>,
+    /// Refusals by the rules: publish, subscribe, write, and deliveries withheld.
+    refused: [AtomicU64; 4],
 }
 
 impl Auth {
@@ -40,6 +43,7 @@ impl Auth {
         Ok(Self {
             users: map,
             rules: rules.to_vec(),
+            refused: Default::default(),
         })
     }
 
@@ -96,13 +100,53 @@ impl Auth {
     /// Whether a session of `user` may be sent a message on `topic`: the subscribe rules
     /// are decided for each message delivered (as Mosquitto's read ACL), so a subscription
     /// to `#` gets nothing from a denied `secret/#`.
+    /// Counted, not logged (there may be many).
     pub(crate) fn may_receive(&self, user: Option<&str>, topic: &str) -> bool {
-        !self.has_rules() || self.allowed(user, Action::Subscribe, topic)
+        if !self.has_rules()
+            || self
+                .rule(user, Action::Subscribe, topic)
+                .is_none_or(|r| r.allow)
+        {
+            return true;
+        }
+        self.refused[3].fetch_add(1, Ordering::Relaxed);
+        false
     }
 
     /// Whether `user` may do `action` on `name` (a topic, a subscription filter, or
-    /// `db.table`).
+    /// `db.table`). A refusal is logged with the rule that decided it, and counted.
     pub(crate) fn allowed(&self, user: Option<&str>, action: Action, name: &str) -> bool {
+        let Some(rule) = self.rule(user, action, name).filter(|r| !r.allow) else {
+            return true;
+        };
+        self.refused[action as usize].fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            user = user.unwrap_or("anonymous"), ?action, %name,
+            rule_user = %rule.user, rule_action = %rule.action, rule_filter = %rule.filter,
+            "refused by an ACL rule"
+        );
+        false
+    }
+
+    /// The refusals so far, in Prometheus text.
+    pub(crate) fn render_metrics(&self) -> String {
+        let n = |i: usize| self.refused[i].load(Ordering::Relaxed);
+        format!(
+            "# HELP sluice_acl_refusals_total Actions refused by an [[acl]] rule.\n\
+             # TYPE sluice_acl_refusals_total counter\n\
+             sluice_acl_refusals_total{{action=\"publish\"}} {}\n\
+             sluice_acl_refusals_total{{action=\"subscribe\"}} {}\n\
+             sluice_acl_refusals_total{{action=\"write\"}} {}\n\
+             sluice_acl_refusals_total{{action=\"deliver\"}} {}\n",
+            n(0),
+            n(1),
+            n(2),
+            n(3)
+        )
+    }
+
+    /// The first rule for `user` and `action` that matches `name`.
+    fn rule(&self, user: Option<&str>, action: Action, name: &str) -> Option<&AclRule> {
         for r in &self.rules {
             let who = match r.user.as_str() {
                 "*" => true,
@@ -125,10 +169,10 @@ impl Auth {
                 _ => r.filter == name || topic::matches(&r.filter, name),
             };
             if hit {
-                return r.allow;
+                return Some(r);
             }
         }
-        true
+        None
     }
 }
 

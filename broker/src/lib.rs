@@ -287,6 +287,7 @@ impl Broker {
     /// The broker's metrics (bridges' included) in Prometheus text format.
     pub fn metrics_text(&self) -> String {
         let mut text = self.shared.metrics.render(&self.shared.router.gauges());
+        text.push_str(&self.shared.auth.render_metrics());
         text.push_str(&bridge::render_metrics(&self.bridges.status_now()));
         text
     }

@@ -286,7 +286,6 @@ async fn on_subscribe(shared: &Arc<BrokerState>, client: &mut Client, s: Subscri
             .auth
             .allowed(client.user.as_deref(), Action::Subscribe, plain)
         {
-            tracing::info!(client_id = %client.id, filter = %f.path, "subscription refused by the ACL");
             codes.push(SubscribeReasonCode::NotAuthorized);
             continue;
         }
