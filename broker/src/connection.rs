@@ -417,7 +417,12 @@ where
                     // May wait for room in a slow subscriber's queue: reading then stops,
                     // which slows this publisher.
                     if let Some(m) = routed {
-                        Box::pin(crate::ingest::route(shared, &m)).await;
+                        // Boxed only when there is someone to deliver to (the wait is
+                        // rare; most stored readings have no subscriber).
+                        let targets = crate::ingest::targets(shared, &m);
+                        if !targets.is_empty() {
+                            Box::pin(crate::router::deliver(targets)).await;
+                        }
                     }
                 }
                 r = write_some(&mut wr, &client.out), if unflushed || !client.out.is_empty() => {

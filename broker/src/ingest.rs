@@ -28,10 +28,16 @@ pub(crate) async fn store(
 
 /// Keeps `message` if retained and queues it for every matching session.
 pub(crate) async fn route(shared: &BrokerState, message: &Arc<Message>) {
+    crate::router::deliver(targets(shared, message)).await;
+}
+
+/// Keeps `message` if retained and finds the sessions it goes to, without waiting; queueing
+/// it for them ([`crate::router::deliver`]) may wait.
+pub(crate) fn targets(shared: &BrokerState, message: &Arc<Message>) -> Vec<crate::router::Target> {
     if message.retain {
         shared.router.retain(message);
     }
-    shared.router.route(message, &shared.auth).await;
+    shared.router.targets(message, &shared.auth)
 }
 
 /// Stores `message` in its table, if its topic maps to one (see [`store`]).

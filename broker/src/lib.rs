@@ -214,8 +214,7 @@ impl Broker {
                 expires: None,
                 origin: Arc::from("$SYS"),
             });
-            r.retain(&m);
-            r.route(&m, &self.shared.auth).await;
+            ingest::route(&self.shared, &m).await;
         }
     }
 

@@ -253,12 +253,11 @@ impl Router {
         self.retained.read().len()
     }
 
-    /// Delivers `message` to every matching session: once per session with the highest QoS
-    /// of its matching subscriptions and all their identifiers, and to one member of each
-    /// shared group, each only if `auth` lets its session's user receive the topic. Waits
-    /// while an online receiver's queue is full. Returns the number of sessions it was
-    /// queued for.
-    pub(crate) async fn route(&self, message: &Arc<Message>, auth: &Auth) -> usize {
+    /// The sessions `message` goes to, each with its delivery: once per session with the
+    /// highest QoS of its matching subscriptions and all their identifiers, and to one
+    /// member of each shared group, each only if `auth` lets its session's user receive the
+    /// topic. No allocation when there are none; [`deliver`] queues them.
+    pub(crate) fn targets(&self, message: &Arc<Message>, auth: &Auth) -> Vec<Target> {
         let may_receive = |s: &Session| auth.may_receive(s.user.lock().as_deref(), &message.topic);
         let mut direct: HashMap<Arc<str>, (Arc<Session>, Delivery)> = HashMap::new();
         let mut groups: HashMap<(Arc<str>, Arc<str>), Members> = HashMap::new();
@@ -297,7 +296,7 @@ impl Router {
                 d.1.retain |= retain;
                 d.1.subscription_ids.extend(entry.options.id);
             });
-        let mut out: Vec<(Arc<Session>, Delivery)> = direct.into_values().collect();
+        let mut out: Vec<Target> = direct.into_values().collect();
         for (_, mut members) in groups {
             // Round robin, preferring members that are connected.
             members.sort_by(|a, b| a.0.client_id.cmp(&b.0.client_id));
@@ -319,14 +318,21 @@ impl Router {
                 },
             ));
         }
-        let n = out.len();
-        for (session, d) in out {
-            // A client subscribed to what it publishes must not wait for its own reader, and
-            // the broker's own `$SYS` messages never wait.
-            let may_wait = session.client_id != message.origin && !message.origin.starts_with('$');
-            session.enqueue(d, may_wait).await;
-        }
-        n
+        out
+    }
+}
+
+/// A session and what it is to be sent.
+pub(crate) type Target = (Arc<Session>, Delivery);
+
+/// Queues each target's delivery; waits while an online receiver's queue is full.
+pub(crate) async fn deliver(targets: Vec<Target>) {
+    for (session, d) in targets {
+        // A client subscribed to what it publishes must not wait for its own reader, and
+        // the broker's own `$SYS` messages never wait.
+        let origin = &d.message.origin;
+        let may_wait = session.client_id != *origin && !origin.starts_with('$');
+        session.enqueue(d, may_wait).await;
     }
 }
 
