@@ -84,4 +84,8 @@ impl sluice_web::Authenticator for BrokerAuth {
     fn password_hash(&self, user: &str) -> Option<String> {
         self.0.password_hash(user)
     }
+
+    fn is_admin(&self, user: &str) -> bool {
+        self.0.is_admin(user)
+    }
 }

@@ -3,6 +3,7 @@
 //! the broker's logins for HTTP live in `admin.rs`, where the two siblings meet.
 
 mod admin;
+mod tls;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -163,6 +164,8 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("handling SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("handling SIGINT")?;
+    let certificates = tls::Certificates::load(&cfg)?;
+    certificates.watch(cancel.clone())?;
     tracing::info!(http = %addr, mqtt = %mqtt_addr, data_dir = %cfg.data_dir.display(), "sluice ready");
     // Lines on stdout that scripts and tests wait for (the ports are real even when 0 was
     // asked); the http line comes last.
@@ -171,21 +174,22 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         let broker = broker.clone();
         tokio::spawn(async move { broker.serve_tcp(mqtt).await })
     };
-    let tls_task = if cfg.mqtt.tls_listen.is_empty() {
-        None
-    } else {
-        let tls = sluice_broker::tls_acceptor(
-            std::path::Path::new(&cfg.mqtt.tls_cert),
-            std::path::Path::new(&cfg.mqtt.tls_key),
-        )?;
+    let tls_task = if let Some(tls) = certificates.mqtt.clone() {
         let l = tokio::net::TcpListener::bind(&cfg.mqtt.tls_listen)
             .await
             .with_context(|| format!("binding MQTT/TLS on {}", cfg.mqtt.tls_listen))?;
         println!("sluice: mqtts listening on {}", l.local_addr()?);
         let broker = broker.clone();
         Some(tokio::spawn(async move { broker.serve_tls(l, tls).await }))
+    } else {
+        None
     };
-    println!("sluice: http listening on {addr}");
+    let scheme = if certificates.http.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    println!("sluice: {scheme} listening on {addr}");
     broker.start_bridges(&cfg.bridge).await;
 
     let signal_cancel = cancel.clone();
@@ -233,7 +237,8 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         },
     };
     let alerts = engine.start_alerts(broker.alert_sink(), cancel.clone());
-    sluice_web::serve(listener, queries, &cfg.http, extras, cancel.clone()).await?;
+    let https = certificates.http.clone();
+    sluice_web::serve(listener, queries, &cfg.http, extras, https, cancel.clone()).await?;
     cancel.cancel();
     // Connections end, their stored messages finish, before the engine persists and stops.
     let _ = mqtt_task.await;

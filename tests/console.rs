@@ -189,7 +189,8 @@ async fn console_query_catalog_live_and_an_alert_that_fires() {
 async fn console_asks_for_a_login_when_users_exist() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &[]);
-    s.sql_ok("CREATE USER ops WITH PASSWORD 'w4tch'").await;
+    s.sql_ok("CREATE USER ops WITH PASSWORD 'w4tch' ADMIN")
+        .await;
     let b = Browser::start().await;
     b.go(&s.url("/")).await;
     b.until(

@@ -400,10 +400,10 @@ allow = false
     for (action, n) in [
         ("publish", 1),
         ("subscribe", 2),
-        ("write", 0),
+        ("insert", 0),
         ("deliver", 2),
     ] {
-        let line = format!("sluice_acl_refusals_total{{action=\"{action}\"}} {n}");
+        let line = format!("sluice_access_refusals_total{{action=\"{action}\"}} {n}");
         assert!(text.contains(&line), "{line} expected:\n{text}");
     }
 }
@@ -418,7 +418,8 @@ async fn users_made_with_sql_log_in() {
             .success()
     };
     assert!(sub(&[]), "no users yet: anonymous is fine");
-    s.sql_ok("CREATE USER sensor WITH PASSWORD 'pa55'").await;
+    s.sql_ok("CREATE USER sensor WITH PASSWORD 'pa55' ADMIN")
+        .await;
     // With a user, HTTP wants credentials too: the same user.
     assert_eq!(s.sql("SHOW USERS").await.status, 401);
     s.login(Some(("sensor", "nope")));
@@ -426,7 +427,7 @@ async fn users_made_with_sql_log_in() {
     s.login(Some(("sensor", "pa55")));
     assert_eq!(
         s.rows("SHOW USERS").await,
-        vec![serde_json::json!({"user_name": "sensor"})]
+        vec![serde_json::json!({"user_name": "sensor", "admin": true})]
     );
     // The catalog keeps a hash, never the password.
     let catalog = std::fs::read_to_string(dir.path().join("data/catalog.json")).unwrap();

@@ -53,15 +53,27 @@ const MAX_READ: usize = 64 * 1024;
 type Ack = Pin<Box<dyn Future<Output = (Option<Packet>, Option<Arc<Message>>)> + Send>>;
 
 /// Serves one connection until it ends.
-pub(crate) async fn serve<S>(shared: Arc<BrokerState>, stream: S, peer: std::net::SocketAddr)
-where
+pub(crate) async fn serve<S>(
+    shared: Arc<BrokerState>,
+    stream: S,
+    peer: std::net::SocketAddr,
+    ident: Option<Arc<str>>,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut buf = BytesMut::with_capacity(READ_BUF);
     // The handshake runs boxed, and what it leaves is boxed: held only while needed, its
     // state does not make every connection's task (what an idle connection costs) larger.
-    let Some(hello) = Box::pin(handshake(&shared, &mut rd, &mut wr, &mut buf, peer)).await else {
+    let Some(hello) = Box::pin(handshake(
+        &shared,
+        &mut rd,
+        &mut wr,
+        &mut buf,
+        (peer, ident),
+    ))
+    .await
+    else {
         return;
     };
     let r = run(&shared, hello, rd, wr, buf, peer).await;
@@ -86,7 +98,7 @@ async fn handshake<R, W>(
     rd: &mut R,
     wr: &mut W,
     buf: &mut BytesMut,
-    peer: std::net::SocketAddr,
+    (peer, ident): (std::net::SocketAddr, Option<Arc<str>>),
 ) -> Option<Box<Hello>>
 where
     R: AsyncRead + Unpin,
@@ -108,7 +120,12 @@ where
     let Packet::Connect(connect, will, login) = packet else {
         return None;
     };
-    let user = match shared.auth.login(login, Some(&*shared.db)).await {
+    // A verified client certificate names the user; otherwise the CONNECT's credentials.
+    let logged_in = match ident {
+        Some(user) => Ok(Some(user)),
+        None => crate::auth::login(login, shared.db.as_ref()).await,
+    };
+    let user = match logged_in {
         Ok(user) => user,
         Err(code) => {
             tracing::warn!(%peer, client_id = %connect.client_id, ?code, "connection refused: authentication failed");

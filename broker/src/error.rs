@@ -93,6 +93,7 @@ pub(crate) fn store_reason(e: &sluice_engine::Error) -> PubAckReason {
         K::BadPayload | K::BadRow | K::TooLarge => PubAckReason::PayloadFormatInvalid,
         K::Overloaded | K::BuffersFull | K::DiskFull => PubAckReason::QuotaExceeded,
         K::UnknownTable | K::UnknownDatabase => PubAckReason::TopicNameInvalid,
+        K::Denied => PubAckReason::NotAuthorized,
         K::BadSql
         | K::InvalidDefinition
         | K::UnknownAlert

@@ -1,11 +1,11 @@
 //! Storing one message: topic -> table, one durable append, dead letters, then routing.
 
 use crate::BrokerState;
-use crate::auth::Action;
 use crate::error;
 use crate::session::Message;
 use rumqttc::v5::mqttbytes::v5::PubAckReason;
 use sluice_engine::Origin;
+use sluice_engine::access::Need;
 use sluice_engine::{DeadLetter, Publication};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -37,7 +37,7 @@ pub(crate) fn targets(shared: &BrokerState, message: &Arc<Message>) -> Vec<crate
     if message.retain {
         shared.router.retain(message);
     }
-    shared.router.targets(message, &shared.auth)
+    shared.router.targets(message, shared.db.as_ref())
 }
 
 /// Stores `message` in its table, if its topic maps to one (see [`store`]).
@@ -83,9 +83,8 @@ pub(crate) async fn try_store(
             transient: false,
         })
     };
-    if !shared.auth.allowed(user, Action::Publish, &message.topic) {
-        let text = format!("not authorized to publish to {}", message.topic);
-        return refusal(PubAckReason::NotAuthorized, text);
+    if let Err(e) = shared.db.authorize(user, Need::Publish(&message.topic)) {
+        return refusal(PubAckReason::NotAuthorized, e.to_string());
     }
     if clears_retained(message) {
         return Ok(false);
@@ -97,13 +96,12 @@ pub(crate) async fn try_store(
     ) else {
         return Ok(false);
     };
-    // Without rules the table name need not be built for every message.
-    if shared.auth.has_rules() {
-        let table = format!("{}.{}", t.database, t.table);
-        if !shared.auth.allowed(user, Action::Write, &table) {
-            let text = format!("not authorized to write to {table}");
-            return refusal(PubAckReason::NotAuthorized, text);
-        }
+    let need = Need::Insert {
+        database: t.database,
+        table: t.table,
+    };
+    if let Err(e) = shared.db.authorize(user, need) {
+        return refusal(PubAckReason::NotAuthorized, e.to_string());
     }
     let auto_create = shared
         .config
@@ -167,7 +165,7 @@ pub(crate) async fn try_store_batch(
     let mut targets = Vec::with_capacity(messages.len());
     for (i, (m, _)) in messages.iter().enumerate() {
         // A refused message is left to be stored alone, which refuses it with the reason.
-        if !shared.auth.allowed(user, Action::Publish, &m.topic) {
+        if shared.db.authorize(user, Need::Publish(&m.topic)).is_err() {
             continue;
         }
         if clears_retained(m) {
@@ -178,9 +176,11 @@ pub(crate) async fn try_store_batch(
             outcome[i] = Batched::Unmapped;
             continue;
         };
-        if !shared.auth.has_rules()
-            || (shared.auth).allowed(user, Action::Write, &format!("{}.{}", t.database, t.table))
-        {
+        let need = Need::Insert {
+            database: t.database,
+            table: t.table,
+        };
+        if shared.db.authorize(user, need).is_ok() {
             targets.push((i, t));
         }
     }

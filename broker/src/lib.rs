@@ -23,6 +23,7 @@ mod persist;
 mod router;
 mod session;
 mod tables;
+pub mod tls;
 mod topic;
 
 pub use bridge::{BridgeStatus, Bridges};
@@ -57,7 +58,6 @@ struct BrokerState {
     shutdown: CancellationToken,
     max_session_expiry: Duration,
     store: persist::Store,
-    auth: auth::Auth,
 }
 
 impl std::fmt::Debug for BrokerState {
@@ -108,7 +108,6 @@ impl Broker {
         shutdown: CancellationToken,
     ) -> Result<Self> {
         let mapper = mapping::Mapper::new(&config.topic)?;
-        let auth = auth::Auth::new(&config.user, &config.acl)?;
         let router = Router::new(config.mqtt.max_queued_messages);
         let store = persist::Store::new(&config.data_dir);
         store.load(&router);
@@ -122,7 +121,6 @@ impl Broker {
             shutdown,
             max_session_expiry: Config::duration(&config.mqtt.max_session_expiry),
             store,
-            auth,
         });
         let bridges = Arc::new(Bridges::new(shared.clone(), &config.data_dir));
         let status = Arc::downgrade(&bridges);
@@ -220,14 +218,17 @@ impl Broker {
 
     /// Whether logins are needed (any user exists), for the HTTP API too.
     pub fn auth_required(&self) -> bool {
-        self.shared.auth.required(self.shared.db.as_ref())
+        self.shared.db.has_users()
+    }
+
+    /// Whether `user` is an administrator.
+    pub fn is_admin(&self, user: &str) -> bool {
+        self.shared.db.is_admin(Some(user))
     }
 
     /// `user`'s argon2 password hash: the same users as MQTT logins.
     pub fn password_hash(&self, user: &str) -> Option<String> {
-        self.shared
-            .auth
-            .password_hash(user, Some(self.shared.db.as_ref()))
+        self.shared.db.password_hash(user)
     }
 
     /// The broker's live figures (`{"mqtt": {...}, "bridges": [...]}`) for the console.
@@ -278,52 +279,65 @@ impl Broker {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        self.serve_connection_as(stream, peer, None)
+    }
+
+    /// Like [`Broker::serve_connection`], for a client already known as `ident` (the
+    /// common name of its verified TLS certificate): it logs in as that user, without a
+    /// password.
+    pub fn serve_connection_as<S>(
+        &self,
+        stream: S,
+        peer: std::net::SocketAddr,
+        ident: Option<Arc<str>>,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         let shared = self.shared.clone();
-        self.tasks
-            .spawn(async move { connection::serve(shared, stream, peer).await });
+        (self.tasks).spawn(async move { connection::serve(shared, stream, peer, ident).await });
     }
 
     /// The broker's metrics (bridges' included) in Prometheus text format.
     pub fn metrics_text(&self) -> String {
         let mut text = self.shared.metrics.render(&self.shared.router.gauges());
-        text.push_str(&self.shared.auth.render_metrics());
         text.push_str(&bridge::render_metrics(&self.bridges.status_now()));
         text
     }
 }
 
-/// A TLS acceptor from PEM files (certificate chain, private key).
-pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let setup = |what: &str, reason: String| Error::Setup {
-        what: what.to_string(),
-        reason,
-    };
-    let certs = CertificateDer::pem_file_iter(cert)
-        .and_then(|it| it.collect::<std::result::Result<Vec<_>, _>>())
-        .map_err(|e| setup(&format!("reading {}", cert.display()), e.to_string()))?;
-    if certs.is_empty() {
-        return Err(setup(
-            &format!("reading {}", cert.display()),
-            "no certificate in the file".into(),
-        ));
-    }
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| setup(&format!("reading {}", key.display()), e.to_string()))?;
-    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
-        .map_err(|e| setup("TLS configuration", e.to_string()))?;
-    Ok(TlsAcceptor(tokio_rustls::TlsAcceptor::from(Arc::new(
-        config,
-    ))))
+/// The MQTT over TLS acceptor: `certs` served, client certificates verified against
+/// `mqtt.tls_client_ca` when set (required with `mqtt.tls_require_client_cert`), and with
+/// `mqtt.tls_cert_user` a verified certificate's common name is the user.
+pub fn tls_acceptor(
+    certs: Arc<tls::CertFiles>,
+    mqtt: &sluice_conf::MqttConfig,
+) -> Result<TlsAcceptor> {
+    let clients = (!mqtt.tls_client_ca.is_empty()).then(|| tls::ClientCerts {
+        ca: std::path::Path::new(&mqtt.tls_client_ca),
+        required: mqtt.tls_require_client_cert,
+    });
+    let config = tls::server_config(certs, clients, &[])?;
+    Ok(TlsAcceptor {
+        tls: tokio_rustls::TlsAcceptor::from(config),
+        cert_user: mqtt.tls_cert_user,
+    })
 }
+
+/// The HTTPS acceptor (HTTP/1.1) serving `certs`.
+pub fn https_acceptor(certs: Arc<tls::CertFiles>) -> Result<HttpsAcceptor> {
+    let config = tls::server_config(certs, None, &[b"http/1.1"])?;
+    Ok(tokio_rustls::TlsAcceptor::from(config))
+}
+
+/// What [`https_acceptor`] makes, for the HTTP server.
+pub type HttpsAcceptor = tokio_rustls::TlsAcceptor;
 
 /// Accepts TLS connections for the broker (see [`tls_acceptor`]).
 #[derive(Clone)]
-pub struct TlsAcceptor(tokio_rustls::TlsAcceptor);
+pub struct TlsAcceptor {
+    tls: tokio_rustls::TlsAcceptor,
+    cert_user: bool,
+}
 
 impl std::fmt::Debug for TlsAcceptor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -342,11 +356,19 @@ impl Broker {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
-                        let tls = tls.0.clone();
+                        let (cert_user, tls) = (tls.cert_user, tls.tls.clone());
                         let broker = self.clone();
                         self.tasks.spawn(async move {
                             match tokio::time::timeout(Duration::from_secs(10), tls.accept(stream)).await {
-                                Ok(Ok(s)) => broker.serve_connection(s, peer),
+                                Ok(Ok(s)) => {
+                                    // Only a verified chain is there to read.
+                                    let certs = s.get_ref().1.peer_certificates();
+                                    let ident = (certs.and_then(|c| c.first()))
+                                        .filter(|_| cert_user)
+                                        .and_then(|c| tls::common_name(c))
+                                        .map(Arc::<str>::from);
+                                    broker.serve_connection_as(s, peer, ident)
+                                }
                                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                             }

@@ -1,12 +1,12 @@
 //! The router: sessions by client id, the subscription tree, retained messages, and the
 //! fan-out of one message to every session whose subscriptions match it.
 
-use crate::auth::Auth;
 use crate::persist;
 use crate::session::{Delivery, Message, Outgoing, Session, SubOptions};
 use crate::topic::{self, Tree};
 use parking_lot::{Mutex, RwLock};
 use rumqttc::v5::mqttbytes::QoS;
+use sluice_engine::Logins;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -257,14 +257,15 @@ impl Router {
     /// highest QoS of its matching subscriptions and all their identifiers, and to one
     /// member of each shared group, each only if `auth` lets its session's user receive the
     /// topic. No allocation when there are none; [`deliver`] queues them.
-    pub(crate) fn targets(&self, message: &Arc<Message>, auth: &Auth) -> Vec<Target> {
-        let may_receive = |s: &Session| auth.may_receive(s.user.lock().as_deref(), &message.topic);
+    pub(crate) fn targets(&self, message: &Arc<Message>, auth: &dyn Logins) -> Vec<Target> {
+        let may_receive =
+            |s: &Session| crate::auth::may_receive(auth, s.user.lock().as_deref(), &message.topic);
         let mut direct: HashMap<Arc<str>, (Arc<Session>, Delivery)> = HashMap::new();
         let mut groups: HashMap<(Arc<str>, Arc<str>), Members> = HashMap::new();
         self.tree
             .read()
             .for_each_match(&message.topic, |key, entry| {
-                if auth.has_rules() && !may_receive(&entry.session) {
+                if !may_receive(&entry.session) {
                     return;
                 }
                 if let Some(group) = &key.group {

@@ -31,23 +31,7 @@ pub(crate) fn parse_shared(filter: &str) -> Option<(&str, &str)> {
     Some((group, filter))
 }
 
-/// Whether `filter` matches `topic` (topics starting with `$` are not matched by a wildcard
-/// in the first level).
-pub(crate) fn matches(filter: &str, topic: &str) -> bool {
-    if topic.starts_with('$') && filter.starts_with(['+', '#']) {
-        return false;
-    }
-    let mut t = topic.split('/');
-    for f in filter.split('/') {
-        match (f, t.next()) {
-            ("#", _) => return true,
-            ("+", Some(_)) => {}
-            (f, Some(level)) if f == level => {}
-            _ => return false,
-        }
-    }
-    t.next().is_none()
-}
+pub(crate) use sluice_engine::access::topic_matches as matches;
 
 /// Filters arranged by level, each leaf holding the values subscribed with that filter.
 #[derive(Debug)]

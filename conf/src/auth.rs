@@ -12,6 +12,15 @@ pub struct UserConfig {
     pub name: String,
     /// `$argon2id$v=19$...`; never the password itself.
     pub password_hash: String,
+    /// `admin` (the default for configured users: manages users, grants, databases, tables,
+    /// bridges and the cluster, and reads and writes everything) or `user` (reads and writes
+    /// only the databases granted with `GRANT`).
+    #[serde(default = "admin_role")]
+    pub role: String,
+}
+
+fn admin_role() -> String {
+    "admin".into()
 }
 
 /// One `[[acl]]` rule.

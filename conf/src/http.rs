@@ -17,6 +17,15 @@ pub struct HttpConfig {
     /// request of a lone client that sends back to back (0: never). Saves the wake-up of an
     /// idle CPU per request; see `sluice_web`'s `spin` module for when it applies.
     pub busy_poll_us: u64,
+    /// PEM certificate chain: with `tls_key`, the listener speaks HTTPS only (the console,
+    /// the API and MQTT over WebSocket as wss). Both files are read again on SIGHUP and
+    /// when they change.
+    pub tls_cert: String,
+    /// PEM private key for `tls_cert`.
+    pub tls_key: String,
+    /// Allow `listen` on a non-loopback address without TLS: credentials, session cookies
+    /// and data would travel in clear, so it must be asked for.
+    pub allow_plaintext: bool,
 }
 
 /// The longest `http.busy_poll_us`: a spin is meant to bridge a client's turnaround.
@@ -29,6 +38,9 @@ impl Default for HttpConfig {
             max_body_bytes: 16 * 1024 * 1024,
             max_pending_writes: 4096,
             busy_poll_us: 200,
+            tls_cert: String::new(),
+            tls_key: String::new(),
+            allow_plaintext: false,
         }
     }
 }

@@ -119,6 +119,60 @@ impl Config {
         Self::from_toml(&text)
     }
 
+    /// TLS settings that go together, and no plain-text listener beyond loopback unless
+    /// asked for (`allow_plaintext`).
+    fn validate_tls(&self) -> Result<()> {
+        let invalid = |key: &str, reason: &str| {
+            Err(Error::Invalid {
+                key: key.into(),
+                reason: reason.into(),
+            })
+        };
+        if self.http.tls_cert.is_empty() != self.http.tls_key.is_empty() {
+            return invalid(
+                "http.tls_cert",
+                "http.tls_cert and http.tls_key go together",
+            );
+        }
+        let m = &self.mqtt;
+        if !m.tls_client_ca.is_empty() && m.tls_listen.is_empty() {
+            return invalid("mqtt.tls_client_ca", "needs mqtt.tls_listen");
+        }
+        if (m.tls_require_client_cert || m.tls_cert_user) && m.tls_client_ca.is_empty() {
+            return invalid(
+                "mqtt.tls_client_ca",
+                "mqtt.tls_require_client_cert and mqtt.tls_cert_user need a CA to verify \
+                 client certificates against",
+            );
+        }
+        let clear = [
+            (
+                "http",
+                self.http.listen,
+                self.http.tls_cert.is_empty(),
+                self.http.allow_plaintext,
+            ),
+            ("mqtt", m.listen, true, m.allow_plaintext),
+        ];
+        for (section, addr, plain, allowed) in clear {
+            if plain && !allowed && !addr.ip().is_loopback() {
+                return Err(Error::Invalid {
+                    key: format!("{section}.listen"),
+                    reason: format!(
+                        "{addr} is not a loopback address and the listener has no TLS, so \
+                         passwords and data would cross the network in clear; {}, or set \
+                         {section}.allow_plaintext = true",
+                        match section {
+                            "http" => "set http.tls_cert and http.tls_key",
+                            _ => "use mqtt.tls_listen (and keep mqtt.listen on 127.0.0.1)",
+                        }
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Applies `SLUICE_*` variables from `vars` (normally `std::env::vars()`):
     /// `SLUICE_DATA_DIR`, `SLUICE_HTTP_LISTEN`, `SLUICE_WAL_DURABILITY`, ... i.e. the key
     /// path upper-cased and joined with `_`.
@@ -209,6 +263,21 @@ impl Config {
                          anyone who can reach it could read and write every table; add \
                          [[user]] entries or listen on 127.0.0.1 (or ::1)"
                     ),
+                });
+            }
+        }
+        self.validate_tls()?;
+        for (i, u) in self.user.iter().enumerate() {
+            if u.name.starts_with("bridge:") {
+                return Err(Error::Invalid {
+                    key: format!("user[{i}].name"),
+                    reason: "names starting with bridge: are the bridges' own".into(),
+                });
+            }
+            if !matches!(u.role.as_str(), "admin" | "user") {
+                return Err(Error::Invalid {
+                    key: format!("user[{i}].role"),
+                    reason: format!("{:?}: expected admin or user", u.role),
                 });
             }
         }

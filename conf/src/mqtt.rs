@@ -16,6 +16,19 @@ pub struct MqttConfig {
     pub tls_cert: String,
     /// PEM private key for the TLS listener.
     pub tls_key: String,
+    /// PEM CA certificates that client certificates are verified against (empty: clients
+    /// are not asked for one). A client whose certificate does not verify is refused.
+    pub tls_client_ca: String,
+    /// With `tls_client_ca`: refuse TLS clients without a certificate (otherwise they log
+    /// in with a user name and password).
+    pub tls_require_client_cert: bool,
+    /// With `tls_client_ca`: a client with a verified certificate logs in as the user its
+    /// subject common name names, without a password (Mosquitto's
+    /// `use_identity_as_username`); roles, grants and `[[acl]]` rules apply to that name.
+    pub tls_cert_user: bool,
+    /// Allow `listen` on a non-loopback address: MQTT over plain TCP sends passwords and
+    /// data in clear (use `tls_listen`), so it must be asked for.
+    pub allow_plaintext: bool,
     /// Largest MQTT packet accepted, in bytes (MQTT 5 clients are told in CONNACK).
     pub max_packet_size: u32,
     /// QoS 1/2 publishes a client may have unacknowledged towards the server (MQTT 5
@@ -52,6 +65,10 @@ impl Default for MqttConfig {
             tls_listen: String::new(),
             tls_cert: String::new(),
             tls_key: String::new(),
+            tls_client_ca: String::new(),
+            tls_require_client_cert: false,
+            tls_cert_user: false,
+            allow_plaintext: false,
             max_packet_size: 1024 * 1024,
             receive_maximum: 1024,
             max_inflight: 1024,

@@ -61,6 +61,50 @@ fn public_listener_without_users_is_refused() {
 }
 
 #[test]
+fn public_plain_text_listeners_must_be_asked_for() {
+    let mut c = Config::default();
+    c.user.push(crate::UserConfig {
+        name: "a".into(),
+        password_hash: "x".into(),
+        role: "admin".into(),
+    });
+    c.http.listen = "0.0.0.0:8080".parse().unwrap();
+    let err = c.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("http.listen") && err.contains("in clear"),
+        "{err}"
+    );
+    c.http.tls_cert = "cert.pem".into();
+    assert!(
+        c.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("go together")
+    );
+    c.http.tls_key = "key.pem".into();
+    c.validate().unwrap();
+    c.mqtt.listen = "0.0.0.0:1883".parse().unwrap();
+    assert!(
+        c.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("mqtt.listen")
+    );
+    c.mqtt.allow_plaintext = true;
+    c.validate().unwrap();
+    c.mqtt.tls_cert_user = true;
+    assert!(
+        c.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("tls_client_ca")
+    );
+    c.user[0].role = "root".into();
+    c.mqtt.tls_cert_user = false;
+    assert!(c.validate().unwrap_err().to_string().contains("role"));
+}
+
+#[test]
 fn unknown_file_keys_are_refused() {
     assert!(Config::from_toml("[http]\nlistem = \"x\"\n").is_err());
 }

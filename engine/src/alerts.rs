@@ -200,6 +200,10 @@ pub struct AlertDef {
     pub publish: bool,
     /// Where changes of state are POSTed as JSON, if anywhere.
     pub webhook: Option<String>,
+    /// Who made it (`None`: an administrator on a server without users): it runs with
+    /// that user's rights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 impl AlertDef {
@@ -316,6 +320,7 @@ mod tests {
             interval_ms: 1500,
             publish: false,
             webhook: Some("http://127.0.0.1:9/x?a='b'".into()),
+            owner: None,
         };
         def.validate().unwrap();
         match crate::query::ddl::parse(&def.create_sql()).unwrap() {
@@ -336,6 +341,7 @@ mod tests {
             interval_ms: 1000,
             publish: true,
             webhook: None,
+            owner: None,
         };
         assert!(
             def.validate()

@@ -51,6 +51,8 @@ pub struct Engine {
     pub(crate) graveyard: parking_lot::Mutex<Vec<(Instant, Vec<String>)>>,
     /// The alerts' states; the catalog holds their definitions.
     pub(crate) alerts: Arc<Alerts>,
+    /// Users, roles, grants and rules: who may do what.
+    pub(crate) access: crate::access::Access,
     /// Buffers written to Parquet since start.
     pub(crate) flushes: std::sync::atomic::AtomicU64,
     /// Where the manifest is kept: the file store itself on a single node; the node's own
@@ -210,7 +212,9 @@ impl Engine {
             })),
         );
         let manifest_index = manifest.raft_index;
+        let access = crate::access::Access::new(&config.user, &config.acl)?;
         Ok(Arc::new(Self {
+            access,
             config,
             store,
             wal,
@@ -248,7 +252,12 @@ impl Engine {
                 })
             };
         }
-        self.check_query(&def.database, &def.query).await?;
+        if def.webhook.is_some() {
+            let what = crate::access::Need::Admin("make alerts that call webhooks");
+            self.authorize(def.owner.as_deref(), what)?;
+        }
+        // Planned with its creator's rights: it may read only what its creator may.
+        (self.check_query(&def.database, &def.query, def.owner.as_deref())).await?;
         let name = def.name.clone();
         // Checked again under the catalog's lock: another CREATE may have won meanwhile.
         let created = self.store.catalog.change(|d| {
@@ -276,9 +285,14 @@ impl Engine {
     }
 
     /// Removes an alert.
-    pub fn drop_alert(&self, name: &str, if_exists: bool) -> Result<()> {
-        let dropped = self.store.catalog.change(|d| match d.alerts.remove(name) {
-            Some(_) => Ok(true),
+    pub fn drop_alert(&self, name: &str, if_exists: bool, user: Option<&str>) -> Result<()> {
+        let dropped = self.store.catalog.change(|d| match d.alerts.get(name) {
+            // A plain user drops only its own alerts.
+            Some(a) if a.owner.as_deref() != user && !self.is_admin(user) => {
+                let what = crate::access::Need::Admin("drop other users' alerts");
+                self.authorize(user, what).map(|_| false)
+            }
+            Some(_) => Ok(d.alerts.remove(name).is_some()),
             None if if_exists => Ok(false),
             None => Err(Error::UnknownAlert { name: name.into() }),
         })?;
@@ -442,11 +456,23 @@ fn fixed_columns(def: &TableDef, fixed: &[(String, String)]) -> Result<Vec<(usiz
 
 impl Logins for Engine {
     fn password_hash(&self, user: &str) -> Option<String> {
-        self.store.catalog.snapshot().users.get(user).cloned()
+        (self.access).password_hash(&self.store.catalog.snapshot(), user)
     }
 
     fn has_users(&self) -> bool {
-        !self.store.catalog.snapshot().users.is_empty()
+        self.access.required(&self.store.catalog.snapshot())
+    }
+
+    fn authorize(&self, user: Option<&str>, need: crate::access::Need<'_>) -> Result<()> {
+        (self.access).check(|| self.store.catalog.snapshot(), user, need)
+    }
+
+    fn is_admin(&self, user: Option<&str>) -> bool {
+        user.is_none() || self.access.is_admin(&self.store.catalog.snapshot(), user)
+    }
+
+    fn has_rules(&self) -> bool {
+        self.access.has_rules()
     }
 }
 
@@ -462,11 +488,13 @@ impl QueryPort for Engine {
 
     async fn write(
         &self,
+        user: Option<&str>,
         database: &str,
         table: &str,
         format: Format,
         payload: &[u8],
     ) -> Result<WriteReceipt> {
+        self.authorize(user, crate::access::Need::Insert { database, table })?;
         let def = self.table(database, table)?;
         let rows = decode(&def, format, payload, now_micros())?;
         self.append_rows(&def, rows).await
@@ -480,8 +508,8 @@ impl QueryPort for Engine {
         Engine::create_alert(self, def, if_not_exists).await
     }
 
-    async fn drop_alert(&self, name: &str, if_exists: bool) -> Result<()> {
-        Engine::drop_alert(self, name, if_exists)
+    async fn drop_alert(&self, name: &str, if_exists: bool, user: Option<&str>) -> Result<()> {
+        Engine::drop_alert(self, name, if_exists, user)
     }
 
     fn metrics(&self) -> String {
@@ -489,6 +517,7 @@ impl QueryPort for Engine {
         let mut out = String::new();
         // In a cluster the local log is idle: the shard groups' logs carry the writes.
         self.wal.render_metrics(&mut out);
+        self.access.render_metrics(&mut out);
         let h = QueryPort::health(self);
         let figures: [(&str, &str, &str, u64); 6] = [
             (

@@ -34,6 +34,11 @@ pub enum Error {
         name: String,
     },
     /// Creating something that already exists.
+    #[error("{message}")]
+    Denied {
+        /// Who, what, and the missing right or the rule that refused it.
+        message: String,
+    },
     #[error("{what} '{name}' already exists")]
     AlreadyExists {
         /// "database", "table", "column".
@@ -225,6 +230,7 @@ impl Error {
             Error::UnknownTable { .. } => ErrorKind::UnknownTable,
             Error::UnknownAlert { .. } => ErrorKind::UnknownAlert,
             Error::AlreadyExists { .. } => ErrorKind::AlreadyExists,
+            Error::Denied { .. } => ErrorKind::Denied,
             Error::BadRow { .. } => ErrorKind::BadRow,
             Error::BadPayload { .. } => ErrorKind::BadPayload,
             Error::TooLarge { .. } => ErrorKind::TooLarge,
@@ -273,6 +279,8 @@ pub enum ErrorKind {
     UnknownAlert,
     /// It exists already.
     AlreadyExists,
+    /// The caller lacks a right, or an `[[acl]]` rule refuses it.
+    Denied,
     /// A row that does not fit its table.
     BadRow,
     /// A payload that does not parse at all.
@@ -311,6 +319,7 @@ impl ErrorKind {
             ErrorKind::UnknownTable => "unknown_table",
             ErrorKind::UnknownAlert => "unknown_alert",
             ErrorKind::AlreadyExists => "already_exists",
+            ErrorKind::Denied => "forbidden",
             ErrorKind::BadRow => "bad_row",
             ErrorKind::BadPayload => "bad_payload",
             ErrorKind::TooLarge => "too_large",
@@ -343,6 +352,7 @@ impl ErrorKind {
             | ErrorKind::UnknownTable
             | ErrorKind::UnknownAlert
             | ErrorKind::AlreadyExists
+            | ErrorKind::Denied
             | ErrorKind::BadRow
             | ErrorKind::BadPayload
             | ErrorKind::TooLarge

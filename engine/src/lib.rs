@@ -19,6 +19,7 @@
 //! `engine.rs` opens and wires the parts, `engine/` holds the background work and the
 //! cluster-facing half.
 
+pub mod access;
 pub mod alerts;
 mod engine;
 pub mod error;

@@ -54,6 +54,9 @@ pub struct QueryOptions {
     /// The query reads little and runs often (an alert): plan it as one partition, which
     /// costs less to plan and start than splitting it over the cores.
     pub small: bool,
+    /// Who runs it (`None`: the server itself, or anyone on a server without users): its
+    /// role, grants and the `[[acl]]` rules decide what it may read, write and change.
+    pub user: Option<String>,
 }
 
 /// An acknowledged write.
@@ -136,13 +139,25 @@ pub struct DeadLetter {
     pub reason_code: u8,
 }
 
-/// Who may log in: users made with `CREATE USER` (both ports check logins).
+/// Who may log in and what each may do (both ports ask): users from `[[user]]` and
+/// `CREATE USER`, their roles and grants, and the `[[acl]]` rules ([`crate::access`]).
 pub trait Logins: Send + Sync + 'static {
-    /// The argon2 password hash of a user made with `CREATE USER`, if there is one.
+    /// A user's argon2 password hash, if there is such a user.
     fn password_hash(&self, user: &str) -> Option<String>;
 
-    /// Whether any user was made with `CREATE USER`.
+    /// Whether any user exists, so that every caller must log in.
     fn has_users(&self) -> bool;
+
+    /// Whether `user` (`None`: anonymous, on a server without users) may do what `need`
+    /// says: the one authorization decision. A refusal (`Error::Denied`, naming the missing
+    /// right or the rule) is logged and counted.
+    fn authorize(&self, user: Option<&str>, need: crate::access::Need<'_>) -> Result<()>;
+
+    /// Whether `user` is an administrator.
+    fn is_admin(&self, user: Option<&str>) -> bool;
+
+    /// Whether any `[[acl]]` rule exists (without, topics are open to every user).
+    fn has_rules(&self) -> bool;
 }
 
 /// The ingest port: what the MQTT broker and its bridges call to store messages.
@@ -195,6 +210,7 @@ pub trait QueryPort: Logins {
     /// only once the rows are durable and visible to queries. All rows or none.
     async fn write(
         &self,
+        user: Option<&str>,
         database: &str,
         table: &str,
         format: Format,
@@ -207,8 +223,9 @@ pub trait QueryPort: Logins {
     /// Makes an alert (its query must plan); `AlreadyExists` unless `if_not_exists`.
     async fn create_alert(&self, def: crate::alerts::AlertDef, if_not_exists: bool) -> Result<()>;
 
-    /// Removes an alert; `UnknownAlert` unless `if_exists`.
-    async fn drop_alert(&self, name: &str, if_exists: bool) -> Result<()>;
+    /// Removes an alert, as `user` (a plain user only its own); `UnknownAlert` unless
+    /// `if_exists`.
+    async fn drop_alert(&self, name: &str, if_exists: bool, user: Option<&str>) -> Result<()>;
 
     /// Current health figures.
     fn health(&self) -> Health;

@@ -17,3 +17,4 @@ pub(crate) mod provider;
 pub(crate) mod statements;
 pub(crate) mod synopsis;
 pub(crate) mod system;
+pub(crate) mod users;

@@ -105,7 +105,9 @@ impl Server {
                 if let Some(addr) = line.strip_prefix("sluice: mqtts listening on ") {
                     mqtts = Some(addr.to_string());
                 }
-                if let Some(addr) = line.strip_prefix("sluice: http listening on ") {
+                let http = (line.strip_prefix("sluice: http listening on "))
+                    .or_else(|| line.strip_prefix("sluice: https listening on "));
+                if let Some(addr) = http {
                     let _ = tx.send((addr.to_string(), mqtt.clone(), mqtts.clone()));
                 }
             }
@@ -388,4 +390,22 @@ where
         tokio::task::yield_now().await;
         std::thread::park_timeout(Duration::from_millis(50));
     }
+}
+
+/// An argon2 hash of `password`, made by `sluice hash-password` as a user would.
+pub fn password_hash(password: &str) -> String {
+    use std::io::Write;
+    let mut hasher = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("hash-password")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sluice hash-password");
+    let mut stdin = hasher.stdin.take().unwrap();
+    stdin.write_all(format!("{password}\n").as_bytes()).unwrap();
+    drop(stdin);
+    let out = hasher.wait_with_output().unwrap();
+    let hash = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(hash.starts_with("$argon2id$"), "{hash}");
+    hash
 }

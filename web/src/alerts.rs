@@ -2,6 +2,7 @@
 //! (both reach the same engine calls).
 
 use crate::ApiError;
+use crate::auth::Caller;
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -45,11 +46,23 @@ pub(crate) fn routes(db: Db) -> Router {
         .with_state(db)
 }
 
-async fn list(State(db): State<Db>) -> impl IntoResponse {
-    axum::Json(db.alerts())
+type Who = Option<axum::Extension<Caller>>;
+
+/// Every alert to an administrator; its own to a plain user.
+async fn list(State(db): State<Db>, who: Who) -> impl IntoResponse {
+    let user = who.and_then(|c| c.0.0);
+    let mut all = db.alerts();
+    if !db.is_admin(user.as_deref()) {
+        all.retain(|a| a.owner == user);
+    }
+    axum::Json(all)
 }
 
-async fn create(State(db): State<Db>, body: axum::body::Bytes) -> Result<StatusCode, ApiError> {
+async fn create(
+    State(db): State<Db>,
+    who: Who,
+    body: axum::body::Bytes,
+) -> Result<StatusCode, ApiError> {
     let a: NewAlert = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -67,12 +80,18 @@ async fn create(State(db): State<Db>, body: axum::body::Bytes) -> Result<StatusC
         interval_ms: a.interval_ms,
         publish: a.publish,
         webhook: a.webhook.filter(|w| !w.trim().is_empty()),
+        owner: who.and_then(|c| c.0.0),
     };
     db.create_alert(def, false).await?;
     Ok(StatusCode::CREATED)
 }
 
-async fn remove(State(db): State<Db>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
-    db.drop_alert(&name, false).await?;
+async fn remove(
+    State(db): State<Db>,
+    who: Who,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let user = who.and_then(|c| c.0.0);
+    db.drop_alert(&name, false, user.as_deref()).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -33,7 +33,13 @@ pub trait Authenticator: Send + Sync + 'static {
     fn required(&self) -> bool;
     /// `user`'s argon2 password hash (PHC string), if there is such a user.
     fn password_hash(&self, user: &str) -> Option<String>;
+    /// Whether `user` is an administrator (may manage bridges and the cluster).
+    fn is_admin(&self, user: &str) -> bool;
 }
+
+/// Who made a request (`None`: nobody needs to log in), for the handlers.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Caller(pub(crate) Option<String>);
 
 /// No users, no checks (tests of other layers, embedded use).
 #[derive(Debug)]
@@ -45,6 +51,9 @@ impl Authenticator for Open {
     }
     fn password_hash(&self, _: &str) -> Option<String> {
         None
+    }
+    fn is_admin(&self, _: &str) -> bool {
+        true
     }
 }
 
@@ -185,6 +194,14 @@ fn open_path(path: &str) -> bool {
         || path == "/favicon.ico"
 }
 
+/// Routes for administrators only: bridges and the cluster.
+fn admin_path(path: &str) -> bool {
+    ["/v1/bridges", "/v1/cluster"].iter().any(|p| {
+        path.strip_prefix(p)
+            .is_some_and(|r| r.is_empty() || r.starts_with('/'))
+    })
+}
+
 /// Whether a browser sent this from another site's page (`Sec-Fetch-Site`, which browsers
 /// set and pages cannot forge). Programs send no such header.
 fn cross_site(headers: &HeaderMap) -> bool {
@@ -196,7 +213,11 @@ fn cross_site(headers: &HeaderMap) -> bool {
 /// The middleware: refuses requests without valid credentials when users exist, and
 /// requests that change something when another site's page makes them (so a page cannot
 /// use the open loopback API, or credentials the browser remembers).
-pub(crate) async fn check(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+pub(crate) async fn check(
+    State(gate): State<Arc<Gate>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let method = request.method();
     if method != axum::http::Method::GET
         && method != axum::http::Method::HEAD
@@ -213,7 +234,21 @@ pub(crate) async fn check(State(gate): State<Arc<Gate>>, request: Request, next:
         return next.run(request).await;
     }
     match gate.user(request.headers()).await {
-        Ok(_) => next.run(request).await,
+        Ok(Some(user)) if admin_path(request.uri().path()) && !gate.auth.is_admin(&user) => {
+            tracing::warn!(%user, path = %request.uri().path(), "access refused: needs the admin role");
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!(
+                    "user '{user}' may not manage bridges or the cluster: needs the admin role"
+                ),
+            )
+            .into_response()
+        }
+        Ok(user) => {
+            request.extensions_mut().insert(Caller(user));
+            next.run(request).await
+        }
         Err(e) => {
             let mut r = e.into_response();
             // Programs get the standard challenge; the console shows its own form instead
@@ -316,6 +351,8 @@ mod tests {
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
         assert_eq!(basic(&h), None);
         assert!(open_path("/assets/app.js") && !open_path("/v1/sql"));
+        assert!(admin_path("/v1/bridges") && admin_path("/v1/cluster/nodes/2"));
+        assert!(!admin_path("/v1/bridgesx") && !admin_path("/v1/sql"));
         assert!(!cross_site(&h));
         h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
         assert!(cross_site(&h));

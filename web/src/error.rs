@@ -44,6 +44,7 @@ fn status_of(kind: ErrorKind) -> StatusCode {
             StatusCode::NOT_FOUND
         }
         ErrorKind::AlreadyExists => StatusCode::CONFLICT,
+        ErrorKind::Denied => StatusCode::FORBIDDEN,
         ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         ErrorKind::Overloaded
         | ErrorKind::BuffersFull

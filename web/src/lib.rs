@@ -17,6 +17,7 @@ mod error;
 mod format;
 mod live;
 mod spin;
+mod tls;
 mod ws;
 
 pub use auth::{Authenticator, Open};
@@ -100,12 +101,13 @@ pub fn router(
 }
 
 /// Serves [`router`] until `cancel` fires, then stops accepting and lets requests in flight
-/// finish.
+/// finish; over TLS (HTTPS only) when `tls` is given.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     db: Arc<dyn QueryPort>,
     config: &HttpConfig,
     extras: Extras,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
     use axum::serve::ListenerExt;
@@ -121,12 +123,22 @@ pub async fn serve(
             tracing::debug!(error = %e, "TCP_NODELAY not set on an HTTP connection");
         }
     });
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(cancel.cancelled_owned())
-    .await
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    let stop = cancel.cancelled_owned();
+    match tls {
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .await
+        }
+        // `tap_io` gives the TLS listener the peer address axum's ConnectInfo reads.
+        Some(tls) => {
+            let listener = tls::TlsListener::new(listener, tls).tap_io(|_| ());
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .await
+        }
+    }
 }
 
 async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
@@ -190,6 +202,7 @@ fn param(i: usize, v: serde_json::Value) -> Result<ScalarValue, ApiError> {
 
 async fn sql(
     State(s): State<AppState>,
+    caller: Option<axum::Extension<auth::Caller>>,
     Query(q): Query<SqlParams>,
     headers: HeaderMap,
     body: Body,
@@ -205,6 +218,7 @@ async fn sql(
         params: Vec::new(),
         no_result_cache: q.cache.as_deref() == Some("off"),
         small: false,
+        user: caller.and_then(|c| c.0.0),
     };
     let sql_owned;
     let text = if json {
@@ -327,6 +341,7 @@ fn body_chunks(
 
 async fn write(
     State(s): State<AppState>,
+    caller: Option<axum::Extension<auth::Caller>>,
     Path((db, table)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
@@ -343,7 +358,9 @@ async fn write(
     } else {
         Format::sniff(&body)
     };
-    s.db.write(&db, &table, format, &body).await?;
+    let user = caller.and_then(|c| c.0.0);
+    s.db.write(user.as_deref(), &db, &table, format, &body)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

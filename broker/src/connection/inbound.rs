@@ -3,7 +3,6 @@
 
 use super::{Ack, Client};
 use crate::BrokerState;
-use crate::auth::Action;
 use crate::codec::Version;
 use crate::error::{self, Error, Result};
 use crate::router::min_qos;
@@ -13,6 +12,7 @@ use bytes::Bytes;
 use futures::stream::FuturesOrdered;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::*;
+use sluice_engine::access::Need;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -282,9 +282,9 @@ async fn on_subscribe(shared: &Arc<BrokerState>, client: &mut Client, s: Subscri
         if shared_sub.is_some() && f.nolocal {
             return Err(Error::Protocol("no local on a shared subscription".into()));
         }
-        if !shared
-            .auth
-            .allowed(client.user.as_deref(), Action::Subscribe, plain)
+        if (shared.db)
+            .authorize(client.user.as_deref(), Need::Subscribe(plain))
+            .is_err()
         {
             codes.push(SubscribeReasonCode::NotAuthorized);
             continue;
@@ -306,7 +306,7 @@ async fn on_subscribe(shared: &Arc<BrokerState>, client: &mut Client, s: Subscri
         if send_retained {
             let user = client.user.as_deref();
             for m in (shared.router.retained_matching(plain).into_iter())
-                .filter(|m| shared.auth.may_receive(user, &m.topic))
+                .filter(|m| crate::auth::may_receive(shared.db.as_ref(), user, &m.topic))
             {
                 retained.push(Delivery {
                     qos: min_qos(m.qos, f.qos),

@@ -94,6 +94,8 @@ pub struct AlertStatus {
     pub notifications: u64,
     /// The last webhook failure, if the last delivery failed.
     pub webhook_error: Option<String>,
+    /// Who made it; it runs with that user's rights.
+    pub owner: Option<String>,
 }
 
 impl AlertStatus {
@@ -106,6 +108,7 @@ impl AlertStatus {
             interval_ms: def.interval_ms,
             publish: def.publish,
             webhook: def.webhook.clone(),
+            owner: def.owner.clone(),
             state: AlertState::Pending,
             last_value: None,
             last_evaluation_ms: None,
@@ -608,6 +611,7 @@ impl Alerts {
             ),
             ("database", DataType::Utf8, s(&|a| Some(a.database.clone()))),
             ("query", DataType::Utf8, s(&|a| Some(a.query.clone()))),
+            ("owner", DataType::Utf8, s(&|a| a.owner.clone())),
         ];
         let schema = Schema::new(
             (columns.iter())
@@ -627,6 +631,7 @@ async fn evaluate(db: &dyn QueryPort, def: &AlertDef) -> Result<Reading, String>
     let options = QueryOptions {
         database: Some(def.database.clone()),
         small: true,
+        user: def.owner.clone(),
         ..Default::default()
     };
     let limit = MIN_TIMEOUT.max(Duration::from_millis(def.interval_ms));

@@ -88,7 +88,7 @@ pub(crate) enum Statement {
         /// Other options to set (or, when empty, remove).
         options: BTreeMap<String, String>,
     },
-    /// `CREATE USER [IF NOT EXISTS] name [WITH] PASSWORD 'secret'`.
+    /// `CREATE USER [IF NOT EXISTS] name [WITH] PASSWORD 'secret' [ADMIN]`.
     CreateUser {
         /// Name.
         name: String,
@@ -96,6 +96,24 @@ pub(crate) enum Statement {
         password: String,
         /// IF NOT EXISTS.
         if_not_exists: bool,
+        /// An administrator (otherwise a plain user, with the rights granted to it).
+        admin: bool,
+    },
+    /// `GRANT SELECT|INSERT|ALL [, ...] ON DATABASE db TO user`, or `REVOKE ... FROM user`.
+    Grant {
+        /// The rights given or taken.
+        rights: crate::access::Rights,
+        /// Database.
+        database: String,
+        /// User.
+        user: String,
+        /// REVOKE.
+        revoke: bool,
+    },
+    /// `SHOW GRANTS [FOR user]`.
+    ShowGrants {
+        /// Whose (the caller's when `None`).
+        user: Option<String>,
     },
     /// `ALTER USER name [WITH] PASSWORD 'secret'`.
     AlterUser {
@@ -313,6 +331,45 @@ impl P<'_> {
     }
 
     /// `[WITH] PASSWORD 'secret'`.
+    /// The rest of `GRANT`/`REVOKE`: `SELECT|INSERT|ALL [PRIVILEGES] [, ...] ON DATABASE db
+    /// TO|FROM user`.
+    fn grant(&mut self, revoke: bool) -> Result<Statement> {
+        let mut rights = crate::access::Rights::default();
+        loop {
+            if self.word("SELECT") {
+                rights.select = true;
+            } else if self.word("INSERT") {
+                rights.insert = true;
+            } else if self.word("ALL") {
+                let _ = self.word("PRIVILEGES");
+                (rights.select, rights.insert) = (true, true);
+            } else {
+                let t = self.p.peek_token();
+                return self.p.expected("SELECT, INSERT or ALL", t).map_err(perr);
+            }
+            if !self.p.consume_token(&Token::Comma) {
+                break;
+            }
+        }
+        self.expect_word("ON")?;
+        if !(self.word("DATABASE") || self.word("SCHEMA")) {
+            let t = self.p.peek_token();
+            return (self.p)
+                .expected("DATABASE (rights are granted per database)", t)
+                .map_err(perr);
+        }
+        let database = self.ident()?;
+        self.expect_word(if revoke { "FROM" } else { "TO" })?;
+        let user = self.ident()?;
+        self.end()?;
+        Ok(Statement::Grant {
+            rights,
+            database,
+            user,
+            revoke,
+        })
+    }
+
     fn password(&mut self) -> Result<String> {
         let _ = self.word("WITH");
         if !self.word("PASSWORD") {
@@ -424,6 +481,7 @@ impl P<'_> {
                 interval_ms,
                 publish,
                 webhook,
+                owner: None,
             },
             if_not_exists,
         })
@@ -608,11 +666,13 @@ pub(crate) fn parse_in(sql: &str, database: &str) -> Result<Statement> {
             let if_not_exists = p.if_not_exists();
             let name = p.ident()?;
             let password = p.password()?;
+            let admin = p.word("ADMIN");
             p.end()?;
             return Ok(Statement::CreateUser {
                 name,
                 password,
                 if_not_exists,
+                admin,
             });
         }
         return Ok(Statement::Query);
@@ -678,7 +738,20 @@ pub(crate) fn parse_in(sql: &str, database: &str) -> Result<Statement> {
             if_not_exists,
         });
     }
+    let grant = p.word("GRANT");
+    if grant || p.word("REVOKE") {
+        return p.grant(!grant);
+    }
     if p.word("SHOW") {
+        if p.word("GRANTS") {
+            let user = if p.word("FOR") {
+                Some(p.ident()?)
+            } else {
+                None
+            };
+            p.end()?;
+            return Ok(Statement::ShowGrants { user });
+        }
         if p.word("USERS") {
             p.end()?;
             return Ok(Statement::ShowUsers);

@@ -12,7 +12,7 @@
 
 use crate::Engine;
 use crate::error::{Error, Result};
-use crate::ports::{QueryOptions, QueryOutput};
+use crate::ports::{Logins, QueryOptions, QueryOutput};
 use crate::query::ddl::{self, Statement};
 use crate::query::parts::PartsSpec;
 use crate::query::provider::SluiceCatalog;
@@ -49,6 +49,9 @@ pub(crate) struct Session {
 struct Planned {
     plan: LogicalPlan,
     tables: Vec<Arc<TableState>>,
+    /// The databases of the tables it reads (`system` aside): the caller needs SELECT on
+    /// each, checked every run (a kept plan may be run by another user).
+    reads: Vec<String>,
 }
 
 /// A small result kept with what it was computed from.
@@ -220,6 +223,7 @@ impl Engine {
     /// Executes one statement: Sluice's own (DDL, SHOW, ...) or a query through DataFusion.
     pub(crate) async fn query(&self, sql: &str, options: &QueryOptions) -> Result<QueryOutput> {
         let database = options.database.as_deref().unwrap_or(DEFAULT_DATABASE);
+        let user = options.user.as_deref();
         let session = self.session(database, options.small)?;
         let version = self.store.catalog.snapshot().version;
         let key = (database.to_string(), sql.to_string());
@@ -239,6 +243,9 @@ impl Engine {
                 let hit = (!options.no_result_cache).then(|| r.result()).flatten();
                 (r.planned.clone(), r.physical.clone(), hit, r.timeless)
             });
+        if let Some((planned, ..)) = &reused {
+            self.check_reads(user, &planned.reads)?;
+        }
         let (optimized, reuse, timeless, physical) = match reused {
             Some((_, _, Some(hit), _)) => return Ok(hit),
             Some((planned, physical, None, timeless)) => (planned, true, timeless, physical),
@@ -250,7 +257,8 @@ impl Engine {
                     Some(planned) => (planned, true),
                     None => match ddl::parse_in(sql, database)? {
                         Statement::Query => {
-                            let (planned, cacheable) = self.plan(&session, database, sql).await?;
+                            let (planned, cacheable) =
+                                self.plan(&session, database, sql, user).await?;
                             if cacheable {
                                 let entry = (version, planned.clone());
                                 bounded_insert(
@@ -263,7 +271,7 @@ impl Engine {
                             (planned, cacheable)
                         }
                         other if options.params.is_empty() => {
-                            return self.run_statement(other).await;
+                            return self.run_statement(other, user).await;
                         }
                         _ => {
                             return Err(Error::sql(
@@ -272,6 +280,7 @@ impl Engine {
                         }
                     },
                 };
+                self.check_reads(user, &planned.reads)?;
                 let plan = bind(planned.plan, &options.params)?;
                 let explain = matches!(plan, LogicalPlan::Explain(_) | LogicalPlan::Analyze(_));
                 let timeless = !of_the_moment(&plan);
@@ -299,6 +308,7 @@ impl Engine {
                         None => optimize(&session.state, &plan)?,
                     },
                     tables: planned.tables,
+                    reads: planned.reads,
                 };
                 if reuse {
                     let entry = Reusable {
@@ -373,18 +383,30 @@ impl Engine {
 
     /// Checks that `sql` is one query that plans in `database` (for alerts, made now and run
     /// later).
-    pub(crate) async fn check_query(&self, database: &str, sql: &str) -> Result<()> {
+    pub(crate) async fn check_query(
+        &self,
+        database: &str,
+        sql: &str,
+        user: Option<&str>,
+    ) -> Result<()> {
         match ddl::parse_in(sql, database)? {
             Statement::Query => {}
             _ => return Err(Error::sql("an alert's query must be a query (SELECT ...)")),
         }
         let session = self.session(database, true)?;
-        self.plan(&session, database, sql).await.map(|_| ())
+        let (planned, _) = self.plan(&session, database, sql, user).await?;
+        self.check_reads(user, &planned.reads)
     }
 
     /// Plans a query; also says whether the plan may be cached (not when it reads `system`
     /// tables, whose rows are taken when the plan is made).
-    async fn plan(&self, session: &Session, database: &str, sql: &str) -> Result<(Planned, bool)> {
+    async fn plan(
+        &self,
+        session: &Session,
+        database: &str,
+        sql: &str,
+        user: Option<&str>,
+    ) -> Result<(Planned, bool)> {
         let mut statements = crate::query::dialect::parse(sql)?;
         if statements.len() != 1 {
             return Err(Error::sql(format!(
@@ -395,19 +417,42 @@ impl Engine {
         let stmt = DfStatement::Statement(Box::new(statements.remove(0)));
         let mut cacheable = true;
         let mut tables = Vec::new();
+        let mut reads = Vec::new();
+        let mut system = false;
         for r in session.state.resolve_table_references(&stmt)? {
-            cacheable &= r.schema().unwrap_or(database) != SYSTEM_DATABASE;
+            let db = r.schema().unwrap_or(database);
+            system |= db == SYSTEM_DATABASE;
+            if db == SYSTEM_DATABASE && !crate::query::users::SHOWN_TO_USERS.contains(&r.table()) {
+                let what = format!("read system.{}", r.table());
+                self.authorize(user, crate::access::Need::Admin(&what))?;
+            }
             if let Some(id) = self.check_table(database, &r)? {
                 tables.extend(self.store.tables.get(id));
+                if !reads.iter().any(|d| d == db) {
+                    reads.push(db.to_string());
+                }
             }
         }
-        let plan = session.state.statement_to_plan(stmt).await?;
+        cacheable &= !system;
+        let mut plan = session.state.statement_to_plan(stmt).await?;
+        // System tables are planned afresh each time (never kept), so the rows a plain user
+        // may see are chosen here.
+        if system && !self.is_admin(user) {
+            plan = self.system_rows_for(plan, database, user.unwrap_or_default())?;
+        }
         SQLOptions::new()
             .with_allow_ddl(false)
             .with_allow_dml(false)
             .with_allow_statements(false)
             .verify_plan(&plan)?;
-        Ok((Planned { plan, tables }, cacheable))
+        Ok((
+            Planned {
+                plan,
+                tables,
+                reads,
+            },
+            cacheable,
+        ))
     }
 
     /// Names a missing table or database before planning, so the client gets a 404 that says

@@ -12,7 +12,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-fn table_output(cols: Vec<(&str, ArrayRef)>) -> Result<QueryOutput> {
+pub(super) fn table_output(cols: Vec<(&str, ArrayRef)>) -> Result<QueryOutput> {
     let schema = Arc::new(Schema::new(
         cols.iter()
             .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
@@ -22,12 +22,12 @@ fn table_output(cols: Vec<(&str, ArrayRef)>) -> Result<QueryOutput> {
     Ok(QueryOutput::from_batches(schema, vec![batch]))
 }
 
-fn strings(v: Vec<String>) -> ArrayRef {
+pub(super) fn strings(v: Vec<String>) -> ArrayRef {
     Arc::new(StringArray::from(v))
 }
 
 /// An argon2id hash of `password` (slow by design, so off the async threads).
-async fn hash_password(password: String) -> Result<String> {
+pub(super) async fn hash_password(password: String) -> Result<String> {
     tokio::task::spawn_blocking(move || {
         use argon2::PasswordHasher;
         argon2::Argon2::default()
@@ -39,14 +39,14 @@ async fn hash_password(password: String) -> Result<String> {
     .map_err(|e| Error::invalid(format!("hashing the password: {e}")))?
 }
 
-fn no_rows() -> QueryOutput {
+pub(super) fn no_rows() -> QueryOutput {
     QueryOutput::from_batches(Arc::new(Schema::empty()), Vec::new())
 }
 
 /// Columns a table may have (WAL records count columns in 16 bits).
 const MAX_COLUMNS: usize = 4096;
 
-fn valid_name(what: &str, name: &str) -> Result<()> {
+pub(super) fn valid_name(what: &str, name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && name.chars().all(|c| c.is_alphanumeric() || c == '_')
@@ -61,7 +61,14 @@ fn valid_name(what: &str, name: &str) -> Result<()> {
 }
 
 impl Engine {
-    pub(crate) async fn run_statement(&self, stmt: Statement) -> Result<QueryOutput> {
+    /// Runs one of Sluice's own statements as `user` (`None`: the server, or anyone on a
+    /// server without users), once [`Engine::check_statement`] allows it.
+    pub(crate) async fn run_statement(
+        &self,
+        stmt: Statement,
+        user: Option<&str>,
+    ) -> Result<QueryOutput> {
+        self.check_statement(&stmt, user)?;
         let catalog = &self.store.catalog;
         match stmt {
             Statement::Query => Err(Error::sql("internal: query routed as a statement")),
@@ -145,62 +152,31 @@ impl Engine {
                 })?;
                 Ok(no_rows())
             }
-            Statement::CreateUser {
-                name,
-                password,
+            Statement::CreateUser { .. }
+            | Statement::AlterUser { .. }
+            | Statement::DropUser { .. }
+            | Statement::ShowUsers
+            | Statement::Grant { .. }
+            | Statement::ShowGrants { .. } => self.run_user_statement(stmt, user).await,
+            Statement::CreateAlert {
+                mut def,
                 if_not_exists,
             } => {
-                valid_name("user", &name)?;
-                let hash = hash_password(password).await?;
-                catalog.change(|d| {
-                    if d.users.contains_key(&name) {
-                        return if if_not_exists {
-                            Ok(())
-                        } else {
-                            Err(Error::AlreadyExists {
-                                what: "user",
-                                name: name.clone(),
-                            })
-                        };
-                    }
-                    d.users.insert(name.clone(), hash);
-                    Ok(())
-                })?;
-                Ok(no_rows())
-            }
-            Statement::AlterUser { name, password } => {
-                let hash = hash_password(password).await?;
-                catalog.change(|d| match d.users.get_mut(&name) {
-                    Some(h) => {
-                        *h = hash;
-                        Ok(())
-                    }
-                    None => Err(Error::invalid(format!("no user '{name}'"))),
-                })?;
-                Ok(no_rows())
-            }
-            Statement::DropUser { name, if_exists } => {
-                catalog.change(|d| match d.users.remove(&name) {
-                    Some(_) => Ok(()),
-                    None if if_exists => Ok(()),
-                    None => Err(Error::invalid(format!("no user '{name}'"))),
-                })?;
-                Ok(no_rows())
-            }
-            Statement::CreateAlert { def, if_not_exists } => {
+                def.owner = user.map(str::to_string);
                 self.create_alert(def, if_not_exists).await?;
                 Ok(no_rows())
             }
             Statement::DropAlert { name, if_exists } => {
-                self.drop_alert(&name, if_exists)?;
+                self.drop_alert(&name, if_exists, user)?;
                 Ok(no_rows())
             }
-            Statement::ShowUsers => {
-                let names: Vec<String> = catalog.snapshot().users.keys().cloned().collect();
-                table_output(vec![("user_name", strings(names))])
-            }
             Statement::ShowDatabases => {
-                let mut names: Vec<String> = catalog.snapshot().databases.keys().cloned().collect();
+                // A plain user sees the databases it has a right on.
+                let cat = catalog.snapshot();
+                let mut names: Vec<String> = (cat.databases.keys())
+                    .filter(|db| self.may_see(&cat, user, db))
+                    .cloned()
+                    .collect();
                 names.push(SYSTEM_DATABASE.into());
                 table_output(vec![("database_name", strings(names))])
             }
@@ -217,6 +193,7 @@ impl Engine {
                 let defs: Vec<&Arc<TableDef>> = cat
                     .tables()
                     .filter(|t| database.as_ref().is_none_or(|d| &t.database == d))
+                    .filter(|t| self.may_see(&cat, user, &t.database))
                     .collect();
                 table_output(vec![
                     (

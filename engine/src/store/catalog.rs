@@ -134,6 +134,12 @@ pub struct CatalogData {
     /// User name -> argon2 password hash (PHC string), from `CREATE USER`.
     #[serde(default)]
     pub users: BTreeMap<String, String>,
+    /// Users made with `CREATE USER ... ADMIN`.
+    #[serde(default)]
+    pub admins: std::collections::BTreeSet<String>,
+    /// User -> database -> rights, from `GRANT` and `REVOKE`.
+    #[serde(default)]
+    pub grants: BTreeMap<String, BTreeMap<String, crate::access::Rights>>,
     /// Alert name -> definition, from `CREATE ALERT` and the HTTP API.
     #[serde(default)]
     pub alerts: BTreeMap<String, crate::alerts::AlertDef>,
@@ -151,6 +157,8 @@ impl Default for CatalogData {
             next_table_id: 1,
             databases: BTreeMap::from([(DEFAULT_DATABASE.to_string(), BTreeMap::new())]),
             users: BTreeMap::new(),
+            admins: Default::default(),
+            grants: BTreeMap::new(),
             alerts: BTreeMap::new(),
             raft_index: 0,
         }

@@ -14,6 +14,7 @@ fn def(condition: Condition) -> AlertDef {
         interval_ms: 1000,
         publish: true,
         webhook: None,
+        owner: None,
     }
 }
 

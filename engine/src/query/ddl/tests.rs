@@ -57,9 +57,42 @@ fn other_statements() {
         Statement::CreateUser {
             name: "gw".into(),
             password: "s3".into(),
-            if_not_exists: true
+            if_not_exists: true,
+            admin: false
         }
     );
+    assert!(matches!(
+        parse("CREATE USER ops PASSWORD 'x' ADMIN").unwrap(),
+        Statement::CreateUser { admin: true, .. }
+    ));
+    let rights = |select, insert| crate::access::Rights { select, insert };
+    assert_eq!(
+        parse("GRANT SELECT, INSERT ON DATABASE plant TO dev").unwrap(),
+        Statement::Grant {
+            rights: rights(true, true),
+            database: "plant".into(),
+            user: "dev".into(),
+            revoke: false
+        }
+    );
+    assert_eq!(
+        parse("REVOKE INSERT ON DATABASE plant FROM dev").unwrap(),
+        Statement::Grant {
+            rights: rights(false, true),
+            database: "plant".into(),
+            user: "dev".into(),
+            revoke: true
+        }
+    );
+    assert_eq!(
+        parse("SHOW GRANTS FOR dev").unwrap(),
+        Statement::ShowGrants {
+            user: Some("dev".into())
+        }
+    );
+    assert!(parse("GRANT DELETE ON DATABASE plant TO dev").is_err());
+    assert!(parse("GRANT SELECT ON TABLE plant.t TO dev").is_err());
+    assert!(parse("GRANT ALL PRIVILEGES ON DATABASE plant FROM dev").is_err());
     assert_eq!(
         parse("DROP USER gw").unwrap(),
         Statement::DropUser {

@@ -108,7 +108,7 @@ async fn memory_rows(e: &Engine, sql: &str) -> usize {
 async fn metric(e: &Engine, sql: &str, node: &'static str, name: &'static str) -> usize {
     use datafusion::physical_plan::ExecutionPlan;
     let session = e.session("default", false).unwrap();
-    let (planned, _) = e.plan(&session, "default", sql).await.unwrap();
+    let (planned, _) = e.plan(&session, "default", sql, None).await.unwrap();
     let plan = super::optimize(&session.state, &planned.plan).unwrap();
     let physical = session.state.create_physical_plan(&plan).await.unwrap();
     datafusion::physical_plan::collect(physical.clone(), session.task.clone())
