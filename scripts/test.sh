@@ -12,13 +12,15 @@ if ! command -v moto_server >/dev/null 2>&1; then
 fi
 # From Debian: real MQTT clients for tests/mqtt.rs (mosquitto_pub, mosquitto_sub), a real
 # broker to bridge from for tests/bridge.rs (mosquitto), and a real browser for
-# tests/console.rs (chromium, driven through chromedriver).
+# tests/console.rs (chromium, driven through chromedriver), and the openssl tool that makes
+# tests/tls.rs's private CA and certificates.
 missing=()
 command -v mosquitto_pub >/dev/null 2>&1 && command -v mosquitto_sub >/dev/null 2>&1 \
   || missing+=(mosquitto-clients)
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo_=""
   [ "$(id -u)" -eq 0 ] || sudo_="sudo"

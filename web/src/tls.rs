@@ -13,11 +13,14 @@ const MAX_HANDSHAKES: usize = 1024;
 /// Longest a handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A finished handshake: the TLS stream and the peer's address (`None`: it failed).
+type Handshake<L> = Option<(TlsStream<<L as Listener>::Io>, <L as Listener>::Addr)>;
+
 /// A listener whose connections are TLS streams.
 pub(crate) struct TlsListener<L: Listener> {
     inner: L,
     acceptor: TlsAcceptor,
-    handshakes: JoinSet<Option<(TlsStream<L::Io>, L::Addr)>>,
+    handshakes: JoinSet<Handshake<L>>,
 }
 
 impl<L: Listener> TlsListener<L> {
