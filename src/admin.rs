@@ -88,4 +88,12 @@ impl sluice_web::Authenticator for BrokerAuth {
     fn is_admin(&self, user: &str) -> bool {
         self.0.is_admin(user)
     }
+
+    fn login_failed(&self, peer: std::net::IpAddr) -> std::time::Duration {
+        self.0.logins().failed(peer)
+    }
+
+    fn login_succeeded(&self, peer: std::net::IpAddr) {
+        self.0.logins().succeeded(peer)
+    }
 }

@@ -252,4 +252,57 @@ async fn users_made_with_sql_get_only_what_is_granted() {
     assert_eq!(r.status, 404, "{}", r.body);
     let r = s.sql("GRANT SELECT ON DATABASE plant TO nobody").await;
     assert_eq!(r.status, 400, "{}", r.body);
+    // Wrong passwords are counted (and, past a few from one address, answered late).
+    s.login(Some(("root", "guess")));
+    for _ in 0..3 {
+        assert_eq!(s.sql("SELECT 1").await.status, 401);
+    }
+    s.login(Some(("root", "r")));
+    let text = (s.authorized(s.client().get(s.url("/metrics"))).send())
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("sluice_login_failures_total 3"), "{text}");
+}
+
+/// One query past its memory budget or its time is stopped with an error that names the
+/// setting; the server and other queries go on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_query_past_its_memory_or_time_is_stopped_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        dir.path(),
+        &[
+            ("SLUICE_QUERY_MAX_MEMORY_BYTES", "16777216"),
+            ("SLUICE_QUERY_TIMEOUT", "2s"),
+        ],
+    );
+    // A hash join's build side cannot spill: 2 million rows do not fit in 16 MiB.
+    let r = s
+        .sql("SELECT count(*) FROM (SELECT unnest(range(1, 2000000)) AS v) a JOIN (SELECT unnest(range(1, 2000000)) AS v) b ON a.v = b.v")
+        .await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "resources_exhausted");
+    let m = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(m.contains("query.max_memory_bytes (16777216)"), "{m}");
+    // Ten billion pairs take longer than 2 s; a small query meanwhile is answered.
+    let long = s.sql(
+        "SELECT count(*) FROM (SELECT unnest(range(1, 100000)) AS v) a, \
+         (SELECT unnest(range(1, 100000)) AS w) b WHERE a.v + b.w = 7",
+    );
+    let other = async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        s.sql("SELECT 41 + 1 AS n").await
+    };
+    let (long, other) = tokio::join!(long, other);
+    assert_eq!(other.status, 200, "{}", other.body);
+    assert_eq!(long.status, 503, "{}", long.body);
+    let m = long.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(m.contains("query.timeout (2s)"), "{m}");
+    assert_eq!(s.count("SELECT 7 AS n").await, 7);
 }

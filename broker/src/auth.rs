@@ -9,9 +9,26 @@ use sluice_engine::Logins;
 use sluice_engine::access::Need;
 use std::sync::Arc;
 
-/// The user a CONNECT logs in as (`None`: anonymous, allowed only when no user exists).
-/// Password checks run off the async threads (argon2 is slow by design).
+/// The user a CONNECT from `peer` logs in as (`None`: anonymous, allowed only when no user
+/// exists). A refusal is counted and, after a few from the same address, answered late
+/// ([`sluice_engine::access::LoginFailures`]).
 pub(crate) async fn login(
+    login: Option<Login>,
+    db: &dyn Logins,
+    peer: std::net::IpAddr,
+) -> Result<Option<Arc<str>>, ConnectReturnCode> {
+    let outcome = check(login, db).await;
+    match outcome {
+        Ok(Some(_)) => db.logins().succeeded(peer),
+        Ok(None) => {}
+        Err(_) => tokio::time::sleep(db.logins().failed(peer)).await,
+    }
+    outcome
+}
+
+/// The user a CONNECT's credentials name, if they are right. Password checks run off the
+/// async threads (argon2 is slow by design).
+async fn check(
     login: Option<Login>,
     db: &dyn Logins,
 ) -> Result<Option<Arc<str>>, ConnectReturnCode> {

@@ -123,7 +123,7 @@ where
     // A verified client certificate names the user; otherwise the CONNECT's credentials.
     let logged_in = match ident {
         Some(user) => Ok(Some(user)),
-        None => crate::auth::login(login, shared.db.as_ref()).await,
+        None => crate::auth::login(login, shared.db.as_ref(), peer.ip()).await,
     };
     let user = match logged_in {
         Ok(user) => user,

@@ -221,6 +221,11 @@ impl Broker {
         self.shared.db.has_users()
     }
 
+    /// Failed logins by address (MQTT and HTTP count together).
+    pub fn logins(&self) -> &sluice_engine::access::LoginFailures {
+        self.shared.db.logins()
+    }
+
     /// Whether `user` is an administrator.
     pub fn is_admin(&self, user: &str) -> bool {
         self.shared.db.is_admin(Some(user))

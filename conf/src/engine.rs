@@ -145,12 +145,21 @@ pub struct QueryConfig {
     /// compactions stay here, least recently used first out, so queries on recent partitions
     /// never read Parquet. 0 turns the cache off.
     pub hot_cache_bytes: usize,
+    /// Memory one query may hold for its operators (sorts and aggregations spill to disk
+    /// past it, others fail with `resources_exhausted`); other queries go on. Queries run
+    /// often and planned small (alerts) share one such budget.
+    pub max_memory_bytes: usize,
+    /// Longest a query may run, from planning to its last row (`"30s"`, `"5m"`); past it the
+    /// query is stopped with a clear error.
+    pub timeout: String,
 }
 
 impl Default for QueryConfig {
     fn default() -> Self {
         Self {
             hot_cache_bytes: 2 * 1024 * 1024 * 1024,
+            max_memory_bytes: 1024 * 1024 * 1024,
+            timeout: "5m".into(),
         }
     }
 }

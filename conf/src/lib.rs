@@ -188,6 +188,7 @@ impl Config {
             ("compaction.interval", &self.compaction.interval),
             ("retention.interval", &self.retention.interval),
             ("mqtt.max_session_expiry", &self.mqtt.max_session_expiry),
+            ("query.timeout", &self.query.timeout),
         ] {
             parse_duration(value).map_err(|reason| Error::Invalid {
                 key: key.into(),
@@ -211,6 +212,7 @@ impl Config {
             ("mqtt.receive_maximum", self.mqtt.receive_maximum as u64),
             ("mqtt.max_inflight", self.mqtt.max_inflight as u64),
             ("mqtt.max_connections", self.mqtt.max_connections as u64),
+            ("query.max_memory_bytes", self.query.max_memory_bytes as u64),
             (
                 "mqtt.max_queued_messages",
                 self.mqtt.max_queued_messages as u64,

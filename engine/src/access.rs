@@ -90,6 +90,62 @@ impl Rights {
     }
 }
 
+/// Failures forgiven (no delay) before an address is slowed down.
+const FREE_FAILURES: u32 = 3;
+/// The longest delay a failed login gets.
+const MAX_LOGIN_DELAY: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long an address's failures are remembered after its last one.
+const FAILURES_KEPT: std::time::Duration = std::time::Duration::from_secs(600);
+/// Addresses remembered at most (the oldest are forgotten first).
+const MAX_ADDRESSES: usize = 100_000;
+
+/// Failed logins by source address: past a few, each further failure from the same address
+/// is answered later (doubling up to [`MAX_LOGIN_DELAY`]), so guessing passwords from one
+/// address is slow whatever the protocol; a success forgets the address.
+#[derive(Debug, Default)]
+pub struct LoginFailures {
+    by_address: parking_lot::Mutex<HashMap<std::net::IpAddr, (u32, std::time::Instant)>>,
+    total: AtomicU64,
+}
+
+impl LoginFailures {
+    /// Records a failed login from `address`; returns how long to wait before answering.
+    pub fn failed(&self, address: std::net::IpAddr) -> std::time::Duration {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        let now = std::time::Instant::now();
+        let mut map = self.by_address.lock();
+        if map.len() >= MAX_ADDRESSES {
+            map.retain(|_, (_, last)| now.duration_since(*last) < FAILURES_KEPT);
+            if map.len() >= MAX_ADDRESSES {
+                map.clear();
+            }
+        }
+        let entry = map.entry(address).or_insert((0, now));
+        if now.duration_since(entry.1) >= FAILURES_KEPT {
+            entry.0 = 0;
+        }
+        *entry = (entry.0.saturating_add(1), now);
+        let past = entry.0.saturating_sub(FREE_FAILURES);
+        match past {
+            0 => std::time::Duration::ZERO,
+            n => (std::time::Duration::from_millis(100) * 2u32.saturating_pow(n.min(16) - 1))
+                .min(MAX_LOGIN_DELAY),
+        }
+    }
+
+    /// Forgets `address`'s failures after a successful login.
+    pub fn succeeded(&self, address: std::net::IpAddr) {
+        if !self.by_address.lock().is_empty() {
+            self.by_address.lock().remove(&address);
+        }
+    }
+
+    /// Failed logins since start.
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+}
+
 /// A configured user.
 #[derive(Debug)]
 struct Configured {
@@ -103,6 +159,8 @@ pub struct Access {
     configured: HashMap<String, Configured>,
     rules: Vec<AclRule>,
     refused: [AtomicU64; 6],
+    /// Failed logins, on every protocol.
+    pub logins: LoginFailures,
 }
 
 impl Access {
@@ -124,6 +182,7 @@ impl Access {
             configured,
             rules: rules.to_vec(),
             refused: Default::default(),
+            logins: LoginFailures::default(),
         })
     }
 
@@ -295,6 +354,12 @@ impl Access {
             let n = n.load(Ordering::Relaxed);
             let _ = writeln!(out, "sluice_access_refusals_total{{action=\"{kind}\"}} {n}");
         }
+        let _ = writeln!(
+            out,
+            "# HELP sluice_login_failures_total Logins refused (wrong user or password), MQTT and HTTP.\n\
+             # TYPE sluice_login_failures_total counter\nsluice_login_failures_total {}",
+            self.logins.total()
+        );
     }
 }
 
@@ -356,6 +421,22 @@ mod tests {
                 .into(),
             role: role.into(),
         }
+    }
+
+    #[test]
+    fn failed_logins_slow_their_address_down() {
+        let f = LoginFailures::default();
+        let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let delays: Vec<u128> = (0..8).map(|_| f.failed(a).as_millis()).collect();
+        assert_eq!(delays, vec![0, 0, 0, 100, 200, 400, 800, 1600]);
+        assert_eq!(f.failed(b), std::time::Duration::ZERO);
+        for _ in 0..20 {
+            f.failed(a);
+        }
+        assert_eq!(f.failed(a), MAX_LOGIN_DELAY);
+        f.succeeded(a);
+        assert_eq!(f.failed(a), std::time::Duration::ZERO);
+        assert_eq!(f.total(), 30);
     }
 
     #[test]

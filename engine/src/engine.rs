@@ -474,6 +474,10 @@ impl Logins for Engine {
     fn has_rules(&self) -> bool {
         self.access.has_rules()
     }
+
+    fn logins(&self) -> &crate::access::LoginFailures {
+        &self.access.logins
+    }
 }
 
 #[async_trait]

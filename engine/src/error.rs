@@ -242,7 +242,7 @@ impl Error {
                 ErrorKind::DiskFull
             }
             Error::Wal { .. } | Error::WalPoisoned { .. } => ErrorKind::LogUnavailable,
-            Error::DataFusion { source } => match source.as_ref() {
+            Error::DataFusion { source } => match source.find_root() {
                 D::ResourcesExhausted(_) => ErrorKind::ResourcesExhausted,
                 D::ArrowError(..) | D::Execution(_) => ErrorKind::QueryFailed,
                 _ => ErrorKind::Internal,

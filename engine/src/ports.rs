@@ -158,6 +158,9 @@ pub trait Logins: Send + Sync + 'static {
 
     /// Whether any `[[acl]]` rule exists (without, topics are open to every user).
     fn has_rules(&self) -> bool;
+
+    /// Failed logins by source address, counted and slowed down ([`crate::access::LoginFailures`]).
+    fn logins(&self) -> &crate::access::LoginFailures;
 }
 
 /// The ingest port: what the MQTT broker and its bridges call to store messages.

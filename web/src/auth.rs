@@ -35,6 +35,18 @@ pub trait Authenticator: Send + Sync + 'static {
     fn password_hash(&self, user: &str) -> Option<String>;
     /// Whether `user` is an administrator (may manage bridges and the cluster).
     fn is_admin(&self, user: &str) -> bool;
+    /// Records a failed login from `peer`; returns how long to wait before answering.
+    fn login_failed(&self, _peer: std::net::IpAddr) -> Duration {
+        Duration::ZERO
+    }
+    /// Forgets `peer`'s failed logins after a good one.
+    fn login_succeeded(&self, _peer: std::net::IpAddr) {}
+}
+
+/// The address a request came from, when the server knows it.
+fn peer_of(extensions: &axum::http::Extensions) -> Option<std::net::IpAddr> {
+    let info = extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()?;
+    Some(info.0.ip())
 }
 
 /// Who made a request (`None`: nobody needs to log in), for the handlers.
@@ -100,7 +112,24 @@ impl Gate {
     }
 
     /// The user a request is made as: `Ok(None)` when no credentials are needed.
-    async fn user(&self, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    async fn user(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<Option<String>, ApiError> {
+        let found = self.credentials(headers).await;
+        if let Some(peer) = peer {
+            match &found {
+                Ok(Some(_)) => self.auth.login_succeeded(peer),
+                Ok(None) => {}
+                Err(_) => tokio::time::sleep(self.auth.login_failed(peer)).await,
+            }
+        }
+        found
+    }
+
+    /// The user the request's credentials name, if they are right.
+    async fn credentials(&self, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
         if !self.auth.required() {
             return Ok(None);
         }
@@ -233,7 +262,8 @@ pub(crate) async fn check(
     if open_path(request.uri().path()) {
         return next.run(request).await;
     }
-    match gate.user(request.headers()).await {
+    let peer = peer_of(request.extensions());
+    match gate.user(request.headers(), peer).await {
         Ok(Some(user)) if admin_path(request.uri().path()) && !gate.auth.is_admin(&user) => {
             tracing::warn!(%user, path = %request.uri().path(), "access refused: needs the admin role");
             ApiError::new(
@@ -276,15 +306,25 @@ pub(crate) struct Login {
 /// `GET /v1/session`: whether a login is needed and who is logged in.
 pub(crate) async fn whoami(State(gate): State<Arc<Gate>>, headers: HeaderMap) -> Response {
     let required = gate.auth.required();
-    let user = gate.user(&headers).await.ok().flatten();
+    let user = gate.credentials(&headers).await.ok().flatten();
     axum::Json(serde_json::json!({"auth_required": required, "user": user})).into_response()
 }
 
 /// `POST /v1/session` `{"user", "password"}`: 204 with the session cookie, or 401.
 pub(crate) async fn login(
     State(gate): State<Arc<Gate>>,
-    body: axum::body::Bytes,
+    request: Request,
 ) -> Result<Response, ApiError> {
+    let peer = peer_of(request.extensions());
+    let body = axum::body::to_bytes(request.into_body(), 64 * 1024)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                "login too large",
+            )
+        })?;
     let login: Login = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -299,8 +339,14 @@ pub(crate) async fn login(
     };
     let (Some(hash), true) = (hash, ok) else {
         tracing::info!(user = %login.user, "console login refused");
+        if let Some(peer) = peer {
+            tokio::time::sleep(gate.auth.login_failed(peer)).await;
+        }
         return Err(unauthorized("wrong user or password"));
     };
+    if let Some(peer) = peer {
+        gate.auth.login_succeeded(peer);
+    }
     let token = sluice_engine::hex::encode(&random_bytes()?);
     {
         let mut sessions = gate.sessions.lock();

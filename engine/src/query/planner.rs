@@ -41,7 +41,68 @@ const CACHED_PLANS: usize = 4096;
 /// A session for one default database.
 pub(crate) struct Session {
     state: SessionState,
+    /// The task context small queries share (their memory budget is shared too).
     task: Arc<TaskContext>,
+}
+
+impl Session {
+    /// A task context for one query, with its own memory budget of `limit` bytes (the
+    /// session's disk manager, caches and object stores).
+    fn task_with_budget(&self, limit: usize) -> Arc<TaskContext> {
+        let base = self.state.runtime_env();
+        let runtime = datafusion::execution::runtime_env::RuntimeEnv {
+            memory_pool: budget(limit),
+            disk_manager: base.disk_manager.clone(),
+            cache_manager: base.cache_manager.clone(),
+            object_store_registry: base.object_store_registry.clone(),
+        };
+        Arc::new(TaskContext::from(&self.state).with_runtime(Arc::new(runtime)))
+    }
+}
+
+/// A memory pool of `limit` bytes whose refusals name the largest consumers.
+fn budget(limit: usize) -> Arc<dyn datafusion::execution::memory_pool::MemoryPool> {
+    use datafusion::execution::memory_pool::{GreedyMemoryPool, TrackConsumersPool};
+    let top = std::num::NonZeroUsize::new(3).expect("3 is not 0");
+    Arc::new(TrackConsumersPool::new(GreedyMemoryPool::new(limit), top))
+}
+
+/// `stream`, stopped with an error once `deadline` passes, and with a memory refusal
+/// explained by the setting behind it.
+fn bounded(
+    stream: datafusion::execution::SendableRecordBatchStream,
+    deadline: tokio::time::Instant,
+    (timeout, limit): (&str, usize),
+) -> datafusion::execution::SendableRecordBatchStream {
+    use datafusion::error::DataFusionError;
+    let schema = stream.schema();
+    let timeout = timeout.to_string();
+    let rows = futures::stream::unfold(Some(stream), move |state| {
+        let timeout = timeout.clone();
+        async move {
+            let mut stream = state?;
+            match tokio::time::timeout_at(deadline, stream.next()).await {
+                Ok(Some(Err(e)))
+                    if matches!(e.find_root(), DataFusionError::ResourcesExhausted(_)) =>
+                {
+                    let m = e.find_root().to_string();
+                    let m =
+                        format!("the query needs more than query.max_memory_bytes ({limit}): {m}");
+                    Some((Err(DataFusionError::ResourcesExhausted(m)), None))
+                }
+                Ok(Some(item)) => Some((item, Some(stream))),
+                Ok(None) => None,
+                // Dropping the stream stops the query's work.
+                Err(_) => {
+                    let m = format!(
+                        "the query ran longer than query.timeout ({timeout}) and was stopped"
+                    );
+                    Some((Err(DataFusionError::ResourcesExhausted(m)), None))
+                }
+            }
+        }
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, rows))
 }
 
 /// A plan and the tables it reads.
@@ -167,7 +228,7 @@ fn optimize_at(
 
 /// A session whose names default to `database`; with `one_partition`, plans run as one
 /// partition (cheaper to plan and start, for small queries run often, such as alerts).
-fn new_session(store: &Arc<Store>, database: &str, one_partition: bool) -> Session {
+fn new_session(store: &Arc<Store>, database: &str, one_partition: bool, limit: usize) -> Session {
     let mut cfg = SessionConfig::new()
         .with_default_catalog_and_schema("sluice", database)
         .with_create_default_catalog_and_schema(false)
@@ -176,8 +237,13 @@ fn new_session(store: &Arc<Store>, database: &str, one_partition: bool) -> Sessi
     if one_partition {
         cfg = cfg.with_target_partitions(1);
     }
+    let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+        .with_memory_pool(budget(limit))
+        .build_arc()
+        .expect("a runtime environment with default parts");
     let state = SessionStateBuilder::new()
         .with_config(cfg)
+        .with_runtime_env(runtime)
         .with_default_features()
         .with_query_planner(Arc::new(crate::query::optimizer::SluiceQueryPlanner))
         .build();
@@ -213,10 +279,11 @@ impl Engine {
                 database: database.into(),
             });
         }
+        let limit = self.config.query.max_memory_bytes;
         let mut sessions = self.planner.sessions.lock();
         Ok(sessions
             .entry((database.to_string(), one_partition))
-            .or_insert_with(|| Arc::new(new_session(&self.store, database, one_partition)))
+            .or_insert_with(|| Arc::new(new_session(&self.store, database, one_partition, limit)))
             .clone())
     }
 
@@ -224,6 +291,8 @@ impl Engine {
     pub(crate) async fn query(&self, sql: &str, options: &QueryOptions) -> Result<QueryOutput> {
         let database = options.database.as_deref().unwrap_or(DEFAULT_DATABASE);
         let user = options.user.as_deref();
+        let timeout = &self.config.query.timeout;
+        let deadline = tokio::time::Instant::now() + sluice_conf::Config::duration(timeout);
         let session = self.session(database, options.small)?;
         let version = self.store.catalog.snapshot().version;
         let key = (database.to_string(), sql.to_string());
@@ -349,7 +418,13 @@ impl Engine {
             }
         };
         let schema = physical.schema();
-        let mut stream = datafusion::physical_plan::execute_stream(physical, session.task.clone())?;
+        let limit = self.config.query.max_memory_bytes;
+        let task = match options.small {
+            true => session.task.clone(),
+            false => session.task_with_budget(limit),
+        };
+        let stream = datafusion::physical_plan::execute_stream(physical, task)?;
+        let mut stream = bounded(stream, deadline, (timeout, limit));
         if !reuse || !timeless || options.no_result_cache {
             return Ok(QueryOutput { schema, stream });
         }
