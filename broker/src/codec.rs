@@ -331,3 +331,71 @@ fn qos_v4(q: QoS) -> rumqttc::mqttbytes::QoS {
         QoS::ExactlyOnce => rumqttc::mqttbytes::QoS::ExactlyOnce,
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! Arbitrary bytes through the packet path: reading must end in a packet, "more bytes
+    //! needed" or an error, never a panic or a loop. `SLUICE_FUZZ_CASES` runs longer
+    //! (bench/fuzz.sh).
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cases() -> u32 {
+        std::env::var("SLUICE_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(512)
+    }
+
+    /// Frames that look like MQTT: a real packet type with any flags, a well-formed
+    /// remaining length, and any body.
+    fn framed() -> impl Strategy<Value = Vec<u8>> {
+        (
+            1u8..16,
+            any::<u8>(),
+            prop::collection::vec(any::<u8>(), 0..120),
+        )
+            .prop_map(|(kind, flags, body)| {
+                let mut out = vec![(kind << 4) | (flags & 0x0f)];
+                let mut len = body.len();
+                loop {
+                    let byte = (len % 128) as u8;
+                    len /= 128;
+                    out.push(if len > 0 { byte | 0x80 } else { byte });
+                    if len == 0 {
+                        break;
+                    }
+                }
+                out.extend(body);
+                out
+            })
+    }
+
+    fn read_all(bytes: &[u8]) {
+        for version in [Version::V4, Version::V5] {
+            let _ = connect_version(bytes, 1024);
+            let mut buf = BytesMut::from(bytes);
+            // Each Ok(Some) consumes at least one byte, so this ends.
+            for _ in 0..=bytes.len() {
+                match read(version, &mut buf, 1024) {
+                    Ok(Some(_)) if !buf.is_empty() => continue,
+                    _ => break,
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            read_all(&bytes);
+        }
+
+        #[test]
+        fn mqtt_like_frames_never_panic(frames in prop::collection::vec(framed(), 1..6)) {
+            read_all(&frames.concat());
+        }
+    }
+}

@@ -436,7 +436,7 @@ mod tests {
         assert_eq!(f.failed(a), MAX_LOGIN_DELAY);
         f.succeeded(a);
         assert_eq!(f.failed(a), std::time::Duration::ZERO);
-        assert_eq!(f.total(), 30);
+        assert_eq!(f.total(), 31);
     }
 
     #[test]

@@ -143,3 +143,105 @@ fn other_statements() {
         Statement::Query
     );
 }
+
+mod fuzz {
+    //! The SQL entry with arbitrary text and SQL-like token soup: an answer or an error,
+    //! never a panic. `SLUICE_FUZZ_CASES` runs longer (bench/fuzz.sh).
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cases() -> u32 {
+        std::env::var("SLUICE_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(512)
+    }
+
+    const WORDS: &[&str] = &[
+        "CREATE",
+        "DROP",
+        "ALTER",
+        "TABLE",
+        "DATABASE",
+        "USER",
+        "ALERT",
+        "GRANT",
+        "REVOKE",
+        "SHOW",
+        "GRANTS",
+        "ON",
+        "TO",
+        "FROM",
+        "FOR",
+        "SELECT",
+        "INSERT",
+        "INTO",
+        "VALUES",
+        "ALL",
+        "ADMIN",
+        "PASSWORD",
+        "WITH",
+        "PARTITION",
+        "BY",
+        "PARTS",
+        "WHERE",
+        "EVERY",
+        "WHEN",
+        "AS",
+        "IF",
+        "NOT",
+        "EXISTS",
+        "ADD",
+        "COLUMN",
+        "SET",
+        "FLUSH",
+        "DESCRIBE",
+        "ANY",
+        "ROWS",
+        "PUBLISH",
+        "WEBHOOK",
+        "ttl",
+        "yyyymmdd(ts)",
+        "t",
+        "db.t",
+        "(",
+        ")",
+        ",",
+        ";",
+        "'x'",
+        "''",
+        "=",
+        ">",
+        "1",
+        "-2.5e3",
+        "$1",
+        "'30 days'",
+        "ts",
+        "TIMESTAMP",
+        "STRING",
+        "DOUBLE",
+        "NULL",
+        "\"q\"",
+        "*",
+        "last",
+        "5 SECONDS",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+        #[test]
+        fn token_soup_never_panics(words in prop::collection::vec(0..WORDS.len(), 0..24)) {
+            let sql: Vec<&str> = words.iter().map(|&i| WORDS[i]).collect();
+            let sql = sql.join(" ");
+            let _ = parse(&sql);
+            let _ = crate::query::dialect::parse(&sql);
+        }
+
+        #[test]
+        fn arbitrary_text_never_panics(sql in "\\PC{0,80}") {
+            let _ = parse(&sql);
+            let _ = crate::query::dialect::parse(&sql);
+        }
+    }
+}
