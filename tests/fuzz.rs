@@ -133,7 +133,7 @@ async fn random_packet_streams_never_take_the_broker_down() {
     s.sql_ok("CREATE DATABASE iot").await;
     s.sql_ok("CREATE TABLE iot.t (ts TIMESTAMP, dev STRING NOT NULL, v DOUBLE) PARTITION BY yyyymmdd(ts)")
         .await;
-    let connections: u64 = std::env::var("SLUICE_FUZZ_CONNECTIONS")
+    let connections: u64 = std::env::var("FUZZ_CONNECTIONS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(300);

@@ -335,13 +335,13 @@ fn qos_v4(q: QoS) -> rumqttc::mqttbytes::QoS {
 #[cfg(test)]
 mod fuzz {
     //! Arbitrary bytes through the packet path: reading must end in a packet, "more bytes
-    //! needed" or an error, never a panic or a loop. `SLUICE_FUZZ_CASES` runs longer
+    //! needed" or an error, never a panic or a loop. `FUZZ_CASES` runs longer
     //! (bench/fuzz.sh).
     use super::*;
     use proptest::prelude::*;
 
     fn cases() -> u32 {
-        std::env::var("SLUICE_FUZZ_CASES")
+        std::env::var("FUZZ_CASES")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(512)

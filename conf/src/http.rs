@@ -26,6 +26,9 @@ pub struct HttpConfig {
     /// Allow `listen` on a non-loopback address without TLS: credentials, session cookies
     /// and data would travel in clear, so it must be asked for.
     pub allow_plaintext: bool,
+    /// Open connections at once; a connection past this is closed as soon as it is accepted
+    /// (and logged), so one client cannot hold every socket.
+    pub max_connections: usize,
 }
 
 /// The longest `http.busy_poll_us`: a spin is meant to bridge a client's turnaround.
@@ -41,6 +44,7 @@ impl Default for HttpConfig {
             tls_cert: String::new(),
             tls_key: String::new(),
             allow_plaintext: false,
+            max_connections: 10_000,
         }
     }
 }

@@ -212,6 +212,7 @@ impl Config {
             ("mqtt.receive_maximum", self.mqtt.receive_maximum as u64),
             ("mqtt.max_inflight", self.mqtt.max_inflight as u64),
             ("mqtt.max_connections", self.mqtt.max_connections as u64),
+            ("http.max_connections", self.http.max_connections as u64),
             ("query.max_memory_bytes", self.query.max_memory_bytes as u64),
             (
                 "mqtt.max_queued_messages",

@@ -125,13 +125,15 @@ pub async fn serve(
     });
     let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     let stop = cancel.cancelled_owned();
+    let listener = tls::Limited::new(listener, config.max_connections);
+    // The outer `tap_io` gives each listener the peer address axum's ConnectInfo reads.
     match tls {
         None => {
+            let listener = listener.tap_io(|_| ());
             axum::serve(listener, app)
                 .with_graceful_shutdown(stop)
                 .await
         }
-        // `tap_io` gives the TLS listener the peer address axum's ConnectInfo reads.
         Some(tls) => {
             let listener = tls::TlsListener::new(listener, tls).tap_io(|_| ());
             axum::serve(listener, app)

@@ -146,12 +146,12 @@ fn other_statements() {
 
 mod fuzz {
     //! The SQL entry with arbitrary text and SQL-like token soup: an answer or an error,
-    //! never a panic. `SLUICE_FUZZ_CASES` runs longer (bench/fuzz.sh).
+    //! never a panic. `FUZZ_CASES` runs longer (bench/fuzz.sh).
     use super::*;
     use proptest::prelude::*;
 
     fn cases() -> u32 {
-        std::env::var("SLUICE_FUZZ_CASES")
+        std::env::var("FUZZ_CASES")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(512)
