@@ -7,7 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice-target}"
 # (Not SLUICE_*: the server refuses environment variables that name no setting.)
-# (Not SLUICE_*: the server refuses environment variables that name no setting.)
 export FUZZ_CASES="${1:-200000}" FUZZ_CONNECTIONS="${2:-20000}"
 # --workspace everywhere: the same features, so the test build's artifacts are reused.
 cargo test --workspace --lib -- codec::fuzz ddl::tests::fuzz
