@@ -186,12 +186,7 @@ async fn roles_grants_and_rules_hold_on_every_path() {
         s.rows("SELECT name, owner FROM system.alerts").await.len(),
         1
     );
-    let text = (s.authorized(s.client().get(s.url("/metrics"))).send())
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics().await;
     for line in [
         "sluice_access_refusals_total{action=\"admin\"} 13",
         "sluice_access_refusals_total{action=\"select\"} 4",
@@ -258,12 +253,7 @@ async fn users_made_with_sql_get_only_what_is_granted() {
         assert_eq!(s.sql("SELECT 1").await.status, 401);
     }
     s.login(Some(("root", "r")));
-    let text = (s.authorized(s.client().get(s.url("/metrics"))).send())
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics().await;
     assert!(text.contains("sluice_login_failures_total 3"), "{text}");
 }
 

@@ -254,6 +254,12 @@ impl Server {
         assert_eq!(r.status, 204, "write to {db}.{table}: {}", r.body);
     }
 
+    /// `/metrics` as text, with the credentials set by [`Server::login`].
+    pub async fn metrics(&self) -> String {
+        let request = self.authorized(self.http.get(self.url("/metrics")));
+        request.send().await.unwrap().text().await.unwrap()
+    }
+
     pub fn client(&self) -> reqwest::Client {
         self.http.clone()
     }
