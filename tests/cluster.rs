@@ -4,8 +4,9 @@
 //! message must then be in the table exactly once, through every node's SQL.
 
 mod common;
+#[path = "cluster/page.rs"]
+mod page;
 
-use common::browser::{Browser, end};
 use common::{Server, eventually, eventually_eq};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use std::collections::BTreeMap;
@@ -319,7 +320,8 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     catch_up_from_the_shared_store(&mut c, root.path()).await;
     move_a_shard_leader(&c).await;
     add_and_remove_a_node(&mut c, root.path()).await;
-    cluster_page(&c).await;
+    page::cluster_page(&c).await;
+    page::users_and_grants_everywhere(&c).await;
 
     for (_, s) in std::mem::take(&mut c.nodes) {
         assert_eq!(s.terminate(), 0);
@@ -735,59 +737,4 @@ async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
         let q = "SELECT count(*) FROM iot.r WHERE seq >= 10000000";
         assert_eq!(s.count(q).await, acked.len() as u64, "node {id}");
     }
-}
-
-/// The console's Cluster page (node 2) shows the three nodes and every group, and moves a
-/// shard's leadership when asked. Leaves a screenshot `cluster.png`.
-async fn cluster_page(c: &Cluster) {
-    let b = Browser::start().await;
-    b.go(&c.node(2).url("/#/cluster")).await;
-    b.until(
-        "three member nodes",
-        "return document.querySelectorAll('#cluster-nodes td.state-member').length === 3",
-    )
-    .await;
-    b.until(
-        "every group",
-        &format!(
-            "return document.querySelectorAll('#cluster-shards tbody tr').length === {GROUPS}"
-        ),
-    )
-    .await;
-    let shard0 = (c.node(2))
-        .rows("SELECT leader, replicas FROM system.shards WHERE shard = 'shard-0'")
-        .await;
-    let leader = shard0[0]["leader"].as_u64().unwrap();
-    let to: u64 = (shard0[0]["replicas"].as_str().unwrap().split(','))
-        .map(|r| r.parse().unwrap())
-        .find(|r| *r != leader)
-        .unwrap();
-    // Choose the replica and press the button in one script, so that the page's refresh
-    // cannot redraw the table in between.
-    b.js(
-        "const s = document.querySelector(\"select[data-shard='shard-0']\");
-         s.value = arguments[0]; s.dispatchEvent(new Event('change', {bubbles: true}));
-         document.querySelector(\"button[data-move='shard-0']\").click();",
-        serde_json::json!([to.to_string()]),
-    )
-    .await;
-    b.until(
-        "the leadership moved",
-        &format!(
-            "const t = document.getElementById('cluster-message').innerText;
-             const l = document.querySelector(\"tr[data-shard='shard-0'] td[data-col='leader']\");
-             return t.includes('led by node {to}') && l && l.innerText === '{to}';"
-        ),
-    )
-    .await;
-    b.screenshot("cluster").await;
-    end(b).await;
-    eventually_eq("shard 0 led by the chosen node", 10, &to, || async {
-        (c.node(3)
-            .rows("SELECT leader FROM system.shards WHERE shard = 'shard-0'")
-            .await)[0]["leader"]
-            .as_u64()
-            .unwrap_or(0)
-    })
-    .await;
 }
