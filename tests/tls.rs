@@ -6,6 +6,7 @@
 mod common;
 
 use common::{Server, password_hash};
+use rumqttc::mqttbytes::{QoS, v4};
 use std::path::Path;
 use std::process::Command;
 
@@ -103,6 +104,65 @@ fn make_cert(dir: &Path, ca: &str, name: &str, cn: &str, server: bool) {
     );
 }
 
+/// Publishes one QoS 1 message as `admin` over `wss://addr/mqtt` (a TLS connection trusting
+/// `ca.pem`, then the WebSocket upgrade); returns the packet after the CONNACK.
+async fn wss_publish(dir: &Path, addr: &str) -> v4::Packet {
+    use futures::{SinkExt, StreamExt};
+    use rustls_pki_types::pem::PemObject;
+    use tokio_rustls::rustls;
+    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_file_iter(dir.join("ca.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .expect("TLS to the HTTPS port");
+    let mut request = format!("wss://{addr}/mqtt").into_client_request().unwrap();
+    let protocol = "mqtt".parse().unwrap();
+    request
+        .headers_mut()
+        .insert("sec-websocket-protocol", protocol);
+    let (mut ws, _) = tokio_tungstenite::client_async(request, tls)
+        .await
+        .expect("websocket upgrade over TLS");
+    let mut out = bytes::BytesMut::new();
+    let mut connect = v4::Connect::new("wss-client");
+    connect.login = Some(v4::Login::new("admin", "pw"));
+    v4::Packet::Connect(connect)
+        .write(&mut out, 1 << 20)
+        .unwrap();
+    let mut publish = v4::Publish::new("/iot/t", QoS::AtLeastOnce, r#"{"dev":"wss","v":1}"#);
+    publish.pkid = 3;
+    v4::Packet::Publish(publish)
+        .write(&mut out, 1 << 20)
+        .unwrap();
+    ws.send(Message::Binary(out.freeze())).await.unwrap();
+    let mut inbound = bytes::BytesMut::new();
+    let mut packets = Vec::new();
+    while packets.len() < 2 {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(10), ws.next());
+        if let Message::Binary(b) = next.await.expect("a reply over wss").unwrap().unwrap() {
+            inbound.extend_from_slice(&b);
+        }
+        while let Ok(p) = v4::Packet::read(&mut inbound, 1 << 20) {
+            packets.push(p);
+        }
+    }
+    assert!(matches!(packets[0], v4::Packet::ConnAck(_)), "{packets:?}");
+    packets.remove(1)
+}
+
 /// An HTTPS client trusting only `ca`.
 fn https_client(dir: &Path, ca: &str) -> reqwest::Client {
     let pem = std::fs::read(dir.join(format!("{ca}.pem"))).unwrap();
@@ -170,6 +230,11 @@ role = "user"
         let r = sql(q).await.unwrap();
         assert_eq!(r.status(), 200, "{q}: {}", r.text().await.unwrap());
     }
+    // MQTT over WebSocket on the HTTPS port: wss, logged in as admin.
+    assert_eq!(
+        wss_publish(d, &s.addr).await,
+        v4::Packet::PubAck(v4::PubAck { pkid: 3 })
+    );
     // Plain HTTP on the HTTPS port gets no answer.
     let plain = format!("http://{}/health", s.addr);
     assert!(reqwest::get(&plain).await.is_err());
@@ -214,7 +279,7 @@ role = "user"
     let rows: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
     assert_eq!(
         rows,
-        serde_json::json!([{"dev": "mtls"}, {"dev": "password"}])
+        serde_json::json!([{"dev": "mtls"}, {"dev": "password"}, {"dev": "wss"}])
     );
 
     // A new certificate from another CA, put in place and signalled, is served at once.
