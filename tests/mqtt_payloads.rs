@@ -134,10 +134,10 @@ async fn sessions_and_retained_messages_survive_a_restart() {
     // The restored state, as SQL: the offline session with its queued message, its
     // subscription, the retained message.
     assert_eq!(
-        s.rows("SELECT client_id, connected, subscriptions, queued, inflight FROM system.sessions")
+        s.rows("SELECT client_id, connected, node, subscriptions, queued, inflight FROM system.sessions")
             .await,
         vec![
-            serde_json::json!({"client_id": "keeper", "connected": false,
+            serde_json::json!({"client_id": "keeper", "connected": false, "node": null,
             "subscriptions": 1, "queued": 1, "inflight": 0})
         ]
     );

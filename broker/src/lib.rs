@@ -108,7 +108,8 @@ impl Broker {
         shutdown: CancellationToken,
     ) -> Result<Self> {
         let mapper = mapping::Mapper::new(&config.topic)?;
-        let router = Router::new(config.mqtt.max_queued_messages);
+        let node = config.cluster.as_ref().map(|c| c.node_id);
+        let router = Router::new(config.mqtt.max_queued_messages, node);
         let store = persist::Store::new(&config.data_dir);
         store.load(&router);
         let shared = Arc::new(BrokerState {
@@ -126,7 +127,7 @@ impl Broker {
         let status = Arc::downgrade(&bridges);
         for (name, rows) in tables::TABLES {
             let state = Arc::downgrade(&shared);
-            let empty = rows(&Router::new(1));
+            let empty = rows(&Router::new(1, None));
             shared.db.add_system_table(
                 name,
                 sluice_engine::SystemRows(Arc::new(move || match state.upgrade() {

@@ -48,16 +48,19 @@ pub(crate) struct Router {
     sessions: Mutex<HashMap<Arc<str>, Arc<Session>>>,
     next_shared: AtomicUsize,
     max_queued: usize,
+    /// The cluster node these sessions live on (`None` on a single node).
+    pub(crate) node: Option<u64>,
 }
 
 impl Router {
-    pub(crate) fn new(max_queued: usize) -> Self {
+    pub(crate) fn new(max_queued: usize, node: Option<u64>) -> Self {
         Self {
             tree: RwLock::new(Tree::default()),
             retained: RwLock::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             next_shared: AtomicUsize::new(0),
             max_queued,
+            node,
         }
     }
 

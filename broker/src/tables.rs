@@ -43,7 +43,8 @@ fn sessions(router: &Router) -> Vec<Arc<Session>> {
     all
 }
 
-/// `system.sessions`: one row per session, online or offline.
+/// `system.sessions`: one row per session, online or offline, with the cluster node it
+/// lives on (NULL on a single node).
 pub(crate) fn sessions_table(router: &Router) -> RecordBatch {
     let all = sessions(router);
     let now = Instant::now();
@@ -66,6 +67,11 @@ pub(crate) fn sessions_table(router: &Router) -> RecordBatch {
         ("client_id", text(ids), false),
         ("user", Arc::new(StringArray::from(users)), true),
         ("connected", Arc::new(BooleanArray::from(connected)), false),
+        (
+            "node",
+            Arc::new(UInt64Array::from(vec![router.node; all.len()])),
+            true,
+        ),
         ("subscriptions", count(subs), false),
         ("queued", count(queued), false),
         ("inflight", count(inflight), false),
