@@ -243,6 +243,15 @@ async fn users_made_with_sql_get_only_what_is_granted() {
         s.rows("SHOW GRANTS FOR viewer").await,
         Vec::<serde_json::Value>::new()
     );
+    // Dropping a database drops its grants: one made again with its name starts with none.
+    s.sql_ok("GRANT SELECT ON DATABASE plant TO viewer").await;
+    s.sql_ok("DROP TABLE plant.t").await;
+    s.sql_ok("DROP DATABASE plant").await;
+    s.sql_ok("CREATE DATABASE plant").await;
+    assert_eq!(
+        s.rows("SHOW GRANTS FOR viewer").await,
+        Vec::<serde_json::Value>::new()
+    );
     let r = s.sql("GRANT SELECT ON DATABASE nope TO viewer").await;
     assert_eq!(r.status, 404, "{}", r.body);
     let r = s.sql("GRANT SELECT ON DATABASE plant TO nobody").await;

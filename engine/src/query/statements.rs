@@ -111,6 +111,11 @@ impl Engine {
                     ))),
                     Some(_) => {
                         d.databases.remove(&name);
+                        // A database made later with this name starts with no grants.
+                        for granted in d.grants.values_mut() {
+                            granted.remove(&name);
+                        }
+                        d.grants.retain(|_, granted| !granted.is_empty());
                         Ok(())
                     }
                 })?;
