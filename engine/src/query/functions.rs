@@ -1,5 +1,6 @@
-//! SQL functions JoinBase users write that DataFusion lacks: `date(ts)` (also `ymd`), the
-//! calendar day of a time, as a DATE.
+//! SQL functions users of other time-series databases write that DataFusion lacks:
+//! JoinBase's `date(ts)` (also `ymd`), the calendar day of a time, as a DATE; TimescaleDB's
+//! `time_bucket(width, ts[, origin])`.
 
 use datafusion::arrow::array::{Array, ArrayRef, Date32Array, Int64Array};
 use datafusion::arrow::compute::{cast, unary};
@@ -71,18 +72,101 @@ pub(crate) fn to_date(a: &ArrayRef) -> Result<ArrayRef> {
     Ok(Arc::new(days))
 }
 
+/// TimescaleDB's `time_bucket(width, ts[, origin])`: `date_bin` with TimescaleDB's default
+/// origin, Monday 2000-01-03 (so weekly buckets start on Mondays), or 2000-01-01 for widths
+/// in months. Same argument order and types as `date_bin`, which computes it.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct TimeBucket {
+    inner: datafusion::functions::datetime::date_bin::DateBinFunc,
+}
+
+/// 2000-01-03 and 2000-01-01, UTC, in nanoseconds since the epoch.
+const MONDAY_2000: i64 = 946_857_600_000_000_000;
+const JANUARY_2000: i64 = 946_684_800_000_000_000;
+
+impl ScalarUDFImpl for TimeBucket {
+    fn name(&self) -> &str {
+        "time_bucket"
+    }
+
+    fn signature(&self) -> &Signature {
+        self.inner.signature()
+    }
+
+    fn return_type(&self, types: &[DataType]) -> Result<DataType> {
+        self.inner.return_type(types)
+    }
+
+    fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        use datafusion::common::ScalarValue;
+        if args.args.len() == 2 {
+            let months = matches!(
+                &args.args[0],
+                ColumnarValue::Scalar(ScalarValue::IntervalMonthDayNano(Some(i))) if i.months != 0
+            );
+            let origin = if months { JANUARY_2000 } else { MONDAY_2000 };
+            let zone = match args.args[1].data_type() {
+                DataType::Timestamp(_, zone) => zone,
+                _ => None,
+            };
+            let origin = ScalarValue::TimestampNanosecond(Some(origin), zone.clone());
+            let field = datafusion::arrow::datatypes::Field::new(
+                "origin",
+                DataType::Timestamp(TimeUnit::Nanosecond, zone),
+                false,
+            );
+            args.args.push(ColumnarValue::Scalar(origin));
+            args.arg_fields.push(Arc::new(field));
+        }
+        self.inner.invoke_with_args(args)
+    }
+}
+
 /// Every function Sluice adds to DataFusion's.
 pub(crate) fn all() -> Vec<ScalarUDF> {
-    vec![ScalarUDF::new_from_impl(DateFn {
-        signature: Signature::new(TypeSignature::Any(1), Volatility::Immutable),
-        aliases: vec!["ymd".into()],
-    })]
+    vec![
+        ScalarUDF::new_from_impl(DateFn {
+            signature: Signature::new(TypeSignature::Any(1), Volatility::Immutable),
+            aliases: vec!["ymd".into()],
+        }),
+        ScalarUDF::new_from_impl(TimeBucket {
+            inner: Default::default(),
+        }),
+    ]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use datafusion::arrow::array::TimestampMicrosecondArray;
+
+    #[tokio::test]
+    async fn time_bucket_has_timescaledbs_origins() {
+        let ctx = datafusion::prelude::SessionContext::new();
+        for f in all() {
+            ctx.register_udf(f);
+        }
+        let sql = "SELECT \
+            CAST(time_bucket(INTERVAL '1 week', TIMESTAMP '2024-01-10 12:00:00') AS VARCHAR) AS w, \
+            CAST(time_bucket(INTERVAL '15 minutes', TIMESTAMP '2024-01-10 12:44:59') AS VARCHAR) AS m, \
+            CAST(time_bucket(INTERVAL '1 month', TIMESTAMP '2024-03-20 00:00:00') AS VARCHAR) AS mo, \
+            CAST(time_bucket(INTERVAL '1 hour', TIMESTAMP '2024-01-10 12:44:59', TIMESTAMP '2024-01-01 00:30:00') AS VARCHAR) AS o, \
+            CAST(date_bin(INTERVAL '1 week', TIMESTAMP '2024-01-10 12:00:00') AS VARCHAR) AS d";
+        let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string();
+        // Weeks start on Monday 2024-01-08 (date_bin's epoch origin gives Thursday 01-04).
+        for want in [
+            "2024-01-08T00:00:00",
+            "2024-01-10T12:30:00",
+            "2024-03-01T00:00:00",
+            "2024-01-10T12:30:00",
+            "2024-01-04T00:00:00",
+        ] {
+            assert!(text.contains(want), "{want} expected in\n{text}");
+        }
+    }
 
     #[test]
     fn date_floors_to_the_utc_day() {
