@@ -682,9 +682,8 @@ async fn mqtt_over_tls_with_mosquitto_clients() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn mqtt_over_websocket_on_the_http_port() {
-    use futures::{SinkExt, StreamExt};
     use rumqttc::mqttbytes::v4;
-    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &[]);
     iot_table(&s).await;
@@ -697,32 +696,8 @@ async fn mqtt_over_websocket_on_the_http_port() {
         .await
         .expect("websocket upgrade");
     assert_eq!(resp.headers()["sec-websocket-protocol"], "mqtt");
-    let mut out = bytes::BytesMut::new();
-    v4::Packet::Connect(v4::Connect::new("ws-client"))
-        .write(&mut out, 1 << 20)
-        .unwrap();
-    let mut publish = v4::Publish::new("/iot/t", QoS::AtLeastOnce, r#"{"dev":"ws","v":2}"#);
-    publish.pkid = 7;
-    v4::Packet::Publish(publish)
-        .write(&mut out, 1 << 20)
-        .unwrap();
-    ws.send(Message::Binary(out.freeze())).await.unwrap();
-    // CONNACK then PUBACK 7, in whatever frames they come.
-    let mut inbound = bytes::BytesMut::new();
-    let mut packets = Vec::new();
-    while packets.len() < 2 {
-        let msg = tokio::time::timeout(Duration::from_secs(10), ws.next())
-            .await
-            .expect("reply over websocket")
-            .unwrap()
-            .unwrap();
-        if let Message::Binary(b) = msg {
-            inbound.extend_from_slice(&b);
-        }
-        while let Ok(p) = v4::Packet::read(&mut inbound, 1 << 20) {
-            packets.push(p);
-        }
-    }
+    let payload = r#"{"dev":"ws","v":2}"#;
+    let packets = common::publish_over_websocket(&mut ws, None, "/iot/t", payload).await;
     assert!(matches!(packets[0], v4::Packet::ConnAck(_)), "{packets:?}");
     assert_eq!(packets[1], v4::Packet::PubAck(v4::PubAck { pkid: 7 }));
     assert_eq!(

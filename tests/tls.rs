@@ -6,7 +6,7 @@
 mod common;
 
 use common::{Server, password_hash};
-use rumqttc::mqttbytes::{QoS, v4};
+use rumqttc::mqttbytes::v4;
 use std::path::Path;
 use std::process::Command;
 
@@ -107,10 +107,9 @@ fn make_cert(dir: &Path, ca: &str, name: &str, cn: &str, server: bool) {
 /// Publishes one QoS 1 message as `admin` over `wss://addr/mqtt` (a TLS connection trusting
 /// `ca.pem`, then the WebSocket upgrade); returns the packet after the CONNACK.
 async fn wss_publish(dir: &Path, addr: &str) -> v4::Packet {
-    use futures::{SinkExt, StreamExt};
     use rustls_pki_types::pem::PemObject;
     use tokio_rustls::rustls;
-    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_pki_types::CertificateDer::pem_file_iter(dir.join("ca.pem")).unwrap() {
         roots.add(cert.unwrap()).unwrap();
@@ -136,29 +135,9 @@ async fn wss_publish(dir: &Path, addr: &str) -> v4::Packet {
     let (mut ws, _) = tokio_tungstenite::client_async(request, tls)
         .await
         .expect("websocket upgrade over TLS");
-    let mut out = bytes::BytesMut::new();
-    let mut connect = v4::Connect::new("wss-client");
-    connect.login = Some(v4::Login::new("admin", "pw"));
-    v4::Packet::Connect(connect)
-        .write(&mut out, 1 << 20)
-        .unwrap();
-    let mut publish = v4::Publish::new("/iot/t", QoS::AtLeastOnce, r#"{"dev":"wss","v":1}"#);
-    publish.pkid = 3;
-    v4::Packet::Publish(publish)
-        .write(&mut out, 1 << 20)
-        .unwrap();
-    ws.send(Message::Binary(out.freeze())).await.unwrap();
-    let mut inbound = bytes::BytesMut::new();
-    let mut packets = Vec::new();
-    while packets.len() < 2 {
-        let next = tokio::time::timeout(std::time::Duration::from_secs(10), ws.next());
-        if let Message::Binary(b) = next.await.expect("a reply over wss").unwrap().unwrap() {
-            inbound.extend_from_slice(&b);
-        }
-        while let Ok(p) = v4::Packet::read(&mut inbound, 1 << 20) {
-            packets.push(p);
-        }
-    }
+    let payload = r#"{"dev":"wss","v":1}"#;
+    let login = Some(("admin", "pw"));
+    let mut packets = common::publish_over_websocket(&mut ws, login, "/iot/t", payload).await;
     assert!(matches!(packets[0], v4::Packet::ConnAck(_)), "{packets:?}");
     packets.remove(1)
 }
@@ -233,7 +212,7 @@ role = "user"
     // MQTT over WebSocket on the HTTPS port: wss, logged in as admin.
     assert_eq!(
         wss_publish(d, &s.addr).await,
-        v4::Packet::PubAck(v4::PubAck { pkid: 3 })
+        v4::Packet::PubAck(v4::PubAck { pkid: 7 })
     );
     // Plain HTTP on the HTTPS port gets no answer.
     let plain = format!("http://{}/health", s.addr);

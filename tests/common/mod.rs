@@ -415,3 +415,48 @@ pub fn password_hash(password: &str) -> String {
     assert!(hash.starts_with("$argon2id$"), "{hash}");
     hash
 }
+
+/// Sends a 3.1.1 CONNECT (with `login`, if any) and a QoS 1 PUBLISH (packet id 7) of
+/// `payload` on `topic` over an MQTT WebSocket; returns the two packets the server answers
+/// (CONNACK, then PUBACK), in whatever frames they come.
+pub async fn publish_over_websocket<S>(
+    ws: &mut tokio_tungstenite::WebSocketStream<S>,
+    login: Option<(&str, &str)>,
+    topic: &str,
+    payload: &str,
+) -> Vec<rumqttc::mqttbytes::v4::Packet>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures::{SinkExt, StreamExt};
+    use rumqttc::mqttbytes::{QoS, v4};
+    use tokio_tungstenite::tungstenite::Message;
+    let mut out = bytes::BytesMut::new();
+    let mut connect = v4::Connect::new("ws-client");
+    connect.login = login.map(|(u, p)| v4::Login::new(u, p));
+    v4::Packet::Connect(connect)
+        .write(&mut out, 1 << 20)
+        .unwrap();
+    let mut publish = v4::Publish::new(topic, QoS::AtLeastOnce, payload);
+    publish.pkid = 7;
+    v4::Packet::Publish(publish)
+        .write(&mut out, 1 << 20)
+        .unwrap();
+    ws.send(Message::Binary(out.freeze())).await.unwrap();
+    let mut inbound = bytes::BytesMut::new();
+    let mut packets = Vec::new();
+    while packets.len() < 2 {
+        let msg = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("reply over websocket")
+            .unwrap()
+            .unwrap();
+        if let Message::Binary(b) = msg {
+            inbound.extend_from_slice(&b);
+        }
+        while let Ok(p) = v4::Packet::read(&mut inbound, 1 << 20) {
+            packets.push(p);
+        }
+    }
+    packets
+}
