@@ -279,3 +279,54 @@ role = "user"
     assert!(old.get(url("/health")).send().await.is_err());
     assert!(s.log_text().contains("SIGHUP: TLS certificate reloaded"));
 }
+
+/// With `mqtt.tls_require_client_cert`, a TLS client without a certificate is refused at
+/// the handshake, even with a right password; one with a certificate from the CA gets in.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_certificate_can_be_required() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    make_ca(d, "ca");
+    make_cert(d, "ca", "server", "localhost", true);
+    make_cert(d, "ca", "dev", "dev", false);
+    let hash = password_hash("pw");
+    let p = |f: &str| d.join(f).display().to_string();
+    let s = Server::start_with_config(
+        d,
+        &format!(
+            "[mqtt]\ntls_listen = \"127.0.0.1:0\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\n\
+             tls_client_ca = \"{}\"\ntls_require_client_cert = true\n\
+             [[user]]\nname = \"dev\"\npassword_hash = \"{hash}\"\n",
+            p("server.pem"),
+            p("server.key"),
+            p("ca.pem"),
+        ),
+    );
+    let port = s.tls_port().unwrap().to_string();
+    let publish = |extra: &[&str]| {
+        let base = [
+            "-h",
+            "localhost",
+            "-p",
+            &port,
+            "--cafile",
+            &p("ca.pem"),
+            "-t",
+            "x",
+            "-m",
+            "1",
+        ];
+        let out = Command::new("mosquitto_pub")
+            .args(base)
+            .args(extra)
+            .output();
+        out.expect("mosquitto_pub (package mosquitto-clients)")
+            .status
+            .success()
+    };
+    assert!(!publish(&["-u", "dev", "-P", "pw"]));
+    let (cert, key) = (p("dev.pem"), p("dev.key"));
+    assert!(publish(&[
+        "--cert", &cert, "--key", &key, "-u", "dev", "-P", "pw"
+    ]));
+}
