@@ -107,7 +107,7 @@ pub(crate) async fn try_store(
         .config
         .auto_create_databases
         .iter()
-        .any(|d| d == t.database);
+        .any(|d| d == t.database || d == "*");
     let result = shared
         .db
         .publish(Publication {
@@ -192,7 +192,8 @@ pub(crate) async fn try_store_batch(
             format: t.format,
             payload: &messages[*i].0.payload,
             fixed: &t.fixed,
-            auto_create: (shared.config.auto_create_databases.iter()).any(|d| d == t.database),
+            auto_create: (shared.config.auto_create_databases.iter())
+                .any(|d| d == t.database || d == "*"),
             origin: messages[*i].1.as_ref(),
         })
         .collect();

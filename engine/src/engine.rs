@@ -504,6 +504,16 @@ impl QueryPort for Engine {
         self.append_rows(&def, rows).await
     }
 
+    async fn write_line_protocol(
+        &self,
+        user: Option<&str>,
+        database: &str,
+        text: &str,
+        ns_per_unit: i64,
+    ) -> Result<WriteReceipt> {
+        Engine::write_line_protocol(self, user, database, text, ns_per_unit).await
+    }
+
     fn alerts(&self) -> Vec<AlertStatus> {
         self.alerts.status()
     }

@@ -220,6 +220,17 @@ pub trait QueryPort: Logins {
         payload: &[u8],
     ) -> Result<WriteReceipt>;
 
+    /// Stores InfluxDB line protocol as InfluxDB's write API does (each measurement a
+    /// table; see [`crate::Engine::write_line_protocol`]), as `user`, timestamps in units of
+    /// `ns_per_unit` nanoseconds.
+    async fn write_line_protocol(
+        &self,
+        user: Option<&str>,
+        database: &str,
+        text: &str,
+        ns_per_unit: i64,
+    ) -> Result<WriteReceipt>;
+
     /// Every alert with its state.
     fn alerts(&self) -> Vec<crate::alerts::AlertStatus>;
 

@@ -197,11 +197,16 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-/// `Authorization: Basic base64(user:password)`.
+/// `Authorization: Basic base64(user:password)`, or InfluxDB's `Token user:password` (what
+/// its client libraries send, the token being a Sluice user and password).
 fn basic(headers: &HeaderMap) -> Option<(String, String)> {
     use base64::Engine;
     let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, b64) = v.split_once(' ')?;
+    if scheme.eq_ignore_ascii_case("token") {
+        let (u, p) = b64.trim().split_once(':')?;
+        return Some((u.to_string(), p.to_string()));
+    }
     if !scheme.eq_ignore_ascii_case("basic") {
         return None;
     }
@@ -394,6 +399,11 @@ mod tests {
             HeaderValue::from_static("Basic YW5hOnMzOmNyZXQ="),
         );
         assert_eq!(basic(&h), Some(("ana".into(), "s3:cret".into())));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Token gw:s3"),
+        );
+        assert_eq!(basic(&h), Some(("gw".into(), "s3".into())));
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
         assert_eq!(basic(&h), None);
         assert!(open_path("/assets/app.js") && !open_path("/v1/sql"));

@@ -15,6 +15,7 @@ mod cluster;
 mod console;
 mod error;
 mod format;
+mod influx;
 mod live;
 mod spin;
 mod tls;
@@ -93,6 +94,7 @@ pub fn router(
             max_body: config.max_body_bytes,
         })
         .route("/v1/live", get(live::live).with_state(live))
+        .merge(influx::routes(db.clone(), config.max_body_bytes))
         .merge(alerts::routes(db))
         .merge(session)
         .merge(console::routes())
@@ -143,7 +145,7 @@ pub async fn serve(
     }
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
     axum::body::to_bytes(body, limit).await.map_err(|_| {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,

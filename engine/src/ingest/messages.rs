@@ -50,6 +50,17 @@ impl Engine {
         body: &[u8],
     ) -> Result<Arc<TableDef>> {
         let fields = infer_json_columns(body)?;
+        self.table_for_columns(database, table, fields).await
+    }
+
+    /// The table `database.table`, made with `fields` (see [`Engine::table_for_json`]) or
+    /// widened with those it lacks.
+    async fn table_for_columns(
+        &self,
+        database: &str,
+        table: &str,
+        fields: Vec<(String, ColumnType)>,
+    ) -> Result<Arc<TableDef>> {
         let name = TableRef {
             database: database.into(),
             table: table.into(),
@@ -87,6 +98,60 @@ impl Engine {
 }
 
 /// `CREATE TABLE IF NOT EXISTS` for a table inferred from a message's `fields`.
+impl Engine {
+    /// Stores InfluxDB line protocol as InfluxDB's write API does: each measurement is a
+    /// table of `database`, timestamps are in units of `ns_per_unit` nanoseconds. In a
+    /// database listed in `mqtt.auto_create_databases` (or all, with `*`) a missing table is
+    /// made from its lines (`time`, tags as strings, fields typed as written, partitioned by
+    /// day) and a table gains nullable columns for new tags and fields. Every line is decoded
+    /// before anything is stored; then each measurement's rows are one durable append.
+    /// `user` needs INSERT on the database (and the `[[acl]]` write rules' leave).
+    pub async fn write_line_protocol(
+        &self,
+        user: Option<&str>,
+        database: &str,
+        text: &str,
+        ns_per_unit: i64,
+    ) -> Result<WriteReceipt> {
+        use crate::ports::Logins;
+        let auto =
+            (self.config.mqtt.auto_create_databases.iter()).any(|d| d == database || d == "*");
+        let groups = crate::ingest::decode::by_measurement(text, ns_per_unit)?;
+        let mut decoded = Vec::with_capacity(groups.len());
+        for m in groups {
+            let need = crate::access::Need::Insert {
+                database,
+                table: &m.name,
+            };
+            self.authorize(user, need)?;
+            let def = match (self.table(database, &m.name), auto) {
+                (Ok(def), false) => def,
+                (Ok(_) | Err(Error::UnknownTable { .. }), true) => {
+                    self.table_for_columns(database, &m.name, m.columns).await?
+                }
+                (Err(e), _) => return Err(e),
+            };
+            let rows = decode_message(
+                &def,
+                Format::LineProtocol,
+                m.text.as_bytes(),
+                now_micros(),
+                &[],
+            )?;
+            decoded.push((def, rows));
+        }
+        let mut receipt = WriteReceipt { rows: 0, lsn: 0 };
+        for (def, rows) in decoded {
+            let r = self.append(&def, rows, true, None).await?;
+            receipt = WriteReceipt {
+                rows: receipt.rows + r.rows,
+                lsn: r.lsn,
+            };
+        }
+        Ok(receipt)
+    }
+}
+
 fn new_table(name: TableRef, fields: &[(String, ColumnType)]) -> Result<CreateTable> {
     let mut columns: Vec<ColumnDef> = fields
         .iter()

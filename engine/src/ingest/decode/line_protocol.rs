@@ -89,6 +89,7 @@ pub(super) fn decode(target: &Target<'_>, text: &str, now_micros: i64) -> Result
 /// the line unless they held escapes.
 #[derive(Debug, Clone, PartialEq)]
 struct Line<'a> {
+    measurement: Cow<'a, str>,
     tags: Vec<(Cow<'a, str>, Cow<'a, str>)>,
     fields: Vec<(Cow<'a, str>, Field<'a>)>,
     timestamp: Option<i64>,
@@ -253,7 +254,8 @@ impl<'a> Cursor<'a> {
 
 fn parse_line(s: &str) -> Result<Line<'_>, String> {
     let mut cur = Cursor { s, pos: 0 };
-    if cur.token(b", ").is_empty() {
+    let measurement = cur.token(b", ");
+    if measurement.is_empty() {
         return Err("missing measurement name".into());
     }
     let mut tags = Vec::new();
@@ -318,10 +320,91 @@ fn parse_line(s: &str) -> Result<Line<'_>, String> {
         }
     };
     Ok(Line {
+        measurement,
         tags,
         fields,
         timestamp,
     })
+}
+
+/// The lines of one measurement (InfluxDB's write API: the measurement is the table).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Measurement {
+    /// Its name.
+    pub(crate) name: String,
+    /// Its lines, timestamps in nanoseconds.
+    pub(crate) text: String,
+    /// The columns its lines name, with the types they are written in (first seen wins):
+    /// `time` (Timestamp), tags (String), fields (Float64, Int64, UInt64, String, Bool).
+    pub(crate) columns: Vec<(String, ColumnType)>,
+}
+
+/// Line protocol text grouped by measurement, in order of first appearance, its
+/// timestamps written in units of `ns_per_unit` nanoseconds (1 for `precision=ns`,
+/// 1,000,000,000 for `s`) rewritten in nanoseconds. A line that does not parse is an error
+/// naming its line.
+pub(crate) fn by_measurement(text: &str, ns_per_unit: i64) -> Result<Vec<Measurement>> {
+    let mut out: Vec<Measurement> = Vec::new();
+    for (i, raw) in text.split('\n').enumerate() {
+        let raw = raw.strip_suffix('\r').unwrap_or(raw).trim();
+        if raw.is_empty() || raw.starts_with('#') {
+            continue;
+        }
+        let line = parse_line(raw).map_err(|reason| Error::BadPayload {
+            line: i + 1,
+            reason,
+        })?;
+        let at = match out.iter().position(|m| m.name == line.measurement) {
+            Some(at) => at,
+            None => {
+                out.push(Measurement {
+                    name: line.measurement.to_string(),
+                    text: String::new(),
+                    columns: vec![("time".into(), ColumnType::Timestamp)],
+                });
+                out.len() - 1
+            }
+        };
+        let m = &mut out[at];
+        let mut add = |name: &str, ty| {
+            if !m.columns.iter().any(|(n, _)| n == name) {
+                m.columns.push((name.to_string(), ty));
+            }
+        };
+        for (key, _) in &line.tags {
+            add(key, ColumnType::String);
+        }
+        for (key, value) in &line.fields {
+            add(
+                key,
+                match value {
+                    Field::Float(_) => ColumnType::Float64,
+                    Field::Int(_) => ColumnType::Int64,
+                    Field::UInt(_) => ColumnType::UInt64,
+                    Field::Str(_) => ColumnType::String,
+                    Field::Bool(_) => ColumnType::Bool,
+                },
+            );
+        }
+        // The timestamp is the line's last token (the parse checked the grammar).
+        match line.timestamp {
+            Some(ts) if ns_per_unit != 1 => {
+                let ns = ts
+                    .checked_mul(ns_per_unit)
+                    .ok_or_else(|| Error::BadPayload {
+                        line: i + 1,
+                        reason: format!("timestamp {ts} is out of range at this precision"),
+                    })?;
+                let (head, _) = raw.rsplit_once(' ').unwrap_or((raw, ""));
+                m.text.push_str(head);
+                m.text.push(' ');
+                m.text.push_str(&ns.to_string());
+            }
+            _ => m.text.push_str(raw),
+        }
+        m.text.push('\n');
+    }
+    Ok(out)
 }
 
 /// A non-string field value, typed by its spelling.

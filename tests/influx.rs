@@ -1,0 +1,114 @@
+//! InfluxDB's write API as its users send to it: line protocol to `/api/v2/write` (gzip,
+//! seconds precision) and `/write` (v1), measurements becoming tables made and widened in an
+//! auto-create database, a type conflict refused whole in InfluxDB's error shape.
+
+mod common;
+
+use common::Server;
+
+/// POSTs `body` to `path`, gzip-compressed when `gzip`; returns the status and the body.
+async fn post(s: &Server, path: &str, body: &str, gzip: bool) -> (u16, String) {
+    let mut request = s.client().post(s.url(path));
+    let bytes = if gzip {
+        use std::io::Write;
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        z.write_all(body.as_bytes()).unwrap();
+        request = request.header("content-encoding", "gzip");
+        z.finish().unwrap()
+    } else {
+        body.as_bytes().to_vec()
+    };
+    let r = request.body(bytes).send().await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn line_protocol_over_influxdbs_write_api_makes_and_fills_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        dir.path(),
+        &[("SLUICE_MQTT_AUTO_CREATE_DATABASES", "telegraf")],
+    );
+    s.sql_ok("CREATE DATABASE telegraf").await;
+    s.sql_ok("CREATE DATABASE fixed").await;
+    let lines = "cpu,host=a usage=1.5,n=3i 1700000000\n\
+                 mem,host=a free=10u,ok=t 1700000000\n\
+                 cpu,host=b usage=2 1700000001\n";
+    let (status, body) = post(
+        &s,
+        "/api/v2/write?org=x&bucket=telegraf&precision=s",
+        lines,
+        true,
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    let columns = s.rows("DESCRIBE telegraf.cpu").await;
+    let columns: Vec<String> = (columns.iter())
+        .map(|c| {
+            format!(
+                "{} {}",
+                c["column_name"].as_str().unwrap(),
+                c["data_type"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        columns,
+        ["time DateTime", "host String", "usage Float64", "n Int64"]
+    );
+    assert_eq!(
+        s.rows("SELECT CAST(time AS VARCHAR) AS t, host, usage, n FROM telegraf.cpu ORDER BY host")
+            .await,
+        vec![
+            serde_json::json!({"t": "2023-11-14T22:13:20", "host": "a", "usage": 1.5, "n": 3}),
+            serde_json::json!({"t": "2023-11-14T22:13:21", "host": "b", "usage": 2.0, "n": null}),
+        ]
+    );
+    assert_eq!(
+        s.rows("SELECT free, ok FROM telegraf.mem").await,
+        vec![serde_json::json!({"free": 10, "ok": true})]
+    );
+    // v1, milliseconds; a new field widens the table.
+    let (status, body) = post(
+        &s,
+        "/write?db=telegraf&precision=ms",
+        "cpu,host=c usage=3,temp=20.5 1700000002000",
+        false,
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    assert_eq!(
+        s.rows("SELECT CAST(time AS VARCHAR) AS t, temp FROM telegraf.cpu WHERE host = 'c'")
+            .await,
+        vec![serde_json::json!({"t": "2023-11-14T22:13:22", "temp": 20.5})]
+    );
+    // A type conflict refuses the whole request, in InfluxDB's shape, naming the line.
+    let bad = "cpu,host=d usage=4\ncpu,host=e usage=\"high\"";
+    let (status, body) = post(&s, "/api/v2/write?bucket=telegraf", bad, false).await;
+    assert_eq!(status, 400, "{body}");
+    let e: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(e["code"], "invalid");
+    assert!(e["message"].as_str().unwrap().contains("line 2"), "{body}");
+    assert_eq!(
+        s.count("SELECT count(*) FROM telegraf.cpu WHERE host IN ('d', 'e')")
+            .await,
+        0
+    );
+    // Where tables are not made on the fly, a missing one is a 404; a bad precision a 400.
+    let (status, body) = post(&s, "/api/v2/write?bucket=fixed", "cpu usage=1", false).await;
+    assert_eq!(
+        (
+            status,
+            serde_json::from_str::<serde_json::Value>(&body).unwrap()["code"].clone()
+        ),
+        (404, "not found".into())
+    );
+    let (status, _) = post(
+        &s,
+        "/api/v2/write?bucket=telegraf&precision=h",
+        "cpu usage=1",
+        false,
+    )
+    .await;
+    assert_eq!(status, 400);
+}
