@@ -10,6 +10,10 @@ export CARGO_TERM_COLOR=never
 if ! command -v moto_server >/dev/null 2>&1; then
   python3 -m pip install --quiet 'moto[server]'
 fi
+# InfluxDB's Python client, for tests/influx.rs.
+if ! python3 -c 'import influxdb_client' >/dev/null 2>&1; then
+  python3 -m pip install --quiet influxdb-client
+fi
 # From Debian: real MQTT clients for tests/mqtt.rs (mosquitto_pub, mosquitto_sub), a real
 # broker to bridge from for tests/bridge.rs (mosquitto), and a real browser for
 # tests/console.rs (chromium, driven through chromedriver), and the openssl tool that makes

@@ -112,3 +112,57 @@ async fn line_protocol_over_influxdbs_write_api_makes_and_fills_tables() {
     .await;
     assert_eq!(status, 400);
 }
+
+/// The InfluxDB Python client (PyPI `influxdb-client`) writes points and a line through its
+/// synchronous write API, with a Sluice user and password as its token.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_influxdb_python_client_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[("SLUICE_MQTT_AUTO_CREATE_DATABASES", "*")]);
+    s.sql_ok("CREATE DATABASE lab").await;
+    s.sql_ok("CREATE USER writer WITH PASSWORD 'pw' ADMIN")
+        .await;
+    s.login(Some(("writer", "pw")));
+    let script = r#"
+import sys
+from influxdb_client import InfluxDBClient, Point, WritePrecision
+from influxdb_client.client.write_api import SYNCHRONOUS
+with InfluxDBClient(url=sys.argv[1], token="writer:pw", org="sluice") as client:
+    api = client.write_api(write_options=SYNCHRONOUS)
+    api.write(bucket="lab", record=[
+        Point("weather").tag("site", "north").field("temp", 21.5).field("rain", 0).time(1700000000, WritePrecision.S),
+        Point("weather").tag("site", "south").field("temp", 25.0).field("rain", 3).time(1700000001, WritePrecision.S),
+    ], write_precision=WritePrecision.S)
+    api.write(bucket="lab", record="power,site=north kw=1.25 1700000002000000000")
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, &s.url("")])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "influxdb-client (PyPI influxdb-client): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        s.rows("SELECT site, temp, rain FROM lab.weather ORDER BY site")
+            .await,
+        vec![
+            serde_json::json!({"site": "north", "temp": 21.5, "rain": 0}),
+            serde_json::json!({"site": "south", "temp": 25.0, "rain": 3}),
+        ]
+    );
+    assert_eq!(
+        s.rows("SELECT CAST(time AS VARCHAR) AS t, kw FROM lab.power")
+            .await,
+        vec![serde_json::json!({"t": "2023-11-14T22:13:22", "kw": 1.25})]
+    );
+    // A wrong token is refused.
+    let bad = script.replace("writer:pw", "writer:nope");
+    let out = std::process::Command::new("python3")
+        .args(["-c", &bad, &s.url("")])
+        .output()
+        .expect("python3");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("401"));
+}
