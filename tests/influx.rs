@@ -94,6 +94,11 @@ async fn line_protocol_over_influxdbs_write_api_makes_and_fills_tables() {
             .await,
         0
     );
+    // Lines are numbered as sent, whichever measurement they belong to.
+    let mixed = "mem,host=f free=1u\ncpu,host=f usage=1\nmem,host=g free=\"lots\"";
+    let (status, body) = post(&s, "/api/v2/write?bucket=telegraf", mixed, false).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("line 3"), "{body}");
     // Where tables are not made on the fly, a missing one is a 404; a bad precision a 400.
     let (status, body) = post(&s, "/api/v2/write?bucket=fixed", "cpu usage=1", false).await;
     assert_eq!(

@@ -118,7 +118,7 @@ impl Engine {
             (self.config.mqtt.auto_create_databases.iter()).any(|d| d == database || d == "*");
         let groups = crate::ingest::decode::by_measurement(text, ns_per_unit)?;
         let mut decoded = Vec::with_capacity(groups.len());
-        for m in groups {
+        for mut m in groups {
             let need = crate::access::Need::Insert {
                 database,
                 table: &m.name,
@@ -127,17 +127,14 @@ impl Engine {
             let def = match (self.table(database, &m.name), auto) {
                 (Ok(def), false) => def,
                 (Ok(_) | Err(Error::UnknownTable { .. }), true) => {
-                    self.table_for_columns(database, &m.name, m.columns).await?
+                    let columns = std::mem::take(&mut m.columns);
+                    self.table_for_columns(database, &m.name, columns).await?
                 }
                 (Err(e), _) => return Err(e),
             };
-            let rows = decode_message(
-                &def,
-                Format::LineProtocol,
-                m.text.as_bytes(),
-                now_micros(),
-                &[],
-            )?;
+            let text = m.text.as_bytes();
+            let rows = decode_message(&def, Format::LineProtocol, text, now_micros(), &[])
+                .map_err(|e| m.in_whole_text(e))?;
             decoded.push((def, rows));
         }
         let mut receipt = WriteReceipt { rows: 0, lsn: 0 };

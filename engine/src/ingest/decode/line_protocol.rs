@@ -334,9 +334,40 @@ pub(crate) struct Measurement {
     pub(crate) name: String,
     /// Its lines, timestamps in nanoseconds.
     pub(crate) text: String,
+    /// For each of its lines, that line's number in the whole text (errors name it).
+    pub(crate) lines: Vec<usize>,
     /// The columns its lines name, with the types they are written in (first seen wins):
     /// `time` (Timestamp), tags (String), fields (Float64, Int64, UInt64, String, Bool).
     pub(crate) columns: Vec<(String, ColumnType)>,
+}
+
+impl Measurement {
+    /// `e`, an error decoding this measurement's text, with its line numbered as in the
+    /// whole text.
+    pub(crate) fn in_whole_text(&self, e: Error) -> Error {
+        let whole = |line: usize| {
+            self.lines
+                .get(line.wrapping_sub(1))
+                .copied()
+                .unwrap_or(line)
+        };
+        match e {
+            Error::BadRow {
+                line,
+                column,
+                reason,
+            } => Error::BadRow {
+                line: whole(line),
+                column,
+                reason,
+            },
+            Error::BadPayload { line, reason } => Error::BadPayload {
+                line: whole(line),
+                reason,
+            },
+            other => other,
+        }
+    }
 }
 
 /// Line protocol text grouped by measurement, in order of first appearance, its
@@ -360,6 +391,7 @@ pub(crate) fn by_measurement(text: &str, ns_per_unit: i64) -> Result<Vec<Measure
                 out.push(Measurement {
                     name: line.measurement.to_string(),
                     text: String::new(),
+                    lines: Vec::new(),
                     columns: vec![("time".into(), ColumnType::Timestamp)],
                 });
                 out.len() - 1
@@ -403,6 +435,7 @@ pub(crate) fn by_measurement(text: &str, ns_per_unit: i64) -> Result<Vec<Measure
             _ => m.text.push_str(raw),
         }
         m.text.push('\n');
+        m.lines.push(i + 1);
     }
     Ok(out)
 }
