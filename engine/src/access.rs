@@ -135,9 +135,7 @@ impl LoginFailures {
 
     /// Forgets `address`'s failures after a successful login.
     pub fn succeeded(&self, address: std::net::IpAddr) {
-        if !self.by_address.lock().is_empty() {
-            self.by_address.lock().remove(&address);
-        }
+        self.by_address.lock().remove(&address);
     }
 
     /// Failed logins since start.

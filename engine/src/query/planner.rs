@@ -59,6 +59,15 @@ struct Lease {
     session: Arc<Session>,
 }
 
+impl Lease {
+    /// The leased task context (held until the lease is dropped).
+    fn task(&self) -> Arc<TaskContext> {
+        self.task
+            .clone()
+            .expect("a lease holds its task until dropped")
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         let Some(task) = self.task.take() else { return };
@@ -109,16 +118,16 @@ fn bounded(
     stream: datafusion::execution::SendableRecordBatchStream,
     lease: Option<Lease>,
     deadline: tokio::time::Instant,
-    (timeout, limit): (&str, usize),
+    (timeout, limit): (Arc<str>, usize),
 ) -> datafusion::execution::SendableRecordBatchStream {
     use datafusion::error::DataFusionError;
     let schema = stream.schema();
-    let timeout = timeout.to_string();
     // One timer for the whole query. The lease comes last: dropped after the stream, whose
-    // operators hold the task context.
+    // operators hold the task context. The setting's text travels in the state, used only
+    // in an error.
     let sleep = Box::pin(tokio::time::sleep_until(deadline));
-    let rows = futures::stream::unfold((Some((stream, sleep)), lease), move |(state, lease)| {
-        let timeout = timeout.clone();
+    let state = (Some((stream, sleep)), lease, timeout);
+    let rows = futures::stream::unfold(state, move |(state, lease, timeout)| {
         async move {
             let (mut stream, mut sleep) = state?;
             let next = tokio::select! {
@@ -133,7 +142,7 @@ fn bounded(
                     let m = e.find_root().to_string();
                     format!("the query needs more than query.max_memory_bytes ({limit}): {m}")
                 }
-                Ok(Some(item)) => return Some((item, (Some((stream, sleep)), lease))),
+                Ok(Some(item)) => return Some((item, (Some((stream, sleep)), lease, timeout))),
                 Ok(None) => return None,
                 Err(()) => {
                     format!("the query ran longer than query.timeout ({timeout}) and was stopped")
@@ -143,7 +152,7 @@ fn bounded(
             drop(stream);
             Some((
                 Err(DataFusionError::ResourcesExhausted(error)),
-                (None, lease),
+                (None, lease, timeout),
             ))
         }
     });
@@ -213,6 +222,8 @@ pub(crate) struct Planner {
     /// Queries (keyed as `reusable`) with values of the moment that cannot be kept: they
     /// are optimized with the time of each run (catalog version as value).
     per_run: Mutex<HashMap<(String, String, String), u64>>,
+    /// `query.timeout`, parsed once, with its text (for the error that names it).
+    timeout: std::sync::OnceLock<(std::time::Duration, Arc<str>)>,
 }
 
 /// Inserts into a bounded cache: past `limit` entries it is emptied and refills with what is
@@ -340,8 +351,14 @@ impl Engine {
     pub(crate) async fn query(&self, sql: &str, options: &QueryOptions) -> Result<QueryOutput> {
         let database = options.database.as_deref().unwrap_or(DEFAULT_DATABASE);
         let user = options.user.as_deref();
-        let timeout = &self.config.query.timeout;
-        let deadline = tokio::time::Instant::now() + sluice_conf::Config::duration(timeout);
+        let (limit_time, timeout) = self.planner.timeout.get_or_init(|| {
+            let text = &self.config.query.timeout;
+            (
+                sluice_conf::Config::duration(text),
+                Arc::from(text.as_str()),
+            )
+        });
+        let deadline = tokio::time::Instant::now() + *limit_time;
         let session = self.session(database, options.small)?;
         let version = self.store.catalog.snapshot().version;
         let key = (database.to_string(), sql.to_string());
@@ -472,14 +489,11 @@ impl Engine {
             true => (session.task.clone(), None),
             false => {
                 let lease = session.lease(limit);
-                (
-                    lease.task.clone().unwrap_or_else(|| session.task.clone()),
-                    Some(lease),
-                )
+                (lease.task(), Some(lease))
             }
         };
         let stream = datafusion::physical_plan::execute_stream(physical, task)?;
-        let mut stream = bounded(stream, lease, deadline, (timeout, limit));
+        let mut stream = bounded(stream, lease, deadline, (timeout.clone(), limit));
         if !reuse || !timeless || options.no_result_cache {
             return Ok(QueryOutput { schema, stream });
         }
