@@ -142,6 +142,15 @@ async fn wss_publish(dir: &Path, addr: &str) -> v4::Packet {
     packets.remove(1)
 }
 
+/// The CA `ca`, a server certificate for 127.0.0.1 and a client certificate for `dev`
+/// signed by it; returns the hash of the password `pw` the tests' users share.
+fn private_ca(dir: &Path) -> String {
+    make_ca(dir, "ca");
+    make_cert(dir, "ca", "server", "localhost", true);
+    make_cert(dir, "ca", "dev", "dev", false);
+    password_hash("pw")
+}
+
 /// An HTTPS client trusting only `ca`.
 fn https_client(dir: &Path, ca: &str) -> reqwest::Client {
     let pem = std::fs::read(dir.join(format!("{ca}.pem"))).unwrap();
@@ -156,12 +165,9 @@ fn https_client(dir: &Path, ca: &str) -> reqwest::Client {
 async fn https_mutual_tls_and_certificate_reload() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    make_ca(d, "ca");
+    let hash = private_ca(d);
     make_ca(d, "other-ca");
-    make_cert(d, "ca", "server", "localhost", true);
-    make_cert(d, "ca", "dev", "dev", false);
     make_cert(d, "other-ca", "rogue", "admin", false);
-    let hash = password_hash("pw");
     let p = |f: &str| d.join(f).display().to_string();
     let s = Server::start_with_config(
         d,
@@ -286,10 +292,7 @@ role = "user"
 async fn a_client_certificate_can_be_required() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    make_ca(d, "ca");
-    make_cert(d, "ca", "server", "localhost", true);
-    make_cert(d, "ca", "dev", "dev", false);
-    let hash = password_hash("pw");
+    let hash = private_ca(d);
     let p = |f: &str| d.join(f).display().to_string();
     let s = Server::start_with_config(
         d,
