@@ -9,7 +9,7 @@ use crate::ingest::decode::{Format, decode, decode_message};
 use crate::ingest::origin::{Origin, Origins};
 use crate::log::WriteLog;
 use crate::log::wal::record::WriteRecord;
-use crate::log::wal::{self, Wal};
+use crate::log::wal::{self, Journal, Wal};
 use crate::ports::{
     DeadLetter, Health, IngestPort, Logins, Publication, QueryOptions, QueryOutput, QueryPort,
     WriteReceipt,
@@ -61,6 +61,10 @@ pub struct Engine {
     pub(crate) manifests: Storage,
     /// The manifest's `raft_index` (in a cluster), readable without its lock.
     pub(crate) manifest_index: std::sync::atomic::AtomicU64,
+    /// Journal records found by the WAL replay at start, until the broker takes them.
+    pub(crate) journal_replay: parking_lot::Mutex<Vec<(u64, Vec<u8>)>>,
+    /// The first LSN the journal's owner still needs: WAL truncation keeps it.
+    pub(crate) journal_floor: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -166,10 +170,14 @@ impl Engine {
         });
         let replay = sink.clone();
         let started = Instant::now();
-        let report = tokio::task::spawn_blocking(move || {
-            wal::replay(&wal_dir, |lsn, rec| {
-                crate::log::wal::RecordSink::apply(&*replay, lsn, rec)
-            })
+        let (report, journal) = tokio::task::spawn_blocking(move || {
+            let mut journal = Vec::new();
+            let report = wal::replay(
+                &wal_dir,
+                |lsn, rec| crate::log::wal::RecordSink::apply(&*replay, lsn, rec),
+                |lsn, bytes| journal.push((lsn, bytes.to_vec())),
+            )?;
+            Ok::<_, Error>((report, journal))
         })
         .await
         .map_err(|e| Error::io("wal replay", std::io::Error::other(e)))??;
@@ -226,6 +234,9 @@ impl Engine {
             flushes: Default::default(),
             manifests,
             manifest_index: manifest_index.into(),
+            journal_replay: parking_lot::Mutex::new(journal),
+            // Nothing is needed until the broker says so (an engine without one).
+            journal_floor: u64::MAX.into(),
         }))
     }
 
@@ -353,10 +364,23 @@ impl Engine {
         wait: bool,
         origin: Option<Origin>,
     ) -> Result<WriteReceipt> {
+        self.append_journaled(def, rows, wait, origin, Vec::new())
+            .await
+    }
+
+    /// [`Engine::append`] with journal records logged in the same group, after the rows.
+    pub(crate) async fn append_journaled(
+        &self,
+        def: &TableDef,
+        rows: Vec<Vec<crate::types::Value>>,
+        wait: bool,
+        origin: Option<Origin>,
+        journal: Vec<Journal>,
+    ) -> Result<WriteReceipt> {
         self.room_in_buffers().await?;
         let n = rows.len();
         let record = write_record(def, rows, origin);
-        let lsn = self.log_records(def, vec![record], wait).await?;
+        let lsn = self.log_records(def, vec![record], wait, journal).await?;
         Ok(WriteReceipt {
             rows: n,
             lsn: lsn.unwrap_or(0),
@@ -365,16 +389,36 @@ impl Engine {
 
     /// The one place writes go to the log ([`WriteLog::append`]): the local WAL, or the
     /// shard groups once a cluster node has joined its cluster (refused before that).
+    /// Journal records go into the same group commit on the local WAL; a cluster's logs do
+    /// not keep them yet ([`IngestPort::journals`] says so), so there they are applied
+    /// once the rows are committed, unlogged.
     async fn log_records(
         &self,
         def: &TableDef,
         records: Vec<Arc<WriteRecord>>,
         wait: bool,
+        journal: Vec<Journal>,
     ) -> Result<Option<u64>> {
         let log = self.log.get().ok_or_else(|| Error::Replication {
             reason: "this node has not joined its cluster yet".into(),
         })?;
-        log.append(def, records, wait).await
+        if journal.is_empty() {
+            return log.append(def, records, wait).await;
+        }
+        if !self.clustered() {
+            return self
+                .wal
+                .append_entries(records, journal, wait)
+                .await
+                .map(Some);
+        }
+        let lsn = log.append(def, records, wait).await?;
+        for j in journal {
+            if let Some(then) = j.then {
+                then(0);
+            }
+        }
+        Ok(lsn)
     }
 
     /// Holds writes back while the buffers hold twice their budget (flushing has fallen
@@ -607,28 +651,73 @@ impl QueryPort for Engine {
 
 #[async_trait]
 impl IngestPort for Engine {
-    async fn publish(&self, p: Publication<'_>) -> Result<Option<WriteReceipt>> {
+    async fn publish_journaled(
+        &self,
+        p: Publication<'_>,
+        journal: Option<Journal>,
+    ) -> Result<Option<WriteReceipt>> {
         let def = match self.table(p.database, p.table) {
             Ok(def) => def,
             Err(Error::UnknownTable { .. }) if p.auto_create && p.format == Format::Json => {
                 self.table_for_json(p.database, p.table, p.payload).await?
             }
-            Err(Error::UnknownTable { .. } | Error::UnknownDatabase { .. }) => return Ok(None),
+            Err(Error::UnknownTable { .. } | Error::UnknownDatabase { .. }) => {
+                // No rows to store; the journal record is logged alone.
+                if let Some(j) = journal {
+                    self.journal(vec![j], true).await?;
+                }
+                return Ok(None);
+            }
             Err(e) => return Err(e),
         };
         let fixed = fixed_columns(&def, p.fixed)?;
         let origin = p.origin.cloned();
-        match (self.write_message(&def, p.format, p.payload, &fixed, origin.clone())).await {
+        let now = now_micros();
+        let rows = match decode_message(&def, p.format, p.payload, now, &fixed) {
             // A new field in an auto-created database widens the table, then decodes again.
             Err(Error::BadRow { .. }) if p.auto_create && p.format == Format::Json => {
                 let def = self.table_for_json(p.database, p.table, p.payload).await?;
                 let fixed = fixed_columns(&def, p.fixed)?;
-                self.write_message(&def, p.format, p.payload, &fixed, origin)
+                let rows = decode_message(&def, p.format, p.payload, now, &fixed)?;
+                let journal = journal.into_iter().collect();
+                return (self.append_journaled(&def, rows, true, origin, journal))
                     .await
-                    .map(Some)
+                    .map(Some);
             }
-            other => other.map(Some),
+            other => other?,
+        };
+        let journal = journal.into_iter().collect();
+        (self.append_journaled(&def, rows, true, origin, journal))
+            .await
+            .map(Some)
+    }
+
+    fn journals(&self) -> bool {
+        !self.clustered()
+    }
+
+    async fn journal(&self, entries: Vec<Journal>, wait: bool) -> Result<u64> {
+        if self.clustered() {
+            for j in entries {
+                if let Some(then) = j.then {
+                    then(0);
+                }
+            }
+            return Ok(0);
         }
+        self.wal.append_entries(Vec::new(), entries, wait).await
+    }
+
+    fn take_journal(&self) -> Vec<(u64, Vec<u8>)> {
+        std::mem::take(&mut *self.journal_replay.lock())
+    }
+
+    fn journal_checkpoint(&self, f: &mut dyn FnMut(u64)) {
+        self.wal.checkpoint(f)
+    }
+
+    fn keep_journal_from(&self, lsn: u64) {
+        (self.journal_floor).store(lsn, std::sync::atomic::Ordering::Release);
     }
 
     async fn publish_batch(&self, pubs: Vec<Publication<'_>>) -> Result<Vec<Option<WriteReceipt>>> {
@@ -663,7 +752,7 @@ impl IngestPort for Engine {
         let Some(def) = first_def else {
             return Ok(out);
         };
-        let last = self.log_records(&def, records, true).await?;
+        let last = self.log_records(&def, records, true, Vec::new()).await?;
         // Consecutive positions on the local log; none where each shard counts its own.
         let first = last.map(|last| last + 1 - slots.len() as u64);
         for (n, (i, rows)) in slots.into_iter().enumerate() {

@@ -38,6 +38,7 @@ pub use ingest::decode::Format;
 pub use ingest::origin::Origin;
 pub use log::WriteLog;
 pub use log::wal::record::{WriteRecord, encode_record};
+pub use log::wal::{Journal, Then};
 pub use ports::{
     ClusterAdmin, DeadLetter, Health, IngestPort, LeaderMoveError, Logins, NodeChangeError,
     Publication, QueryOptions, QueryOutput, QueryPort, SystemRows, WriteReceipt,

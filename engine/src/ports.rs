@@ -8,6 +8,7 @@
 use crate::error::Result;
 use crate::ingest::decode::Format;
 use crate::ingest::origin::Origin;
+use crate::log::wal::Journal;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -169,7 +170,37 @@ pub trait IngestPort: Logins {
     /// Stores one message as one durable append: returns only once the rows are durable and
     /// visible to queries, all rows or none. `Ok(None)`: no such table (and not created), so
     /// the message is not stored.
-    async fn publish(&self, publication: Publication<'_>) -> Result<Option<WriteReceipt>>;
+    async fn publish(&self, publication: Publication<'_>) -> Result<Option<WriteReceipt>> {
+        self.publish_journaled(publication, None).await
+    }
+
+    /// [`IngestPort::publish`] with a journal record (the broker's record of the message,
+    /// for the sessions it is queued for) logged in the same group commit as the rows, or
+    /// alone when the topic's table does not exist. On an error neither is logged.
+    async fn publish_journaled(
+        &self,
+        publication: Publication<'_>,
+        journal: Option<Journal>,
+    ) -> Result<Option<WriteReceipt>>;
+
+    /// Whether journal records are kept in a log here (the local WAL). Where not (a
+    /// cluster, for now), [`IngestPort::journal`] applies them unlogged.
+    fn journals(&self) -> bool;
+
+    /// Logs journal records in one group commit (each `then` runs in log order once
+    /// durable); returns the LSN of the last. `wait`: wait for room in a full queue.
+    async fn journal(&self, entries: Vec<Journal>, wait: bool) -> Result<u64>;
+
+    /// The journal records the log held at start, in LSN order (once: they are handed over).
+    fn take_journal(&self) -> Vec<(u64, Vec<u8>)>;
+
+    /// Runs `f` with the last applied LSN while nothing commits, so that state built by
+    /// journal records is exactly that of the log up to it (for a snapshot).
+    fn journal_checkpoint(&self, f: &mut dyn FnMut(u64));
+
+    /// The journal records from `lsn` on are still needed (not in a snapshot): the log keeps
+    /// them.
+    fn keep_journal_from(&self, lsn: u64);
 
     /// Stores many messages with one log submission (one group commit, one completion), for
     /// a caller holding many at once (a bridge). Returns, for each publication in order, its

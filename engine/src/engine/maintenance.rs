@@ -198,7 +198,11 @@ impl Engine {
             .store
             .tables
             .min_unpersisted_lsn()
-            .map_or(applied + 1, |l| l.min(applied + 1));
+            .map_or(applied + 1, |l| l.min(applied + 1))
+            .min(
+                self.journal_floor
+                    .load(std::sync::atomic::Ordering::Acquire),
+            );
         // Bridged messages' origins must outlive the segments that hold them.
         if self.wal.removable_before(needed) > 0 {
             self.store.origins.save()?;

@@ -39,16 +39,58 @@ pub trait RecordSink: Send + Sync + 'static {
     fn apply(&self, lsn: u64, record: &WriteRecord);
 }
 
+/// What runs once a journal record is committed, with its LSN (see [`Journal`]).
+pub type Then = Box<dyn FnOnce(u64) + Send>;
+
+/// A record another layer keeps in the log (the broker's sessions, subscriptions and
+/// messages for them): opaque bytes logged as kind [`record::KIND_JOURNAL`], and what to do
+/// once they are durable. `then` runs in LSN order with the other records' applies, before
+/// any appender of the group is answered, so state built by it always matches a prefix of
+/// the log ([`Wal::checkpoint`]).
+pub struct Journal {
+    /// The record, in its owner's format.
+    pub bytes: Vec<u8>,
+    /// Applies it to its owner's state, given its LSN.
+    pub then: Option<Then>,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("bytes", &self.bytes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One record waiting in a group: a table write, or a journal record's apply.
+enum Entry {
+    Write(Arc<WriteRecord>),
+    Journal(Option<Then>),
+}
+
+impl Entry {
+    fn kind(&self) -> u8 {
+        match self {
+            Entry::Write(r) => r.kind(),
+            Entry::Journal(_) => record::KIND_JOURNAL,
+        }
+    }
+}
+
 /// Records appended together (consecutive LSNs, one completion with the last LSN).
 struct Pending {
-    first: (Vec<u8>, Arc<WriteRecord>),
-    more: Vec<(Vec<u8>, Arc<WriteRecord>)>,
+    first: (Vec<u8>, Entry),
+    more: Vec<(Vec<u8>, Entry)>,
     done: oneshot::Sender<Turn>,
 }
 
 impl Pending {
-    fn records(&self) -> impl Iterator<Item = &(Vec<u8>, Arc<WriteRecord>)> {
+    fn records(&self) -> impl Iterator<Item = &(Vec<u8>, Entry)> {
         std::iter::once(&self.first).chain(&self.more)
+    }
+
+    fn records_mut(&mut self) -> impl Iterator<Item = &mut (Vec<u8>, Entry)> {
+        std::iter::once(&mut self.first).chain(&mut self.more)
     }
 
     fn len(&self) -> u64 {
@@ -137,7 +179,7 @@ impl Shared {
     /// answers their appenders.
     fn commit_next(&self) {
         let mut writer = self.writer.lock();
-        let group: Vec<Pending> = {
+        let mut group: Vec<Pending> = {
             let mut q = self.queue.lock();
             let mut bytes = 0;
             let mut n = 0;
@@ -167,9 +209,16 @@ impl Shared {
             Ok(first) => {
                 let started = std::time::Instant::now();
                 let mut lsn = first;
-                for p in &group {
-                    for (_, record) in p.records() {
-                        self.sink.apply(lsn, record);
+                for p in &mut group {
+                    for (_, entry) in p.records_mut() {
+                        match entry {
+                            Entry::Write(record) => self.sink.apply(lsn, record),
+                            Entry::Journal(then) => {
+                                if let Some(f) = then.take() {
+                                    f(lsn);
+                                }
+                            }
+                        }
                         lsn += 1;
                     }
                 }
@@ -251,11 +300,16 @@ fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(out)
 }
 
-/// Replays every segment under `dir` in order, offering each intact record to `apply`.
+/// Replays every segment under `dir` in order, offering each intact write to `apply` and
+/// each journal record ([`Journal`]) to `journal`.
 /// A torn or corrupt record at the end of the newest segment ends the log: the segment is cut
 /// there (those records were never acknowledged). Damage anywhere else, or a record whose
 /// checksum is valid but whose content is not, stops startup with [`Error::Corrupt`].
-pub(crate) fn replay(dir: &Path, mut apply: impl FnMut(u64, &WriteRecord)) -> Result<ReplayReport> {
+pub(crate) fn replay(
+    dir: &Path,
+    mut apply: impl FnMut(u64, &WriteRecord),
+    mut journal: impl FnMut(u64, &[u8]),
+) -> Result<ReplayReport> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let segments = list_segments(dir)?;
     let mut report = ReplayReport {
@@ -297,13 +351,17 @@ pub(crate) fn replay(dir: &Path, mut apply: impl FnMut(u64, &WriteRecord)) -> Re
                     if frame.lsn <= last_lsn {
                         return Err(fatal(format!("LSN {} after {last_lsn}", frame.lsn)));
                     }
-                    let Some(rec) = WriteRecord::decode(frame.kind, frame.payload) else {
-                        return Err(fatal(format!(
-                            "record of kind {} does not decode",
-                            frame.kind
-                        )));
-                    };
-                    apply(frame.lsn, &rec);
+                    if frame.kind == record::KIND_JOURNAL {
+                        journal(frame.lsn, frame.payload);
+                    } else {
+                        let Some(rec) = WriteRecord::decode(frame.kind, frame.payload) else {
+                            return Err(fatal(format!(
+                                "record of kind {} does not decode",
+                                frame.kind
+                            )));
+                        };
+                        apply(frame.lsn, &rec);
+                    }
                     report.records += 1;
                     last_lsn = frame.lsn;
                     report.next_lsn = frame.lsn + 1;
@@ -409,16 +467,36 @@ impl Wal {
 
     async fn append_with(&self, record: Arc<WriteRecord>, wait: bool) -> Result<u64> {
         let payload = Self::encode(&record)?;
-        self.send(payload, record, Vec::new(), wait).await
+        self.send(payload, Entry::Write(record), Vec::new(), wait)
+            .await
     }
 
     /// Logs `records` together (consecutive LSNs, in this order) in one group commit; returns
     /// the LSN of the last once all are durable and applied. Nothing is logged if one of them
     /// cannot be. With `wait`, waits for room in a full queue like [`Wal::append_waiting`].
     pub async fn append_all(&self, records: Vec<Arc<WriteRecord>>, wait: bool) -> Result<u64> {
-        let mut encoded = Vec::with_capacity(records.len());
+        self.append_entries(records, Vec::new(), wait).await
+    }
+
+    /// Like [`Wal::append_all`], with journal records after the writes (in the same group,
+    /// consecutive LSNs); each journal record's `then` runs once all are durable, in order.
+    pub async fn append_entries(
+        &self,
+        records: Vec<Arc<WriteRecord>>,
+        journal: Vec<Journal>,
+        wait: bool,
+    ) -> Result<u64> {
+        let mut encoded = Vec::with_capacity(records.len() + journal.len());
         for r in records {
-            encoded.push((Self::encode(&r)?, r));
+            encoded.push((Self::encode(&r)?, Entry::Write(r)));
+        }
+        for j in journal {
+            if j.bytes.len() > record::MAX_BODY - record::BODY_HEADER {
+                return Err(Error::TooLarge {
+                    what: format!("a journal record of {} bytes", j.bytes.len()),
+                });
+            }
+            encoded.push((j.bytes, Entry::Journal(j.then)));
         }
         let mut encoded = encoded.into_iter();
         let Some((payload, record)) = encoded.next() else {
@@ -454,8 +532,8 @@ impl Wal {
     async fn send(
         &self,
         payload: Vec<u8>,
-        record: Arc<WriteRecord>,
-        more: Vec<(Vec<u8>, Arc<WriteRecord>)>,
+        record: Entry,
+        more: Vec<(Vec<u8>, Entry)>,
         wait: bool,
     ) -> Result<u64> {
         let s = &self.shared;
@@ -501,6 +579,13 @@ impl Wal {
     /// Appends the log's figures (Prometheus text) to `out`.
     pub(crate) fn render_metrics(&self, out: &mut String) {
         self.shared.metrics.render(out);
+    }
+
+    /// Runs `f` with the LSN of the last record applied while no group commits: state built
+    /// by journal records' `then` is then exactly that of the log up to that LSN.
+    pub fn checkpoint<R>(&self, f: impl FnOnce(u64) -> R) -> R {
+        let _writer = self.shared.writer.lock();
+        f(self.applied_lsn())
     }
 
     /// The LSN of the last record applied.
@@ -631,8 +716,8 @@ impl Writer {
         buf.clear();
         let first = self.next_lsn;
         let records = group.iter().flat_map(Pending::records);
-        for (lsn, (payload, record)) in (first..).zip(records) {
-            encode_frame(lsn, record.kind(), payload, buf);
+        for (lsn, (payload, entry)) in (first..).zip(records) {
+            encode_frame(lsn, entry.kind(), payload, buf);
         }
         let before = self.size;
         self.zero_ahead(before + buf.len() as u64);

@@ -5,6 +5,7 @@
 //! body    = version:u8  kind:u8  lsn:u64le  payload
 //! payload (kind 1, write) = table_id:u64le  ncols:u16le  nrows:u32le  value*(nrows*ncols)
 //! payload (kind 2, bridged write) = origin  write   (origin: see crate::ingest::origin::Origin::encode)
+//! payload (kind 3, journal) = bytes in the format of the layer that logged them (the broker)
 //! value   = tag:u8 [data]  0 null | 1 false | 2 true | 3 i64 | 4 u64 | 5 f64 | 6 str | 7 bytes
 //!                          | 8 timestamp i64 | 9 date i32     (str/bytes: len:u32le then bytes)
 //! ```
@@ -20,6 +21,8 @@ pub(crate) const RECORD_VERSION: u8 = 1;
 pub(crate) const KIND_WRITE: u8 = 1;
 /// Kind byte of a write of a message received from a bridged broker, with its origin.
 pub(crate) const KIND_WRITE_ORIGIN: u8 = 2;
+/// Kind byte of a journal record (see [`crate::log::wal::Journal`]).
+pub(crate) const KIND_JOURNAL: u8 = 3;
 /// Frame header: len + crc.
 pub(crate) const FRAME_HEADER: usize = 8;
 /// Body header: version + kind + lsn.

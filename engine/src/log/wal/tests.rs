@@ -69,7 +69,12 @@ async fn concurrent_appends_replay_in_lsn_order() {
     assert!(wal.segments().0 > 1, "small segments rotate");
     let live = applied.0.lock().clone();
     let mut replayed = Vec::new();
-    let report = replay(dir.path(), |lsn, r| replayed.push((lsn, r.clone()))).unwrap();
+    let report = replay(
+        dir.path(),
+        |lsn, r| replayed.push((lsn, r.clone())),
+        |_, _| {},
+    )
+    .unwrap();
     assert_eq!(replayed, live);
     assert_eq!(report.next_lsn, 221);
     assert!(report.cut.is_none());
@@ -111,7 +116,12 @@ async fn records_appended_together_get_consecutive_lsns() {
         assert_eq!(rows, want);
     }
     let mut replayed = Vec::new();
-    replay(dir.path(), |lsn, r| replayed.push((lsn, r.clone()))).unwrap();
+    replay(
+        dir.path(),
+        |lsn, r| replayed.push((lsn, r.clone())),
+        |_, _| {},
+    )
+    .unwrap();
     assert_eq!(replayed, live);
 }
 
@@ -125,12 +135,12 @@ async fn torn_tail_is_cut_and_reported() {
     let f = OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(len - 3).unwrap();
     let mut n = 0;
-    let report = replay(dir.path(), |_, _| n += 1).unwrap();
+    let report = replay(dir.path(), |_, _| n += 1, |_, _| {}).unwrap();
     assert_eq!(n, 9);
     assert!(report.cut.is_some());
     assert_eq!(report.next_lsn, 10);
     // The cut is permanent: a second replay sees a clean log.
-    let again = replay(dir.path(), |_, _| {}).unwrap();
+    let again = replay(dir.path(), |_, _| {}, |_, _| {}).unwrap();
     assert!(again.cut.is_none());
     assert_eq!(again.records, 9);
 }
@@ -150,7 +160,7 @@ async fn preallocated_zero_tail_is_a_clean_end() {
         std::fs::metadata(&live).unwrap().len() >= 1 << 20,
         "segment was preallocated"
     );
-    let report = replay(crashed.path(), |_, _| {}).unwrap();
+    let report = replay(crashed.path(), |_, _| {}, |_, _| {}).unwrap();
     assert_eq!((report.records, report.next_lsn), (5, 6));
     assert!(report.cut.is_none(), "zeros are not a torn record");
     // A clean close gives the unused space back.
@@ -170,7 +180,9 @@ async fn damage_before_the_newest_segment_stops_startup() {
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(first, &bytes).unwrap();
-    let err = replay(dir.path(), |_, _| {}).unwrap_err().to_string();
+    let err = replay(dir.path(), |_, _| {}, |_, _| {})
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("refusing to start"), "{err}");
     // Nothing was deleted: every segment is still there for an operator to inspect.
     assert_eq!(list_segments(dir.path()).unwrap().len(), segs.len());
@@ -187,7 +199,7 @@ async fn truncation_keeps_the_needed_segments() {
     assert!(first <= 15);
     wal.close();
     let mut lsns = Vec::new();
-    replay(dir.path(), |lsn, _| lsns.push(lsn)).unwrap();
+    replay(dir.path(), |lsn, _| lsns.push(lsn), |_, _| {}).unwrap();
     assert!(lsns.contains(&15) && lsns.contains(&20));
 }
 
@@ -222,4 +234,50 @@ async fn abandoned_appends_do_not_stall_the_log() {
     // Whatever was logged was applied, in order, once each.
     let lsns: Vec<u64> = applied.0.lock().iter().map(|(l, _)| *l).collect();
     assert_eq!(lsns, (1..=last).collect::<Vec<_>>());
+}
+
+/// Journal records go in the same group as the writes, in order; their `then` runs with
+/// their LSN before the append returns, and replay hands their bytes back.
+#[tokio::test]
+async fn journal_records_share_the_group_and_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let applied = Arc::new(Collect::default());
+    let wal = Wal::start(dir.path(), &config(1 << 20), 1, 16, applied.clone()).unwrap();
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let entry = |text: &str| {
+        let seen = seen.clone();
+        let text = text.to_string();
+        Journal {
+            bytes: text.clone().into_bytes(),
+            then: Some(Box::new(move |lsn| seen.lock().push((lsn, text)))),
+        }
+    };
+    let last = wal
+        .append_entries(vec![rec(1)], vec![entry("a"), entry("b")], true)
+        .await
+        .unwrap();
+    assert_eq!(last, 3);
+    assert_eq!(
+        *seen.lock(),
+        vec![(2, "a".to_string()), (3, "b".to_string())]
+    );
+    let last = wal
+        .append_entries(vec![], vec![entry("c")], true)
+        .await
+        .unwrap();
+    assert_eq!(last, 4);
+    assert_eq!(wal.checkpoint(|lsn| lsn), 4);
+    wal.close();
+    let (mut writes, mut journal) = (Vec::new(), Vec::new());
+    replay(
+        dir.path(),
+        |lsn, _| writes.push(lsn),
+        |lsn, bytes| journal.push((lsn, bytes.to_vec())),
+    )
+    .unwrap();
+    assert_eq!(writes, vec![1]);
+    assert_eq!(
+        journal,
+        vec![(2, b"a".to_vec()), (3, b"b".to_vec()), (4, b"c".to_vec())]
+    );
 }
