@@ -18,6 +18,7 @@ mod will;
 use crate::BrokerState;
 use crate::codec::{self, Version};
 use crate::error::{Error, Result};
+use crate::journal::{self, Record};
 use crate::session::{Message, Session};
 use crate::topic;
 use bytes::BytesMut;
@@ -48,9 +49,18 @@ const READ_BUF: usize = 1024;
 /// The largest read size.
 const MAX_READ: usize = 64 * 1024;
 
-/// A pending publish (or PUBREL): the ack to send once it completes, and the message to
-/// route then. Completed in arrival order, so a client's messages are routed in order.
-type Ack = Pin<Box<dyn Future<Output = (Option<Packet>, Option<Arc<Message>>)> + Send>>;
+/// A pending publish (or PUBREL, or PUBREC of a message in the journal): the packet to send
+/// once it completes, and the message to route then with its targets (a message in the
+/// journal was queued by its record). Completed in arrival order, so a client's messages
+/// are routed in order.
+type Ack = Pin<Box<dyn Future<Output = (Option<Packet>, Option<Routed>)> + Send>>;
+
+/// A stored message and the sessions it goes to.
+type Routed = (Arc<Message>, Vec<crate::router::Target>);
+
+/// Messages sent to a lasting session wait for the journal record of their packet ids
+/// before they go out (so that after a crash they are sent again with the same ids).
+type Sending = Pin<Box<dyn Future<Output = sluice_engine::Result<u64>> + Send>>;
 
 /// Serves one connection until it ends.
 pub(crate) async fn serve<S>(
@@ -167,6 +177,8 @@ struct Client {
     unacked: usize,
     /// Whether reason strings may be sent (MQTT 5 request problem information).
     problem_info: bool,
+    /// LSNs of messages the client acknowledged since the last journal record of them.
+    acked: Vec<u64>,
 }
 
 impl Client {
@@ -279,6 +291,7 @@ where
             client_id.clone()
         };
         let cancel = shared.shutdown.child_token();
+        let was_lasting = (shared.router.session(&key)).is_some_and(|s| s.lasting());
         let (session, present, generation) = shared.router.attach(
             &key,
             connect.clean_start || cfg.shared_client_ids,
@@ -287,6 +300,24 @@ where
             cancel.clone(),
         );
         *session.user.lock() = user.clone();
+        // A session that outlives its connection (or replaces one that did) is in the
+        // journal before the CONNACK says it exists.
+        if shared.db.journals() && (expiry > 0 || was_lasting) {
+            let record = Record::Open {
+                client: key.clone(),
+                user: user.clone(),
+                expiry,
+                fresh: !present,
+                will: will.as_ref().and_then(|w| will::will_message(&key, w)),
+            };
+            let logged = shared.db.journal(vec![journal::entry(&record, None)], true);
+            if let Err(e) = logged.await {
+                let code = ConnectReturnCode::ServiceUnavailable;
+                Box::pin(send_connack(&mut wr, version, code, false, None)).await?;
+                session.detach(conn);
+                return Err(Error::Protocol(format!("session not logged: {e}")));
+            }
+        }
         let connack_props = (version == Version::V5).then(|| ConnAckProperties {
             session_expiry_interval: (expiry != asked_expiry).then_some(expiry),
             receive_max: Some(cfg.receive_maximum),
@@ -344,6 +375,7 @@ where
             user,
             unacked: 0,
             problem_info,
+            acked: Vec::new(),
         };
         if present {
             resend(&mut outbound, &mut client.out);
@@ -370,6 +402,9 @@ where
     let mut unflushed = false;
     // Whether the session may have messages to send (queued, or room in the window).
     let mut woken = true;
+    // Messages encoded but held until the journal has their packet ids, and that record.
+    let mut held = BytesMut::new();
+    let mut sending: Option<Sending> = None;
     let mut read_size = READ_BUF;
     let result: Result<()> = async {
         loop {
@@ -398,8 +433,20 @@ where
             if cancel.is_cancelled() {
                 return Ok(());
             }
-            if std::mem::take(&mut woken) {
-                fill(shared, &mut outbound, &mut client.out);
+            if !client.acked.is_empty() {
+                acknowledged(shared, &client.id, std::mem::take(&mut client.acked));
+            }
+            if sending.is_none() && std::mem::take(&mut woken) {
+                let sent = fill(shared, &mut outbound, &mut client.out, &mut held);
+                if !sent.is_empty() {
+                    let record = Record::Sent {
+                        client: client.id.clone(),
+                        items: sent,
+                    };
+                    let db = shared.db.clone();
+                    let entry = journal::entry(&record, None);
+                    sending = Some(Box::pin(async move { db.journal(vec![entry], true).await }));
+                }
             }
             if buf.is_empty() && buf.capacity() > 2 * read_size {
                 buf = BytesMut::with_capacity(read_size);
@@ -433,14 +480,23 @@ where
                     }
                     // May wait for room in a slow subscriber's queue: reading then stops,
                     // which slows this publisher.
-                    if let Some(m) = routed {
+                    if let Some((m, targets)) = routed {
+                        if m.retain {
+                            shared.router.retain(&m);
+                        }
                         // Boxed only when there is someone to deliver to (the wait is
                         // rare; most stored readings have no subscriber).
-                        let targets = crate::ingest::targets(shared, &m);
                         if !targets.is_empty() {
                             Box::pin(crate::router::deliver(targets)).await;
                         }
                     }
+                }
+                Some(r) = async { match sending.as_mut() { Some(f) => Some(f.await), None => None } }, if sending.is_some() => {
+                    sending = None;
+                    r?;
+                    client.out.extend_from_slice(&held);
+                    held = BytesMut::new();
+                    woken = true;
                 }
                 r = write_some(&mut wr, &client.out), if unflushed || !client.out.is_empty() => {
                     match r? {
@@ -489,6 +545,24 @@ where
     ))
     .await;
     let still_ours = session.detach(conn);
+    if !client.acked.is_empty() {
+        acknowledged(shared, &client.id, std::mem::take(&mut client.acked));
+    }
+    let lasting = session.state.lock().expiry_secs;
+    if still_ours && shared.db.journals() && (lasting > 0 || expiry > 0) {
+        let record = Record::Close {
+            client: client.id.clone(),
+            expiry: lasting,
+            will_pending: client.will.is_some(),
+        };
+        if let Err(e) = shared
+            .db
+            .journal(vec![journal::entry(&record, None)], true)
+            .await
+        {
+            tracing::warn!(client_id = %client.id, error = %e, "end of connection not logged");
+        }
+    }
     // The will is gone after a normal DISCONNECT; any other end publishes it.
     if let Some(w) = client.will.take() {
         publish_will(shared, &session, w, client.user.clone(), generation, expiry);
@@ -497,6 +571,22 @@ where
         shared.router.discard(&session);
     }
     result
+}
+
+/// Logs that the client acknowledged the messages at `lsns`, without waiting: a record
+/// lost in a crash means those messages are sent again (QoS 1 allows it; a QoS 2 message's
+/// PUBREC was logged before its PUBREL was sent).
+fn acknowledged(shared: &BrokerState, client: &Arc<str>, lsns: Vec<u64>) {
+    let record = Record::Acked {
+        client: client.clone(),
+        lsns,
+    };
+    let (db, entry) = (shared.db.clone(), journal::entry(&record, None));
+    tokio::spawn(async move {
+        if let Err(e) = db.journal(vec![entry], true).await {
+            tracing::debug!(error = %e, "acknowledgements not logged");
+        }
+    });
 }
 
 /// Writes some of `out` (returns how much), or when it is empty flushes the socket (returns
@@ -524,8 +614,8 @@ async fn close<W: AsyncWrite + Unpin>(
     result: &Result<()>,
 ) {
     while let Some((_, routed)) = pending.next().await {
-        if let Some(m) = routed {
-            crate::ingest::route(shared, &m).await;
+        if let Some((m, targets)) = routed {
+            crate::ingest::deliver_now(shared, &m, targets).await;
         }
     }
     let reason = match result {

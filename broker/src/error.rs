@@ -35,6 +35,9 @@ pub enum Error {
     /// Socket I/O.
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    /// The log refused a session's record (the disk is full or failing).
+    #[error("logging session state: {0}")]
+    Log(#[from] sluice_engine::Error),
     /// A listener or certificate could not be set up.
     #[error("{what}: {reason}")]
     Setup {
@@ -81,7 +84,9 @@ impl Error {
             Error::ReceiveMaximum(_) => DisconnectReasonCode::ReceiveMaximumExceeded,
             Error::KeepAlive => DisconnectReasonCode::KeepAliveTimeout,
             Error::TopicAlias(_) => DisconnectReasonCode::TopicAliasInvalid,
-            Error::Io(_) | Error::Setup { .. } => DisconnectReasonCode::UnspecifiedError,
+            Error::Io(_) | Error::Setup { .. } | Error::Log(_) => {
+                DisconnectReasonCode::UnspecifiedError
+            }
         }
     }
 }

@@ -2,6 +2,8 @@
 
 use crate::BrokerState;
 use crate::error;
+use crate::journal::{self, Record};
+use crate::router::Target;
 use crate::session::Message;
 use rumqttc::v5::mqttbytes::v5::PubAckReason;
 use sluice_engine::Origin;
@@ -10,43 +12,112 @@ use sluice_engine::{DeadLetter, Publication};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-/// Stores `message` if its topic maps to a table, then hands it to the subscribers. A message
-/// the table refuses is kept in the dead letters and not routed. Returns the ack reason and,
-/// on failure, the reason in words. (Connections call [`store_rows`] and [`route`]
-/// separately, to route their messages in the order they were sent.)
+/// Stores `message` if its topic maps to a table, then hands it to the subscribers; a will
+/// names the session whose it is (`will_of`), so that it is published once. A message the
+/// table refuses is kept in the dead letters and not routed. Returns the ack reason and, on
+/// failure, the reason in words.
 pub(crate) async fn store(
     shared: Arc<BrokerState>,
     message: Arc<Message>,
     user: Option<Arc<str>>,
+    will_of: Option<Arc<str>>,
 ) -> (PubAckReason, Option<String>) {
-    let outcome = store_rows(&shared, &message, user.as_deref()).await;
+    let (journal, targets) = plan(&shared, &message, None, will_of).await;
+    let outcome = store_rows(&shared, &message, user.as_deref(), journal).await;
     if outcome.0 == PubAckReason::Success {
-        route(&shared, &message).await;
+        deliver_now(&shared, &message, targets).await;
     }
     outcome
 }
 
-/// Keeps `message` if retained and queues it for every matching session.
-pub(crate) async fn route(shared: &BrokerState, message: &Arc<Message>) {
-    crate::router::deliver(targets(shared, message)).await;
+/// Hands `message` to the subscribers (it is stored already, or maps to no table): through
+/// the journal when it must be there ([`plan`]).
+pub(crate) async fn route(shared: &Arc<BrokerState>, message: &Arc<Message>) {
+    match plan(shared, message, None, None).await {
+        (Some(j), _) => {
+            if let Err(e) = shared.db.journal(vec![j], true).await {
+                tracing::error!(topic = %message.topic, error = %e, "message not logged for its subscribers; not delivered");
+            }
+        }
+        (None, targets) => deliver_now(shared, message, targets).await,
+    }
 }
 
-/// Keeps `message` if retained and finds the sessions it goes to, without waiting; queueing
-/// it for them ([`crate::router::deliver`]) may wait.
-pub(crate) fn targets(shared: &BrokerState, message: &Arc<Message>) -> Vec<crate::router::Target> {
+/// Keeps `message` if retained and queues it for `targets` (what [`plan`] found for a
+/// message not in the journal); may wait for room in a slow subscriber's queue.
+pub(crate) async fn deliver_now(
+    shared: &BrokerState,
+    message: &Arc<Message>,
+    targets: Vec<Target>,
+) {
     if message.retain {
         shared.router.retain(message);
     }
-    shared.router.targets(message, shared.db.as_ref())
+    if !targets.is_empty() {
+        crate::router::deliver(targets).await;
+    }
 }
 
-/// Stores `message` in its table, if its topic maps to one (see [`store`]).
+/// Where `message` goes, and whether it goes through the journal: it does, where the log
+/// keeps one, when it is retained, goes at QoS 1 or 2 to a session that outlives its
+/// connection, is the QoS 2 publish of such a session (`incoming`: its packet id is kept
+/// until PUBREL) or its will (`will_of`). Then this waits for room in its online receivers'
+/// queues (a slow subscriber slows its publishers), and returns the journal entry, which
+/// retains and queues the message once it is durable, in log order; the message is
+/// acknowledged only after that. Otherwise it returns the targets, for [`deliver_now`].
+pub(crate) async fn plan(
+    shared: &Arc<BrokerState>,
+    message: &Arc<Message>,
+    incoming: Option<(Arc<str>, u16)>,
+    will_of: Option<Arc<str>>,
+) -> (Option<sluice_engine::Journal>, Vec<Target>) {
+    let (targets, direct) = (shared.router).targets_among(message, shared.db.as_ref(), None);
+    let lasting = || {
+        (targets.iter())
+            .any(|(s, d)| d.qos != rumqttc::v5::mqttbytes::QoS::AtMostOnce && s.lasting())
+    };
+    let logged = shared.db.journals()
+        && !message.origin.starts_with("$SYS")
+        && (message.retain || incoming.is_some() || will_of.is_some() || lasting());
+    if !logged {
+        return (None, targets);
+    }
+    for (s, _) in &targets {
+        if crate::router::may_wait(s, message) {
+            s.wait_room().await;
+        }
+    }
+    let record = Record::Message {
+        message: message.clone(),
+        chosen: targets[direct..]
+            .iter()
+            .map(|(s, _)| s.client_id.clone())
+            .collect(),
+        incoming,
+        will_of,
+    };
+    let (state, m) = (shared.clone(), message.clone());
+    let then = Box::new(move |lsn| {
+        if m.retain {
+            state.router.retain(&m);
+        }
+        for (s, mut d) in targets {
+            d.lsn = lsn;
+            s.push(d);
+        }
+    });
+    (Some(journal::entry(&record, Some(then))), Vec::new())
+}
+
+/// Stores `message` in its table, if its topic maps to one, with its `journal` entry in the
+/// same group commit (alone when there are no rows); see [`store`].
 pub(crate) async fn store_rows(
     shared: &Arc<BrokerState>,
     message: &Arc<Message>,
     user: Option<&str>,
+    journal: Option<sluice_engine::Journal>,
 ) -> (PubAckReason, Option<String>) {
-    match try_store(shared, message, user, None).await {
+    match try_store(shared, message, user, None, journal).await {
         Ok(_) => (PubAckReason::Success, None),
         Err(Refusal { reason, text, .. }) => refuse(shared, message, reason, text).await,
     }
@@ -68,13 +139,15 @@ pub(crate) struct Refusal {
 }
 
 /// Stores `message` in its table, if its topic maps to one, with the bridged message's
-/// `origin`; says whether rows were stored. A refusal is returned, not yet kept (see
-/// [`refuse`]).
+/// `origin` and its `journal` entry (logged alone when there are no rows); says whether
+/// rows were stored. A refusal is returned, not yet kept (see [`refuse`]); the journal
+/// entry is then not logged.
 pub(crate) async fn try_store(
     shared: &Arc<BrokerState>,
     message: &Message,
     user: Option<&str>,
     origin: Option<&Origin>,
+    journal: Option<sluice_engine::Journal>,
 ) -> Result<bool, Refusal> {
     let refusal = |reason, text| {
         Err(Refusal {
@@ -86,15 +159,21 @@ pub(crate) async fn try_store(
     if let Err(e) = shared.db.authorize(user, Need::Publish(&message.topic)) {
         return refusal(PubAckReason::NotAuthorized, e.to_string());
     }
+    let alone = |journal: Option<sluice_engine::Journal>| async {
+        match journal {
+            Some(j) => shared.db.journal(vec![j], true).await.map(|_| false),
+            None => Ok(false),
+        }
+    };
     if clears_retained(message) {
-        return Ok(false);
+        return alone(journal).await.map_err(refusal_of);
     }
     let Some(t) = shared.mapper.map(
         &message.topic,
         message.properties.as_ref(),
         &message.payload,
     ) else {
-        return Ok(false);
+        return alone(journal).await.map_err(refusal_of);
     };
     let need = Need::Insert {
         database: t.database,
@@ -110,15 +189,18 @@ pub(crate) async fn try_store(
         .any(|d| d == t.database || d == "*");
     let result = shared
         .db
-        .publish(Publication {
-            database: t.database,
-            table: t.table,
-            format: t.format,
-            payload: &message.payload,
-            fixed: &t.fixed,
-            auto_create,
-            origin,
-        })
+        .publish_journaled(
+            Publication {
+                database: t.database,
+                table: t.table,
+                format: t.format,
+                payload: &message.payload,
+                fixed: &t.fixed,
+                auto_create,
+                origin,
+            },
+            journal,
+        )
         .await;
     match result {
         Ok(Some(receipt)) => {

@@ -17,6 +17,7 @@ mod codec;
 mod connection;
 mod error;
 mod ingest;
+mod journal;
 mod mapping;
 mod metrics;
 mod persist;
@@ -111,7 +112,7 @@ impl Broker {
         let node = config.cluster.as_ref().map(|c| c.node_id);
         let router = Router::new(config.mqtt.max_queued_messages, node);
         let store = persist::Store::new(&config.data_dir);
-        store.load(&router);
+        let wills = replay(&router, &store, db.as_ref());
         let shared = Arc::new(BrokerState {
             config: config.mqtt.clone(),
             db,
@@ -123,6 +124,9 @@ impl Broker {
             max_session_expiry: Config::duration(&config.mqtt.max_session_expiry),
             store,
         });
+        for (client, (message, delay)) in wills {
+            publish_replayed_will(&shared, client, message, delay);
+        }
         let bridges = Arc::new(Bridges::new(shared.clone(), &config.data_dir));
         let status = Arc::downgrade(&bridges);
         for (name, rows) in tables::TABLES {
@@ -169,7 +173,15 @@ impl Broker {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {
-                    self.shared.router.expire(Instant::now());
+                    let ended = self.shared.router.expire(Instant::now());
+                    if !ended.is_empty() && self.shared.db.journals() {
+                        let entries = (ended.into_iter())
+                            .map(|client| journal::entry(&journal::Record::End { client }, None))
+                            .collect();
+                        if let Err(e) = self.shared.db.journal(entries, true).await {
+                            tracing::warn!(error = %e, "expired sessions not logged");
+                        }
+                    }
                     ticks += 1;
                     if ticks.is_multiple_of(SAVE_EVERY_SECS) {
                         self.save().await;
@@ -271,10 +283,16 @@ impl Broker {
         Arc::new(AlertPublisher(tx))
     }
 
-    /// Saves sessions and retained messages (see `persist`).
+    /// Saves a snapshot of sessions and retained messages (see `persist`); the log then
+    /// keeps only the journal records after it.
     async fn save(&self) {
         let shared = self.shared.clone();
-        let r = tokio::task::spawn_blocking(move || shared.store.save(&shared.router)).await;
+        let r = tokio::task::spawn_blocking(move || {
+            let lsn = shared.store.save(&shared.router, shared.db.as_ref())?;
+            shared.db.keep_journal_from(lsn + 1);
+            Ok::<_, std::io::Error>(())
+        })
+        .await;
         if let Ok(Err(e)) = r {
             tracing::error!(error = %e, "saving broker sessions and retained messages failed");
         }
@@ -309,6 +327,68 @@ impl Broker {
         text.push_str(&bridge::render_metrics(&self.bridges.status_now()));
         text
     }
+}
+
+/// Loads the snapshot into `router` and applies the journal records after it; returns the
+/// wills still to be published (their connection ended with the server).
+fn replay(router: &Router, store: &persist::Store, db: &dyn IngestPort) -> router::Wills {
+    let lsn = store.load(router);
+    let mut wills = router::Wills::new();
+    let (mut applied, mut unknown) = (0u64, 0u64);
+    for (at, bytes) in db.take_journal() {
+        if at <= lsn {
+            continue;
+        }
+        match journal::Record::decode(&bytes) {
+            Some(r) => {
+                router.replay(at, r, db, &mut wills);
+                applied += 1;
+            }
+            None => {
+                unknown += 1;
+                tracing::error!(lsn = at, "broker journal record not understood; skipped");
+            }
+        }
+    }
+    router.replayed();
+    db.keep_journal_from(lsn + 1);
+    if applied + unknown > 0 {
+        tracing::info!(
+            records = applied,
+            skipped = unknown,
+            after = lsn,
+            "broker journal replayed"
+        );
+    }
+    wills
+}
+
+/// Publishes, after its delay, the will of a connection that ended with the server, unless
+/// the client came back meanwhile.
+fn publish_replayed_will(
+    shared: &Arc<BrokerState>,
+    client: Arc<str>,
+    message: Arc<session::Message>,
+    delay: u32,
+) {
+    let shared = shared.clone();
+    let generation = shared
+        .router
+        .session(&client)
+        .map(|s| s.generation.load(std::sync::atomic::Ordering::Acquire));
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(u64::from(delay))).await;
+        let session = shared.router.session(&client);
+        let now = session
+            .as_ref()
+            .map(|s| s.generation.load(std::sync::atomic::Ordering::Acquire));
+        if now != generation {
+            return; // The client came back in time.
+        }
+        let user = session.and_then(|s| s.user.lock().clone());
+        let (reason, _) = ingest::store(shared, message, user, Some(client.clone())).await;
+        tracing::debug!(client_id = %client, reason = error::reason_code(reason), "will of a connection ended by the stop published");
+    });
 }
 
 /// The MQTT over TLS acceptor: `certs` served, client certificates verified against

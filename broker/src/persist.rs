@@ -1,10 +1,11 @@
-//! Sessions and retained messages across restarts.
+//! Snapshots of sessions and retained messages.
 //!
 //! The router's lasting state (sessions that outlive their connection: subscriptions, queued
-//! and unacknowledged messages, QoS 2 packet ids; retained messages) is written to
-//! `<data_dir>/broker/state.json` every few seconds and at shutdown, atomically (temporary
-//! file, fsync, rename). A clean shutdown therefore loses nothing; after a crash, changes of
-//! the last interval are lost (table rows are not: they are in the WAL).
+//! and unacknowledged messages, QoS 2 packet ids; retained messages) is in the journal
+//! (`journal`); a snapshot of it, taken at a checkpoint and so exactly the log up to its
+//! LSN, is written to `<data_dir>/broker/state.json` every few seconds and at shutdown,
+//! atomically (temporary file, fsync, rename). A start loads it and replays the journal
+//! records after its LSN; the WAL keeps those records until a newer snapshot covers them.
 
 use crate::router::Router;
 use crate::session::{Delivery, Message, Outgoing, SubOptions};
@@ -20,6 +21,9 @@ const FORMAT: u32 = 1;
 #[derive(Serialize, Deserialize, Default)]
 pub(crate) struct State {
     format: u32,
+    /// The LSN of the last journal record the snapshot holds (0: none).
+    #[serde(default)]
+    lsn: u64,
     sessions: Vec<SessionState>,
     retained: Vec<StoredMessage>,
 }
@@ -36,6 +40,9 @@ pub(crate) struct SessionState {
     pub(crate) queue: Vec<StoredDelivery>,
     /// Sent and not yet fully acknowledged: resent (DUP) when the client returns.
     pub(crate) inflight: Vec<(u16, Option<StoredDelivery>)>,
+    /// The LSNs of the messages of `inflight` that were released (PUBREC received).
+    #[serde(default)]
+    pub(crate) released: Vec<(u16, u64)>,
     pub(crate) incoming_qos2: Vec<u16>,
 }
 
@@ -54,6 +61,9 @@ pub(crate) struct StoredDelivery {
     qos: u8,
     retain: bool,
     subscription_ids: Vec<usize>,
+    /// The message's LSN in the journal (0: not in it).
+    #[serde(default)]
+    lsn: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -142,6 +152,7 @@ impl StoredDelivery {
             qos: d.qos as u8,
             retain: d.retain,
             subscription_ids: d.subscription_ids.clone(),
+            lsn: d.lsn,
         }
     }
 
@@ -151,6 +162,7 @@ impl StoredDelivery {
             qos: qos(self.qos),
             retain: self.retain,
             subscription_ids: self.subscription_ids,
+            lsn: self.lsn,
         }
     }
 }
@@ -179,7 +191,7 @@ impl StoredSub {
 pub(crate) fn outgoing(o: &Outgoing) -> Option<StoredDelivery> {
     match o {
         Outgoing::Published(d) => Some(StoredDelivery::from(d)),
-        Outgoing::Released => None,
+        Outgoing::Released(_) => None,
     }
 }
 
@@ -196,31 +208,51 @@ impl Store {
         }
     }
 
-    /// Loads the saved state into `router`; a missing file is an empty state, a damaged one
-    /// is reported and set aside (renamed) rather than stopping the server.
-    pub(crate) fn load(&self, router: &Router) {
+    /// Loads the saved state into `router`; returns the LSN it covers. A missing file is an
+    /// empty state, a damaged one is reported and set aside (renamed) rather than stopping
+    /// the server.
+    pub(crate) fn load(&self, router: &Router) -> u64 {
         match sluice_engine::read_state::<State>(&self.path, "broker state") {
-            None => {}
+            None => 0,
             Some(state) if state.format == FORMAT => {
                 let (s, r) = (state.sessions.len(), state.retained.len());
                 router.restore(state.sessions, state.retained);
-                tracing::info!(sessions = s, retained = r, "broker state restored");
+                tracing::info!(
+                    sessions = s,
+                    retained = r,
+                    lsn = state.lsn,
+                    "broker snapshot loaded"
+                );
+                state.lsn
             }
             Some(state) => {
-                tracing::error!(format = state.format, path = %self.path.display(), "unknown broker state format; starting without it")
+                tracing::error!(format = state.format, path = %self.path.display(), "unknown broker state format; starting without it");
+                0
             }
         }
     }
 
-    /// Writes the router's state atomically.
-    pub(crate) fn save(&self, router: &Router) -> std::io::Result<()> {
-        let (sessions, retained) = router.lasting_state();
+    /// Writes the router's state atomically, as of a checkpoint of `db`'s log; returns the
+    /// LSN it covers.
+    pub(crate) fn save(
+        &self,
+        router: &Router,
+        db: &dyn sluice_engine::IngestPort,
+    ) -> std::io::Result<u64> {
+        let mut taken = None;
+        db.journal_checkpoint(&mut |lsn| taken = Some((lsn, router.lasting_copy())));
+        let Some((lsn, copy)) = taken else {
+            return Err(std::io::Error::other("no checkpoint"));
+        };
+        let (sessions, retained) = Router::lasting_state(copy);
         let state = State {
             format: FORMAT,
+            lsn,
             sessions,
             retained,
         };
         let text = serde_json::to_vec(&state).map_err(std::io::Error::other)?;
-        sluice_engine::replace_file(&self.path, &text)
+        sluice_engine::replace_file(&self.path, &text)?;
+        Ok(lsn)
     }
 }

@@ -1,6 +1,10 @@
 //! The router: sessions by client id, the subscription tree, retained messages, and the
 //! fan-out of one message to every session whose subscriptions match it.
 
+mod replay;
+
+pub(crate) use replay::Wills;
+
 use crate::persist;
 use crate::session::{Delivery, Message, Outgoing, Session, SubOptions};
 use crate::topic::{self, Tree};
@@ -127,8 +131,9 @@ impl Router {
         }
     }
 
-    /// Discards sessions whose expiry has passed since their connection ended.
-    pub(crate) fn expire(&self, now: Instant) -> usize {
+    /// Discards sessions whose expiry has passed since their connection ended; returns
+    /// their ids.
+    pub(crate) fn expire(&self, now: Instant) -> Vec<Arc<str>> {
         let expired: Vec<Arc<Session>> = self
             .sessions
             .lock()
@@ -144,7 +149,7 @@ impl Router {
         for s in &expired {
             self.discard(s);
         }
-        expired.len()
+        expired.into_iter().map(|s| s.client_id.clone()).collect()
     }
 
     /// The session registered under `key`, if any.
@@ -259,8 +264,16 @@ impl Router {
     /// The sessions `message` goes to, each with its delivery: once per session with the
     /// highest QoS of its matching subscriptions and all their identifiers, and to one
     /// member of each shared group, each only if `auth` lets its session's user receive the
-    /// topic. No allocation when there are none; [`deliver`] queues them.
-    pub(crate) fn targets(&self, message: &Arc<Message>, auth: &dyn Logins) -> Vec<Target> {
+    /// topic; and how many of them are not shared groups' members (those come first). No
+    /// allocation when there are none; [`deliver`] queues them. With `chosen` (a replay),
+    /// each shared group's member is the one of `chosen` (as the journal recorded), instead
+    /// of the next in turn.
+    pub(crate) fn targets_among(
+        &self,
+        message: &Arc<Message>,
+        auth: &dyn Logins,
+        chosen: Option<&[Arc<str>]>,
+    ) -> (Vec<Target>, usize) {
         let may_receive =
             |s: &Session| crate::auth::may_receive(auth, s.user.lock().as_deref(), &message.topic);
         let mut direct: HashMap<Arc<str>, (Arc<Session>, Delivery)> = HashMap::new();
@@ -293,6 +306,7 @@ impl Router {
                                 qos,
                                 retain,
                                 subscription_ids: Vec::new(),
+                                lsn: 0,
                             },
                         )
                     });
@@ -301,17 +315,29 @@ impl Router {
                 d.1.subscription_ids.extend(entry.options.id);
             });
         let mut out: Vec<Target> = direct.into_values().collect();
+        let direct = out.len();
         for (_, mut members) in groups {
-            // Round robin, preferring members that are connected.
-            members.sort_by(|a, b| a.0.client_id.cmp(&b.0.client_id));
-            let online: Vec<_> = members.iter().filter(|(s, _)| s.online()).collect();
-            let pool = if online.is_empty() {
-                members.iter().collect()
-            } else {
-                online
+            let picked = match chosen {
+                Some(chosen) => members
+                    .iter()
+                    .find(|(s, _)| chosen.contains(&s.client_id))
+                    .cloned(),
+                None => {
+                    // Round robin, preferring members that are connected.
+                    members.sort_by(|a, b| a.0.client_id.cmp(&b.0.client_id));
+                    let online: Vec<_> = members.iter().filter(|(s, _)| s.online()).collect();
+                    let pool = if online.is_empty() {
+                        members.iter().collect()
+                    } else {
+                        online
+                    };
+                    let n = self.next_shared.fetch_add(1, Ordering::Relaxed) % pool.len();
+                    Some(pool[n].clone())
+                }
             };
-            let (session, options) =
-                pool[self.next_shared.fetch_add(1, Ordering::Relaxed) % pool.len()];
+            let Some((session, options)) = picked else {
+                continue;
+            };
             out.push((
                 session.clone(),
                 Delivery {
@@ -319,10 +345,11 @@ impl Router {
                     qos: min_qos(message.qos, options.qos),
                     retain: false,
                     subscription_ids: options.id.into_iter().collect(),
+                    lsn: 0,
                 },
             ));
         }
-        out
+        (out, direct)
     }
 }
 
@@ -332,12 +359,17 @@ pub(crate) type Target = (Arc<Session>, Delivery);
 /// Queues each target's delivery; waits while an online receiver's queue is full.
 pub(crate) async fn deliver(targets: Vec<Target>) {
     for (session, d) in targets {
-        // A client subscribed to what it publishes must not wait for its own reader, and
-        // the broker's own `$SYS` messages never wait.
-        let origin = &d.message.origin;
-        let may_wait = session.client_id != *origin && !origin.starts_with('$');
+        let may_wait = may_wait(&session, &d.message);
         session.enqueue(d, may_wait).await;
     }
+}
+
+/// Whether the publisher of `message` may wait for room in `session`'s queue: a client
+/// subscribed to what it publishes must not wait for its own reader, and the broker's own
+/// messages (`$SYS`, alerts) never wait.
+pub(crate) fn may_wait(session: &Session, message: &Message) -> bool {
+    let origin = &message.origin;
+    session.client_id != *origin && !origin.starts_with('$')
 }
 
 pub(crate) fn min_qos(a: QoS, b: QoS) -> QoS {
@@ -348,18 +380,36 @@ fn max_qos(a: QoS, b: QoS) -> QoS {
     if (a as u8) >= (b as u8) { a } else { b }
 }
 
+/// What a snapshot holds, copied quickly (messages shared) while the log is still.
+pub(crate) struct LastingCopy {
+    sessions: Vec<(Arc<Session>, crate::session::State)>,
+    retained: Vec<Arc<Message>>,
+}
+
 impl Router {
-    /// Sessions that outlive their connection, and retained messages, for saving.
-    pub(crate) fn lasting_state(
-        &self,
-    ) -> (Vec<persist::SessionState>, Vec<persist::StoredMessage>) {
+    /// Sessions that outlive their connection, and retained messages, copied for a
+    /// snapshot (see [`Router::lasting_state`]).
+    pub(crate) fn lasting_copy(&self) -> LastingCopy {
         let sessions: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
+        let sessions = (sessions.into_iter())
+            .filter_map(|s| {
+                let copy = {
+                    let st = s.state.lock();
+                    (st.expiry_secs > 0).then(|| st.copy())
+                };
+                copy.map(|c| (s, c))
+            })
+            .collect();
+        let retained = self.retained.read().values().cloned().collect();
+        LastingCopy { sessions, retained }
+    }
+
+    /// A copy's sessions and retained messages as saved.
+    pub(crate) fn lasting_state(
+        copy: LastingCopy,
+    ) -> (Vec<persist::SessionState>, Vec<persist::StoredMessage>) {
         let mut out = Vec::new();
-        for s in sessions {
-            let st = s.state.lock();
-            if st.expiry_secs == 0 {
-                continue;
-            }
+        for (s, st) in copy.sessions {
             out.push(persist::SessionState {
                 id: s.client_id.to_string(),
                 user: s.user.lock().as_deref().map(str::to_string),
@@ -375,13 +425,16 @@ impl Router {
                     .iter()
                     .map(|(k, o)| (*k, persist::outgoing(o)))
                     .collect(),
+                released: (st.inflight.iter())
+                    .filter_map(|(k, o)| match o {
+                        Outgoing::Released(lsn) => Some((*k, *lsn)),
+                        Outgoing::Published(_) => None,
+                    })
+                    .collect(),
                 incoming_qos2: st.incoming_qos2.iter().copied().collect(),
             });
         }
-        let retained = self
-            .retained
-            .read()
-            .values()
+        let retained = (copy.retained.iter())
             .map(|m| persist::StoredMessage::from(m))
             .collect();
         (out, retained)
@@ -402,13 +455,14 @@ impl Router {
                 st.expiry_secs = saved.expiry_secs;
                 st.disconnected_at = Some(Instant::now());
                 st.queue = saved.queue.into_iter().map(|d| d.into_delivery()).collect();
+                let released: HashMap<u16, u64> = saved.released.into_iter().collect();
                 st.inflight = saved
                     .inflight
                     .into_iter()
                     .map(|(k, d)| {
                         let o = match d {
                             Some(d) => Outgoing::Published(d.into_delivery()),
-                            None => Outgoing::Released,
+                            None => Outgoing::Released(released.get(&k).copied().unwrap_or(0)),
                         };
                         (k, o)
                     })

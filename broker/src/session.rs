@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 pub(crate) const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// One application message as the router passes it around (shared by every receiver).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Message {
     pub(crate) topic: Arc<str>,
     pub(crate) payload: bytes::Bytes,
@@ -36,6 +36,9 @@ pub(crate) struct Delivery {
     pub(crate) qos: QoS,
     pub(crate) retain: bool,
     pub(crate) subscription_ids: Vec<usize>,
+    /// The message's position in the log when it is in the journal (0 when it is not): the
+    /// session's records (sent, acknowledged) name it by this.
+    pub(crate) lsn: u64,
 }
 
 /// How one filter was subscribed.
@@ -52,8 +55,18 @@ pub(crate) struct SubOptions {
 pub(crate) enum Outgoing {
     /// PUBLISH sent, PUBACK/PUBREC awaited.
     Published(Delivery),
-    /// PUBREC received, PUBREL sent, PUBCOMP awaited.
-    Released,
+    /// PUBREC received, PUBREL sent, PUBCOMP awaited (the message's LSN, 0 if unlogged).
+    Released(u64),
+}
+
+impl Outgoing {
+    /// The LSN of the message (0 when it is not in the journal).
+    pub(crate) fn lsn(&self) -> u64 {
+        match self {
+            Outgoing::Published(d) => d.lsn,
+            Outgoing::Released(lsn) => *lsn,
+        }
+    }
 }
 
 /// A session's mutable state.
@@ -75,6 +88,58 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// A copy of what a snapshot keeps (messages are shared, not copied).
+    pub(crate) fn copy(&self) -> Self {
+        Self {
+            queue: self.queue.clone(),
+            inflight: self.inflight.clone(),
+            next_pkid: self.next_pkid,
+            incoming_qos2: self.incoming_qos2.clone(),
+            subscriptions: self.subscriptions.clone(),
+            expiry_secs: self.expiry_secs,
+            disconnected_at: self.disconnected_at,
+            dropped: self.dropped,
+        }
+    }
+
+    /// The message at `lsn` was sent with `pkid` (a journal replay): in flight now.
+    pub(crate) fn mark_sent(&mut self, lsn: u64, pkid: u16) {
+        let d = match self.queue.iter().position(|d| d.lsn == lsn) {
+            Some(i) => self.queue.remove(i),
+            None => {
+                let k = (self.inflight.iter())
+                    .find(|(_, o)| matches!(o, Outgoing::Published(d) if d.lsn == lsn))
+                    .map(|(k, _)| *k);
+                match k.and_then(|k| self.inflight.remove(&k)) {
+                    Some(Outgoing::Published(d)) => Some(d),
+                    _ => None,
+                }
+            }
+        };
+        if let Some(d) = d {
+            self.inflight.insert(pkid, Outgoing::Published(d));
+        }
+    }
+
+    /// The client's PUBREC of the message at `lsn` (a journal replay).
+    pub(crate) fn mark_received(&mut self, lsn: u64) {
+        for o in self.inflight.values_mut() {
+            if matches!(o, Outgoing::Published(d) if d.lsn == lsn) {
+                *o = Outgoing::Released(lsn);
+            }
+        }
+    }
+
+    /// The client acknowledged the messages at `lsns`: they leave the session.
+    pub(crate) fn forget_acked(&mut self, lsns: &[u64]) {
+        let before = self.inflight.len();
+        self.inflight
+            .retain(|_, o| o.lsn() == 0 || !lsns.contains(&o.lsn()));
+        if before - self.inflight.len() < lsns.len() {
+            self.queue.retain(|d| d.lsn == 0 || !lsns.contains(&d.lsn));
+        }
+    }
+
     /// A free packet id for an outgoing message.
     pub(crate) fn next_pkid(&mut self) -> Option<u16> {
         for _ in 0..u16::MAX {
@@ -120,36 +185,53 @@ impl Session {
     }
 
     /// Queues `d`. When an online session is full and `may_wait`, the caller waits for
-    /// room (the publisher is slowed; nothing is dropped) for up to [`MAX_WAIT`], after which
-    /// the message is queued past the limit and a warning logged, so that two clients
-    /// publishing to each other cannot wait on each other forever. An offline session that
-    /// is full drops its oldest message and counts it.
+    /// room first ([`Session::wait_room`]). An offline session that is full drops its oldest
+    /// message and counts it.
     pub(crate) async fn enqueue(&self, d: Delivery, may_wait: bool) {
+        if may_wait {
+            self.wait_room().await;
+        }
+        self.push(d);
+    }
+
+    /// Waits while the session is online and its queue full (the publisher is slowed;
+    /// nothing is dropped), for up to [`MAX_WAIT`], after which a warning is logged and the
+    /// caller goes on (queueing past the limit), so that two clients publishing to each
+    /// other cannot wait on each other forever.
+    pub(crate) async fn wait_room(&self) {
         let deadline = tokio::time::Instant::now() + MAX_WAIT;
         loop {
             let space = self.space.notified();
             {
-                let mut st = self.state.lock();
-                let full = st.queue.len() >= self.max_queued;
-                if full && st.disconnected_at.is_some() {
-                    st.queue.pop_front();
-                    st.dropped += 1;
-                    st.queue.push_back(d);
+                let st = self.state.lock();
+                if st.queue.len() < self.max_queued || st.disconnected_at.is_some() {
                     return;
                 }
-                let late = tokio::time::Instant::now() >= deadline;
-                if !full || !may_wait || late {
-                    if full && late {
-                        tracing::warn!(client_id = %self.client_id, queued = st.queue.len(), "subscriber queue over its limit: client is not reading");
-                    }
-                    st.queue.push_back(d);
-                    drop(st);
-                    self.wake_writer.notify_one();
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::warn!(client_id = %self.client_id, queued = st.queue.len(), "subscriber queue over its limit: client is not reading");
                     return;
                 }
             }
             let _ = tokio::time::timeout_at(deadline, space).await;
         }
+    }
+
+    /// Queues `d` at once: past the limit when online (the publisher waited for room
+    /// before), dropping the oldest (counted) when offline and full.
+    pub(crate) fn push(&self, d: Delivery) {
+        let mut st = self.state.lock();
+        if st.queue.len() >= self.max_queued && st.disconnected_at.is_some() {
+            st.queue.pop_front();
+            st.dropped += 1;
+        }
+        st.queue.push_back(d);
+        drop(st);
+        self.wake_writer.notify_one();
+    }
+
+    /// Whether the session outlives its connection (its state is in the journal).
+    pub(crate) fn lasting(&self) -> bool {
+        self.state.lock().expiry_secs > 0
     }
 
     /// Takes up to `max` queued deliveries (skipping expired ones).

@@ -133,7 +133,7 @@ async fn handle(ctx: Arc<Context>, r: Received) -> Option<Handled> {
                 transient: false,
             })
         } else {
-            ingest::try_store(&ctx.shared, &message, user, origin.as_ref()).await
+            ingest::try_store(&ctx.shared, &message, user, origin.as_ref(), None).await
         };
         match stored {
             Ok(stored) => {

@@ -5,6 +5,7 @@ use super::{Ack, Client};
 use crate::BrokerState;
 use crate::codec::Version;
 use crate::error::{self, Error, Result};
+use crate::journal::{self, Record};
 use crate::router::min_qos;
 use crate::session::{Delivery, Message, Outgoing, SubOptions};
 use crate::topic;
@@ -24,12 +25,18 @@ pub(super) async fn handle(
     packet: Packet,
     pending: &mut FuturesOrdered<Ack>,
 ) -> Result<bool> {
+    // Whether the session's state is in the journal.
+    let lasting = shared.db.journals() && client.session.lasting();
     match packet {
         Packet::Publish(p) => on_publish(shared, client, p, pending)?,
         Packet::PubAck(a) => {
             let mut st = client.session.state.lock();
-            if matches!(st.inflight.get(&a.pkid), Some(Outgoing::Published(_))) {
+            if let Some(Outgoing::Published(d)) = st.inflight.get(&a.pkid) {
+                let lsn = d.lsn;
                 st.inflight.remove(&a.pkid);
+                if lsn != 0 && lasting {
+                    client.acked.push(lsn);
+                }
             }
             drop(st);
             client.session.wake_writer.notify_one();
@@ -37,35 +44,73 @@ pub(super) async fn handle(
         Packet::PubRec(r) => {
             let known = {
                 let mut st = client.session.state.lock();
-                let known = st.inflight.contains_key(&r.pkid);
-                if known {
+                let known = st.inflight.get(&r.pkid).map(|o| o.lsn());
+                if let Some(lsn) = known {
                     if (r.reason as u8) >= 0x80 {
                         st.inflight.remove(&r.pkid);
+                        if lsn != 0 && lasting {
+                            client.acked.push(lsn);
+                        }
                     } else {
-                        st.inflight.insert(r.pkid, Outgoing::Released);
+                        st.inflight.insert(r.pkid, Outgoing::Released(lsn));
                     }
                 }
-                known && (r.reason as u8) < 0x80
+                known.filter(|_| (r.reason as u8) < 0x80)
             };
-            if known {
-                client.send(Packet::PubRel(PubRel {
-                    pkid: r.pkid,
-                    reason: PubRelReason::Success,
-                    properties: None,
-                }));
-            } else {
-                client.session.wake_writer.notify_one();
+            let rel = Packet::PubRel(PubRel {
+                pkid: r.pkid,
+                reason: PubRelReason::Success,
+                properties: None,
+            });
+            match known {
+                // The PUBREL goes once the PUBREC is in the journal: after a crash the
+                // message is released again, never sent again as new.
+                Some(lsn) if lsn != 0 && lasting => {
+                    let record = Record::Received {
+                        client: client.id.clone(),
+                        lsn,
+                    };
+                    let (db, entry) = (shared.db.clone(), journal::entry(&record, None));
+                    pending.push_back(Box::pin(async move {
+                        match db.journal(vec![entry], true).await {
+                            Ok(_) => (Some(rel), None),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "PUBREC not logged; PUBREL not sent");
+                                (None, None)
+                            }
+                        }
+                    }));
+                }
+                Some(_) => client.send(rel),
+                None => client.session.wake_writer.notify_one(),
             }
         }
         Packet::PubComp(c) => {
-            client.session.state.lock().inflight.remove(&c.pkid);
+            let done = client.session.state.lock().inflight.remove(&c.pkid);
+            if let Some(lsn) = done.map(|o| o.lsn()).filter(|l| *l != 0 && lasting) {
+                client.acked.push(lsn);
+            }
             client.session.wake_writer.notify_one();
         }
         Packet::PubRel(r) => {
             let found = client.session.state.lock().incoming_qos2.remove(&r.pkid);
             let pkid = r.pkid;
+            // Its packet id is free once the journal says so, before the PUBCOMP lets the
+            // client use it again.
+            let released = (found && lasting).then(|| {
+                let record = Record::Released {
+                    client: client.id.clone(),
+                    pkid,
+                };
+                (shared.db.clone(), journal::entry(&record, None))
+            });
             // After the PUBREC of the same id, which may still be pending.
             pending.push_back(Box::pin(async move {
+                if let Some((db, entry)) = released
+                    && let Err(e) = db.journal(vec![entry], true).await
+                {
+                    tracing::warn!(error = %e, "PUBREL not logged");
+                }
                 let comp = Packet::PubComp(PubComp {
                     pkid,
                     reason: if found {
@@ -80,14 +125,29 @@ pub(super) async fn handle(
         }
         Packet::Subscribe(s) => Box::pin(on_subscribe(shared, client, s)).await?,
         Packet::Unsubscribe(u) => {
-            let reasons = u
-                .filters
-                .iter()
-                .map(|f| match shared.router.unsubscribe(&client.session, f) {
+            let mut reasons = Vec::with_capacity(u.filters.len());
+            for f in &u.filters {
+                let existed = client.session.state.lock().subscriptions.contains_key(f);
+                if lasting {
+                    let record = Record::Unsubscribe {
+                        client: client.id.clone(),
+                        filter: f.clone(),
+                    };
+                    let (state, session, filter) =
+                        (shared.clone(), client.session.clone(), f.clone());
+                    let then: sluice_engine::Then = Box::new(move |_| {
+                        state.router.unsubscribe(&session, &filter);
+                    });
+                    let entry = journal::entry(&record, Some(then));
+                    shared.db.journal(vec![entry], true).await?;
+                } else {
+                    shared.router.unsubscribe(&client.session, f);
+                }
+                reasons.push(match existed {
                     true => UnsubAckReason::Success,
                     false => UnsubAckReason::NoSubscriptionExisted,
-                })
-                .collect();
+                });
+            }
             client.send(Packet::UnsubAck(UnsubAck {
                 pkid: u.pkid,
                 reasons,
@@ -209,7 +269,13 @@ pub(super) fn on_publish(
     let started = Instant::now();
     let user = client.user.clone();
     pending.push_back(Box::pin(async move {
-        let (reason, text) = crate::ingest::store_rows(&shared, &message, user.as_deref()).await;
+        // A lasting session's QoS 2 packet id is kept in the journal until its PUBREL.
+        let incoming = (qos == QoS::ExactlyOnce && session.lasting())
+            .then(|| (session.client_id.clone(), pkid));
+        let (journal, targets) = crate::ingest::plan(&shared, &message, incoming, None).await;
+        let logged = journal.is_some();
+        let (reason, text) =
+            crate::ingest::store_rows(&shared, &message, user.as_deref(), journal).await;
         shared.metrics.observe_ack(started.elapsed());
         let failed = error::reason_code(reason) >= 0x80;
         let text = text.filter(|_| problem_info);
@@ -238,7 +304,7 @@ pub(super) fn on_publish(
                 }))
             }
         };
-        (ack, (!failed).then_some(message))
+        (ack, (!failed && !logged).then_some((message, targets)))
     }));
     Ok(())
 }
@@ -295,7 +361,31 @@ async fn on_subscribe(shared: &Arc<BrokerState>, client: &mut Client, s: Subscri
             retain_as_published: f.preserve_retain,
             id,
         };
-        let existed = shared.router.subscribe(&client.session, &f.path, options);
+        let existed = client
+            .session
+            .state
+            .lock()
+            .subscriptions
+            .contains_key(&f.path);
+        // A lasting session's subscription is in the journal before its SUBACK, and takes
+        // effect as it is logged (so messages logged after it are queued for it on replay).
+        if shared.db.journals() && client.session.lasting() {
+            let record = Record::Subscribe {
+                client: client.id.clone(),
+                filter: f.path.clone(),
+                options: options.clone(),
+            };
+            let (state, session, filter) = (shared.clone(), client.session.clone(), f.path.clone());
+            let then: sluice_engine::Then = Box::new(move |_| {
+                state.router.subscribe(&session, &filter, options);
+            });
+            shared
+                .db
+                .journal(vec![journal::entry(&record, Some(then))], true)
+                .await?;
+        } else {
+            shared.router.subscribe(&client.session, &f.path, options);
+        }
         codes.push(SubscribeReasonCode::Success(f.qos));
         let send_retained = shared_sub.is_none()
             && match f.retain_forward_rule {
@@ -313,6 +403,7 @@ async fn on_subscribe(shared: &Arc<BrokerState>, client: &mut Client, s: Subscri
                     message: m,
                     retain: true,
                     subscription_ids: id.into_iter().collect(),
+                    lsn: 0,
                 });
             }
         }

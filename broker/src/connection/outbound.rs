@@ -21,15 +21,17 @@ pub(super) struct Outbound {
     pub(super) aliases: HashMap<Arc<str>, u16>,
 }
 
-/// Encodes again what was in flight to a resumed session (DUP set), in order.
+/// Encodes again what was in flight to a resumed session (DUP set), in the order it was
+/// sent (by log position; messages not in the journal first, by packet id).
 pub(super) fn resend(st: &mut Outbound, out: &mut BytesMut) {
-    let again: Vec<(u16, Outgoing)> = (st.session.state.lock().inflight.iter())
+    let mut again: Vec<(u16, Outgoing)> = (st.session.state.lock().inflight.iter())
         .map(|(k, v)| (*k, v.clone()))
         .collect();
+    again.sort_by_key(|(_, o)| o.lsn());
     for (pkid, o) in again {
         let p = match o {
             Outgoing::Published(d) => publish_packet(st, &d, pkid, true).0,
-            Outgoing::Released => Packet::PubRel(PubRel {
+            Outgoing::Released(_) => Packet::PubRel(PubRel {
                 pkid,
                 reason: PubRelReason::Success,
                 properties: None,
@@ -39,28 +41,43 @@ pub(super) fn resend(st: &mut Outbound, out: &mut BytesMut) {
     }
 }
 
-/// Moves queued messages into `out` while the client's receive window has room.
-pub(super) fn fill(shared: &BrokerState, st: &mut Outbound, out: &mut BytesMut) {
+/// Moves queued messages into `out` while the client's receive window has room. A QoS 1/2
+/// message in the journal going to a lasting session, and everything after it, goes into
+/// `held` instead: it is sent once the journal has its packet id; returns those (LSN,
+/// packet id) pairs.
+pub(super) fn fill(
+    shared: &BrokerState,
+    st: &mut Outbound,
+    out: &mut BytesMut,
+    held: &mut BytesMut,
+) -> Vec<(u64, u16)> {
+    let lasting = st.session.lasting() && shared.db.journals();
+    let mut sent = Vec::new();
     loop {
         let room = st
             .window
             .saturating_sub(st.session.state.lock().inflight.len());
         if room == 0 {
-            return;
+            return sent;
         }
         let batch = st.session.take(room.min(256));
         if batch.is_empty() {
-            return;
+            return sent;
         }
         for d in batch {
             let pkid = if d.qos == QoS::AtMostOnce {
                 0
             } else {
                 let mut s = st.session.state.lock();
-                let Some(pkid) = s.next_pkid() else { return };
+                let Some(pkid) = s.next_pkid() else {
+                    return sent;
+                };
                 s.inflight.insert(pkid, Outgoing::Published(d.clone()));
                 pkid
             };
+            if lasting && pkid != 0 && d.lsn != 0 {
+                sent.push((d.lsn, pkid));
+            }
             let (p, new_alias) = publish_packet(st, &d, pkid, false);
             if p.size() > st.max_packet {
                 // The client cannot take it (MQTT 5 maximum packet size): it is not sent,
@@ -73,7 +90,12 @@ pub(super) fn fill(shared: &BrokerState, st: &mut Outbound, out: &mut BytesMut) 
                 continue;
             }
             shared.metrics.messages_out.fetch_add(1, Ordering::Relaxed);
-            let _ = codec::write(st.version, &p, out);
+            let to = if sent.is_empty() {
+                &mut *out
+            } else {
+                &mut *held
+            };
+            let _ = codec::write(st.version, &p, to);
         }
     }
 }

@@ -17,16 +17,34 @@ pub(super) fn publish_will(
     generation: u64,
     expiry: u32,
 ) {
+    let Some((message, delay)) = will_message(&session.client_id, &will) else {
+        return;
+    };
+    let delay = delay.min(expiry);
+    let shared = shared.clone();
+    let session = session.clone();
+    tokio::spawn(async move {
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_secs(u64::from(delay))).await;
+            if session.generation.load(Ordering::Acquire) != generation {
+                return; // The client came back in time.
+            }
+        }
+        let will_of = session.lasting().then(|| session.client_id.clone());
+        let (reason, _) = crate::ingest::store(shared, message, user, will_of).await;
+        tracing::debug!(client_id = %session.client_id, reason = error::reason_code(reason), "will published");
+    });
+}
+
+/// The message a will publishes, from `client`, and its delay in seconds.
+pub(crate) fn will_message(client: &Arc<str>, will: &LastWill) -> Option<(Arc<Message>, u32)> {
     let delay = will
         .properties
         .as_ref()
         .and_then(|p| p.delay_interval)
-        .unwrap_or(0)
-        .min(expiry);
-    let Ok(topic) = std::str::from_utf8(&will.topic) else {
-        return;
-    };
-    let props = will.properties.map(|p| PublishProperties {
+        .unwrap_or(0);
+    let topic = std::str::from_utf8(&will.topic).ok()?;
+    let props = will.properties.clone().map(|p| PublishProperties {
         payload_format_indicator: p.payload_format_indicator,
         message_expiry_interval: p.message_expiry_interval,
         topic_alias: None,
@@ -42,23 +60,12 @@ pub(super) fn publish_will(
         .map(|s| Instant::now() + Duration::from_secs(u64::from(s)));
     let message = Arc::new(Message {
         topic: Arc::from(topic),
-        payload: will.message,
+        payload: will.message.clone(),
         qos: will.qos,
         retain: will.retain,
         properties: props,
         expires,
-        origin: session.client_id.clone(),
+        origin: client.clone(),
     });
-    let shared = shared.clone();
-    let session = session.clone();
-    tokio::spawn(async move {
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_secs(u64::from(delay))).await;
-            if session.generation.load(Ordering::Acquire) != generation {
-                return; // The client came back in time.
-            }
-        }
-        let (reason, _) = crate::ingest::store(shared, message, user).await;
-        tracing::debug!(client_id = %session.client_id, reason = error::reason_code(reason), "will published");
-    });
+    Some((message, delay))
 }

@@ -1,0 +1,148 @@
+//! Rebuilding the router from the journal at start: the records after the snapshot's LSN,
+//! applied in order (see `journal`).
+
+use super::Router;
+use crate::journal::Record;
+use crate::session::{Message, Session};
+use rumqttc::v5::mqttbytes::QoS;
+use sluice_engine::Logins;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Wills whose connection was lost (or whose delay had not run out) when the server
+/// stopped: published after their delay once it is up again. By client id.
+pub(crate) type Wills = HashMap<Arc<str>, (Arc<Message>, u32)>;
+
+impl Router {
+    /// Applies the journal record at `lsn`.
+    pub(crate) fn replay(&self, lsn: u64, record: Record, auth: &dyn Logins, wills: &mut Wills) {
+        match record {
+            Record::Open {
+                client,
+                user,
+                expiry,
+                fresh,
+                will,
+            } => {
+                if fresh || expiry == 0 {
+                    self.forget(&client);
+                }
+                match will {
+                    Some(w) => wills.insert(client.clone(), w),
+                    None => wills.remove(&client),
+                };
+                if expiry == 0 {
+                    return;
+                }
+                let s = self.session_or_new(&client);
+                *s.user.lock() = user;
+                let mut st = s.state.lock();
+                st.expiry_secs = expiry;
+                // Connected, unless a Close follows: its connection ended with the server.
+                st.disconnected_at = None;
+            }
+            Record::Close {
+                client,
+                expiry,
+                will_pending,
+            } => {
+                if !will_pending {
+                    wills.remove(&client);
+                }
+                if expiry == 0 {
+                    self.forget(&client);
+                } else if let Some(s) = self.session(&client) {
+                    let mut st = s.state.lock();
+                    st.expiry_secs = expiry;
+                    st.disconnected_at = Some(Instant::now());
+                }
+            }
+            Record::End { client } => self.forget(&client),
+            Record::Subscribe {
+                client,
+                filter,
+                options,
+            } => {
+                if let Some(s) = self.session(&client) {
+                    self.subscribe(&s, &filter, options);
+                }
+            }
+            Record::Unsubscribe { client, filter } => {
+                if let Some(s) = self.session(&client) {
+                    self.unsubscribe(&s, &filter);
+                }
+            }
+            Record::Message {
+                message,
+                chosen,
+                incoming,
+                will_of,
+            } => {
+                if let Some(c) = will_of {
+                    wills.remove(&c);
+                }
+                if message.retain {
+                    self.retain(&message);
+                }
+                if let Some((c, pkid)) = incoming
+                    && let Some(s) = self.session(&c)
+                {
+                    s.state.lock().incoming_qos2.insert(pkid);
+                }
+                let (targets, _) = self.targets_among(&message, auth, Some(&chosen));
+                for (s, mut d) in targets {
+                    if d.qos != QoS::AtMostOnce && s.lasting() {
+                        d.lsn = lsn;
+                        s.push(d);
+                    }
+                }
+            }
+            Record::Sent { client, items } => self.with_state(&client, |st| {
+                for (lsn, pkid) in items {
+                    st.mark_sent(lsn, pkid);
+                }
+            }),
+            Record::Received { client, lsn } => {
+                self.with_state(&client, |st| st.mark_received(lsn))
+            }
+            Record::Acked { client, lsns } => self.with_state(&client, |st| st.forget_acked(&lsns)),
+            Record::Released { client, pkid } => self.with_state(&client, |st| {
+                st.incoming_qos2.remove(&pkid);
+            }),
+        }
+    }
+
+    /// After the replay: sessions whose connection the stop ended are offline from now.
+    pub(crate) fn replayed(&self) {
+        let now = Instant::now();
+        for s in self.sessions() {
+            let mut st = s.state.lock();
+            if st.disconnected_at.is_none() {
+                st.disconnected_at = Some(now);
+            }
+        }
+    }
+
+    fn with_state(&self, client: &str, f: impl FnOnce(&mut crate::session::State)) {
+        if let Some(s) = self.session(client) {
+            f(&mut s.state.lock());
+        }
+    }
+
+    fn session_or_new(&self, client: &Arc<str>) -> Arc<Session> {
+        let mut sessions = self.sessions.lock();
+        sessions
+            .entry(client.clone())
+            .or_insert_with(|| Session::new(client.clone(), self.max_queued))
+            .clone()
+    }
+
+    /// Removes the session `client` and its subscriptions.
+    pub(crate) fn forget(&self, client: &str) {
+        let old = self.sessions.lock().remove(client);
+        if let Some(old) = old {
+            self.unsubscribe_all(&old);
+        }
+    }
+}
