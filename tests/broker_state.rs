@@ -1,0 +1,303 @@
+//! The broker's own state survives `kill -9`: sessions, their subscriptions and queued
+//! messages, messages in flight (sent again with DUP, in order) and QoS 2 exactly once.
+//! A PUBACK promises delivery to every lasting session subscribed at that moment.
+//!
+//! The subscribers here speak MQTT 3.1.1 over a raw socket with rumqttc's codec, as a
+//! careful client does (QoS 2 "method B": a packet id is remembered from PUBLISH to PUBREL,
+//! across reconnections, and a PUBREL is always answered): rumqttc's own client forgets its
+//! QoS 2 ids on reconnecting and refuses a PUBREL it no longer knows.
+
+mod common;
+
+use bytes::BytesMut;
+use common::{Server, eventually};
+use rumqttc::mqttbytes::QoS;
+use rumqttc::mqttbytes::v4::{
+    Connect, Packet, PubAck, PubComp, PubRec, Subscribe, SubscribeFilter,
+};
+use rumqttc::{AsyncClient, Event, MqttOptions};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A raw MQTT 3.1.1 client on one connection.
+struct Raw {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+impl Raw {
+    /// Connects as `id` with a lasting session (clean session off); returns whether the
+    /// server had the session.
+    async fn connect(server: &Server, id: &str) -> (Raw, bool) {
+        let stream = TcpStream::connect(&server.mqtt).await.unwrap();
+        let mut raw = Raw {
+            stream,
+            buf: BytesMut::new(),
+        };
+        let mut c = Connect::new(id);
+        c.clean_session = false;
+        c.keep_alive = 60;
+        raw.send(Packet::Connect(c)).await;
+        match raw.next().await {
+            Some(Packet::ConnAck(a)) => (raw, a.session_present),
+            other => panic!("no CONNACK: {other:?}"),
+        }
+    }
+
+    async fn send(&mut self, p: Packet) {
+        let mut out = BytesMut::new();
+        p.write(&mut out, 1 << 20).unwrap();
+        self.stream.write_all(&out).await.unwrap();
+    }
+
+    /// The next packet, or `None` when the connection ends.
+    async fn next(&mut self) -> Option<Packet> {
+        loop {
+            match Packet::read(&mut self.buf, 1 << 20) {
+                Ok(p) => return Some(p),
+                Err(rumqttc::mqttbytes::Error::InsufficientBytes(_)) => {}
+                Err(e) => panic!("bad packet from the server: {e}"),
+            }
+            match self.stream.read_buf(&mut self.buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    async fn subscribe(&mut self, filter: &str, qos: QoS) {
+        let s = Subscribe::new_many([SubscribeFilter::new(filter.into(), qos)]);
+        self.send(Packet::Subscribe(s)).await;
+        match self.next().await {
+            Some(Packet::SubAck(_)) => {}
+            other => panic!("no SUBACK: {other:?}"),
+        }
+    }
+}
+
+/// What a subscriber received, kept across its connections.
+#[derive(Default)]
+struct Received {
+    /// Times each sequence number was handed to the application.
+    seqs: HashMap<u64, u32>,
+    /// QoS 2 packet ids received and not yet released (PUBLISH with one of them is a DUP).
+    unreleased: HashSet<u16>,
+    /// (sequence, dup flag) in arrival order, every PUBLISH.
+    arrivals: Vec<(u64, bool)>,
+}
+
+fn seq_of(payload: &[u8]) -> u64 {
+    let v: serde_json::Value = serde_json::from_slice(payload).unwrap();
+    v["seq"].as_u64().unwrap()
+}
+
+impl Received {
+    /// Reads until `done` holds or the connection ends or `secs` pass, acknowledging as
+    /// a correct client does unless `ack` is false.
+    async fn read(&mut self, raw: &mut Raw, ack: bool, secs: u64, done: impl Fn(&Self) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        while !done(self) {
+            let Ok(Some(p)) = tokio::time::timeout_at(deadline, raw.next()).await else {
+                return;
+            };
+            match p {
+                Packet::Publish(p) => {
+                    let seq = seq_of(&p.payload);
+                    self.arrivals.push((seq, p.dup));
+                    let fresh = p.qos != QoS::ExactlyOnce || self.unreleased.insert(p.pkid);
+                    if fresh {
+                        *self.seqs.entry(seq).or_default() += 1;
+                    }
+                    if !ack {
+                        continue;
+                    }
+                    match p.qos {
+                        QoS::AtLeastOnce => raw.send(Packet::PubAck(PubAck::new(p.pkid))).await,
+                        QoS::ExactlyOnce => raw.send(Packet::PubRec(PubRec::new(p.pkid))).await,
+                        QoS::AtMostOnce => {}
+                    }
+                }
+                Packet::PubRel(r) => {
+                    self.unreleased.remove(&r.pkid);
+                    raw.send(Packet::PubComp(PubComp::new(r.pkid))).await;
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A lasting session subscribed to `filter`, then gone.
+async fn subscribe_and_leave(s: &Server, id: &str, filter: &str, qos: QoS) {
+    let (mut raw, _) = Raw::connect(s, id).await;
+    raw.subscribe(filter, qos).await;
+    raw.send(Packet::Disconnect).await;
+}
+
+/// Publishes `n` messages `{"seq": i}` to each topic at `qos` with 64 in flight; returns
+/// the number acknowledged (PUBACK, or PUBREC for QoS 2: stored) of each topic's, which are
+/// its first ones. Stops when the server goes away.
+fn publisher(
+    s: &Server,
+    id: &str,
+    topics: &[&str],
+    n: u64,
+    qos: rumqttc::QoS,
+) -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
+    let mut o = MqttOptions::new(id, "127.0.0.1", s.mqtt_port());
+    o.set_inflight(64);
+    o.set_keep_alive(Duration::from_secs(30));
+    let (client, mut el) = AsyncClient::new(o, 100);
+    let acked = Arc::new(AtomicU64::new(0));
+    let count = acked.clone();
+    let topics: Vec<String> = topics.iter().map(|t| t.to_string()).collect();
+    tokio::spawn(async move {
+        for seq in 0..n {
+            for t in &topics {
+                let body = format!(r#"{{"seq":{seq}}}"#);
+                if client.publish(t, qos, false, body).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let events = tokio::spawn(async move {
+        while let Ok(ev) = el.poll().await {
+            if let Event::Incoming(rumqttc::Packet::PubAck(_) | rumqttc::Packet::PubRec(_)) = ev {
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    (acked, events)
+}
+
+/// The offline-session probe: 1,000 QoS 1 messages to a plain topic and 1,000 to a table's,
+/// all PUBACKed, then `kill -9` at once; after the restart each lasting session gets all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offline_sessions_get_every_acked_message_after_kill_9() {
+    const N: u64 = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    s.sql_ok("CREATE TABLE r (ts TIMESTAMP, seq INT NOT NULL) PARTITION BY yyyymmdd(ts)")
+        .await;
+    subscribe_and_leave(&s, "plain-sub", "plain/#", QoS::AtLeastOnce).await;
+    subscribe_and_leave(&s, "table-sub", "/default/r", QoS::AtLeastOnce).await;
+    subscribe_and_leave(&s, "both-sub", "#", QoS::ExactlyOnce).await;
+    let (acked, events) = publisher(
+        &s,
+        "pub",
+        &["plain/a", "/default/r"],
+        N,
+        rumqttc::QoS::AtLeastOnce,
+    );
+    eventually("every message acknowledged", 120, || {
+        let a = acked.load(Ordering::SeqCst);
+        async move { a == 2 * N }
+    })
+    .await;
+    let path = s.dir.clone();
+    s.kill9();
+    let _ = events.await;
+
+    let s = Server::start(&path, &[]);
+    assert_eq!(s.count("SELECT count(*) FROM r").await, N);
+    let all: HashSet<u64> = (0..N).collect();
+    for (id, per_seq) in [("plain-sub", 1), ("table-sub", 1), ("both-sub", 2)] {
+        let (mut raw, present) = Raw::connect(&s, id).await;
+        assert!(present, "{id}: session lost");
+        let mut got = Received::default();
+        got.read(&mut raw, true, 60, |r| {
+            r.seqs.len() as u64 == N && r.seqs.values().all(|c| *c >= per_seq)
+        })
+        .await;
+        let seqs: HashSet<u64> = got.seqs.keys().copied().collect();
+        let missing: Vec<&u64> = all.difference(&seqs).take(10).collect();
+        assert!(
+            missing.is_empty(),
+            "{id}: {} of {N} missing, e.g. {missing:?}",
+            N - seqs.len() as u64
+        );
+    }
+}
+
+/// QoS 2 end to end across `kill -9` at a moment of its own: every message the publisher
+/// got a PUBREC for reaches the online lasting subscriber exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos2_reaches_a_lasting_subscriber_exactly_once_across_kill_9() {
+    const N: u64 = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let (mut raw, _) = Raw::connect(&s, "q2-sub").await;
+    raw.subscribe("q2/#", QoS::ExactlyOnce).await;
+    let (acked, events) = publisher(&s, "q2-pub", &["q2/x"], N, rumqttc::QoS::ExactlyOnce);
+    let mut got = Received::default();
+    // Receive while the publisher runs; kill once a good part is through.
+    let kill_at = 1500 + std::process::id() as u64 % 1000;
+    got.read(&mut raw, true, 120, |_| {
+        acked.load(Ordering::SeqCst) >= kill_at
+    })
+    .await;
+    let path = s.dir.clone();
+    s.kill9();
+    let _ = events.await;
+    let acked = acked.load(Ordering::SeqCst);
+    assert!(acked < N, "killed too late");
+
+    let s = Server::start(&path, &[]);
+    let (mut raw, present) = Raw::connect(&s, "q2-sub").await;
+    assert!(present, "session lost");
+    got.read(&mut raw, true, 60, |r| {
+        (0..acked).all(|q| r.seqs.contains_key(&q))
+    })
+    .await;
+    let missing: Vec<u64> = (0..acked)
+        .filter(|q| !got.seqs.contains_key(q))
+        .take(10)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{acked} acknowledged; missing e.g. {missing:?}"
+    );
+    let twice: Vec<(&u64, &u32)> = got.seqs.iter().filter(|(_, c)| **c > 1).take(10).collect();
+    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+}
+
+/// Messages in flight when the server died are sent again with DUP set, in the order they
+/// were first sent, before anything else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_in_flight_are_resent_with_dup_in_order_after_kill_9() {
+    const N: u64 = 30;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let (mut raw, _) = Raw::connect(&s, "slow-sub").await;
+    raw.subscribe("slow/#", QoS::AtLeastOnce).await;
+    let (acked, events) = publisher(&s, "slow-pub", &["slow/x"], N, rumqttc::QoS::AtLeastOnce);
+    eventually("every message acknowledged", 60, || {
+        let a = acked.load(Ordering::SeqCst);
+        async move { a == N }
+    })
+    .await;
+    // Received and never acknowledged.
+    let mut first = Received::default();
+    first
+        .read(&mut raw, false, 30, |r| r.arrivals.len() as u64 == N)
+        .await;
+    assert_eq!(first.arrivals.len() as u64, N);
+    let path = s.dir.clone();
+    s.kill9();
+    let _ = events.await;
+
+    let s = Server::start(&path, &[]);
+    let (mut raw, present) = Raw::connect(&s, "slow-sub").await;
+    assert!(present, "session lost");
+    let mut again = Received::default();
+    again
+        .read(&mut raw, true, 30, |r| r.arrivals.len() as u64 == N)
+        .await;
+    let want: Vec<(u64, bool)> = first.arrivals.iter().map(|(q, _)| (*q, true)).collect();
+    assert_eq!(again.arrivals, want, "resent in order, DUP set");
+}
