@@ -70,7 +70,8 @@ impl Raw {
     }
 
     async fn subscribe(&mut self, filter: &str, qos: QoS) {
-        let s = Subscribe::new_many([SubscribeFilter::new(filter.into(), qos)]);
+        let mut s = Subscribe::new_many([SubscribeFilter::new(filter.into(), qos)]);
+        s.pkid = 1;
         self.send(Packet::Subscribe(s)).await;
         match self.next().await {
             Some(Packet::SubAck(_)) => {}

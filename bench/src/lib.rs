@@ -207,6 +207,11 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// no persistence and `extra` configuration lines, its file under `dir`; waits until it
 /// accepts connections. Returns the process (stopped when dropped) and its port.
 pub fn start_mosquitto(dir: &std::path::Path, extra: &str) -> anyhow::Result<(Killer, u16)> {
+    start_mosquitto_conf(dir, &format!("persistence false\n{extra}"))
+}
+
+/// Like [`start_mosquitto`], with `lines` as the whole configuration but the listener.
+pub fn start_mosquitto_conf(dir: &std::path::Path, lines: &str) -> anyhow::Result<(Killer, u16)> {
     use anyhow::Context;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -214,7 +219,7 @@ pub fn start_mosquitto(dir: &std::path::Path, extra: &str) -> anyhow::Result<(Ki
     let conf = dir.join("mosquitto.conf");
     std::fs::write(
         &conf,
-        format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n{extra}"),
+        format!("listener {port} 127.0.0.1\nallow_anonymous true\n{lines}"),
     )?;
     let child = std::process::Command::new("mosquitto")
         .arg("-c")
