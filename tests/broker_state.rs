@@ -13,7 +13,7 @@ use bytes::BytesMut;
 use common::{Server, eventually};
 use rumqttc::mqttbytes::QoS;
 use rumqttc::mqttbytes::v4::{
-    Connect, Packet, PubAck, PubComp, PubRec, Subscribe, SubscribeFilter,
+    Connect, LastWill, Packet, PubAck, PubComp, PubRec, Subscribe, SubscribeFilter,
 };
 use rumqttc::{AsyncClient, Event, MqttOptions};
 use std::collections::{HashMap, HashSet};
@@ -33,6 +33,10 @@ impl Raw {
     /// Connects as `id` with a lasting session (clean session off); returns whether the
     /// server had the session.
     async fn connect(server: &Server, id: &str) -> (Raw, bool) {
+        Self::connect_with_will(server, id, None).await
+    }
+
+    async fn connect_with_will(server: &Server, id: &str, will: Option<LastWill>) -> (Raw, bool) {
         let stream = TcpStream::connect(&server.mqtt).await.unwrap();
         let mut raw = Raw {
             stream,
@@ -41,6 +45,7 @@ impl Raw {
         let mut c = Connect::new(id);
         c.clean_session = false;
         c.keep_alive = 60;
+        c.last_will = will;
         raw.send(Packet::Connect(c)).await;
         match raw.next().await {
             Some(Packet::ConnAck(a)) => (raw, a.session_present),
@@ -301,4 +306,52 @@ async fn messages_in_flight_are_resent_with_dup_in_order_after_kill_9() {
         .await;
     let want: Vec<(u64, bool)> = first.arrivals.iter().map(|(q, _)| (*q, true)).collect();
     assert_eq!(again.arrivals, want, "resent in order, DUP set");
+}
+
+/// A lasting session's will is in the journal with it: the will of a connection that the
+/// kill ended is published once the server is back, and only once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_will_of_a_connection_the_kill_ended_is_published_once_after_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    s.sql_ok("CREATE TABLE wills (ts TIMESTAMP, seq INT NOT NULL) PARTITION BY yyyymmdd(ts)")
+        .await;
+    subscribe_and_leave(&s, "will-watch", "/default/wills", QoS::AtLeastOnce).await;
+    let will = LastWill::new("/default/wills", r#"{"seq":7}"#, QoS::AtLeastOnce, false);
+    let (_device, _) = Raw::connect_with_will(&s, "device", Some(will)).await;
+    let path = s.dir.clone();
+    s.kill9();
+
+    let s = Server::start(&path, &[]);
+    let (mut raw, present) = Raw::connect(&s, "will-watch").await;
+    assert!(present, "session lost");
+    let mut got = Received::default();
+    got.read(&mut raw, true, 30, |r| r.seqs.contains_key(&7))
+        .await;
+    assert_eq!(
+        got.seqs.get(&7),
+        Some(&1),
+        "the will reached the lasting watcher"
+    );
+    assert_eq!(s.count("SELECT count(*) FROM wills").await, 1);
+    let path = s.dir.clone();
+    s.kill9();
+
+    // Published: not again after the next start. A message stored after the start marks
+    // the point by which a will still pending would have been published (at once).
+    let s = Server::start(&path, &[]);
+    let (acked, events) = publisher(
+        &s,
+        "marker",
+        &["/default/wills"],
+        1,
+        rumqttc::QoS::AtLeastOnce,
+    );
+    eventually("the marker acknowledged", 30, || {
+        let a = acked.load(Ordering::SeqCst);
+        async move { a == 1 }
+    })
+    .await;
+    events.abort();
+    assert_eq!(s.count("SELECT count(*) FROM wills WHERE seq = 7").await, 1);
 }

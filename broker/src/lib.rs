@@ -59,6 +59,8 @@ struct BrokerState {
     shutdown: CancellationToken,
     max_session_expiry: Duration,
     store: persist::Store,
+    /// The LSN of the last snapshot written (0: none yet).
+    saved_lsn: AtomicU64,
 }
 
 impl std::fmt::Debug for BrokerState {
@@ -123,6 +125,7 @@ impl Broker {
             shutdown,
             max_session_expiry: Config::duration(&config.mqtt.max_session_expiry),
             store,
+            saved_lsn: AtomicU64::new(0),
         });
         for (client, (message, delay)) in wills {
             publish_replayed_will(&shared, client, message, delay);
@@ -184,7 +187,7 @@ impl Broker {
                     }
                     ticks += 1;
                     if ticks.is_multiple_of(SAVE_EVERY_SECS) {
-                        self.save().await;
+                        self.save(false).await;
                     }
                     if ticks % SYS_EVERY_SECS == 1 {
                         self.publish_sys().await;
@@ -206,7 +209,7 @@ impl Broker {
         self.tasks.close();
         self.tasks.wait().await;
         self.bridges.stopped().await;
-        self.save().await;
+        self.save(true).await;
         Ok(())
     }
 
@@ -284,12 +287,23 @@ impl Broker {
     }
 
     /// Saves a snapshot of sessions and retained messages (see `persist`); the log then
-    /// keeps only the journal records after it.
-    async fn save(&self) {
+    /// keeps only the journal records after it. Unless `always`, nothing is written when
+    /// the log has not moved since the last snapshot (where the journal is kept: every
+    /// change to lasting state is a record).
+    async fn save(&self, always: bool) {
         let shared = self.shared.clone();
         let r = tokio::task::spawn_blocking(move || {
-            let lsn = shared.store.save(&shared.router, shared.db.as_ref())?;
-            shared.db.keep_journal_from(lsn + 1);
+            let last = shared.saved_lsn.load(std::sync::atomic::Ordering::Acquire);
+            let unless = (!always && last > 0 && shared.db.journals()).then_some(last);
+            if let Some(lsn) = shared
+                .store
+                .save(&shared.router, shared.db.as_ref(), unless)?
+            {
+                shared
+                    .saved_lsn
+                    .store(lsn, std::sync::atomic::Ordering::Release);
+                shared.db.keep_journal_from(lsn + 1);
+            }
             Ok::<_, std::io::Error>(())
         })
         .await;

@@ -124,6 +124,11 @@ impl Metrics {
                 state.inflight,
             ),
             (
+                "sluice_mqtt_dropped_messages",
+                "Messages dropped from full offline queues (mqtt.max_queued_messages) of the sessions there are now",
+                state.dropped,
+            ),
+            (
                 "sluice_mqtt_retained_messages",
                 "Retained messages",
                 state.retained,

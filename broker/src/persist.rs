@@ -233,14 +233,22 @@ impl Store {
     }
 
     /// Writes the router's state atomically, as of a checkpoint of `db`'s log; returns the
-    /// LSN it covers.
+    /// LSN it covers, or `None` when that is `unless` (nothing changed since that snapshot).
     pub(crate) fn save(
         &self,
         router: &Router,
         db: &dyn sluice_engine::IngestPort,
-    ) -> std::io::Result<u64> {
+        unless: Option<u64>,
+    ) -> std::io::Result<Option<u64>> {
         let mut taken = None;
-        db.journal_checkpoint(&mut |lsn| taken = Some((lsn, router.lasting_copy())));
+        let mut same = false;
+        db.journal_checkpoint(&mut |lsn| match unless == Some(lsn) {
+            true => same = true,
+            false => taken = Some((lsn, router.lasting_copy())),
+        });
+        if same {
+            return Ok(None);
+        }
         let Some((lsn, copy)) = taken else {
             return Err(std::io::Error::other("no checkpoint"));
         };
@@ -253,6 +261,6 @@ impl Store {
         };
         let text = serde_json::to_vec(&state).map_err(std::io::Error::other)?;
         sluice_engine::replace_file(&self.path, &text)?;
-        Ok(lsn)
+        Ok(Some(lsn))
     }
 }

@@ -42,6 +42,7 @@ pub(crate) struct Gauges {
     pub(crate) subscriptions: u64,
     pub(crate) queued: u64,
     pub(crate) inflight: u64,
+    pub(crate) dropped: u64,
 }
 
 /// See the module docs.
@@ -175,6 +176,7 @@ impl Router {
             g.subscriptions += st.subscriptions.len() as u64;
             g.queued += st.queue.len() as u64;
             g.inflight += st.inflight.len() as u64;
+            g.dropped += st.dropped;
         }
         g
     }

@@ -222,6 +222,9 @@ impl Session {
         let mut st = self.state.lock();
         if st.queue.len() >= self.max_queued && st.disconnected_at.is_some() {
             st.queue.pop_front();
+            if st.dropped == 0 {
+                tracing::warn!(client_id = %self.client_id, max = self.max_queued, "offline session's queue full (mqtt.max_queued_messages): its oldest messages are dropped, counted in system.sessions and sluice_mqtt_dropped_messages");
+            }
             st.dropped += 1;
         }
         st.queue.push_back(d);

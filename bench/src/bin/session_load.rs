@@ -121,7 +121,7 @@ fn mosquitto_persistent(dir: &Path) -> Result<(Killer, u16)> {
     let db = dir.join("mosquitto-db/");
     std::fs::create_dir_all(&db)?;
     let lines = format!(
-        "persistence true\npersistence_location {}\nmax_queued_messages 100000\nmax_inflight_messages 64\n",
+        "persistence true\npersistence_location {}\nmax_queued_messages 100000\nmax_inflight_messages 1024\n",
         db.display()
     );
     sluice_bench::start_mosquitto_conf(dir, &lines)
@@ -200,12 +200,20 @@ async fn probe(
     kill: impl FnOnce() -> Result<()>,
     restart: impl FnOnce() -> Result<(Box<dyn std::any::Any>, String)>,
 ) -> Result<u64> {
-    let (mut rd, mut wr) = connect(addr, "probe-sub", false).await.context("subscriber")?;
-    subscribe(&mut rd, &mut wr, topic).await.context("subscribing")?;
+    let (mut rd, mut wr) = connect(addr, "probe-sub", false)
+        .await
+        .context("subscriber")?;
+    subscribe(&mut rd, &mut wr, topic)
+        .await
+        .context("subscribing")?;
     disconnect(&mut wr).await?;
     let stream = TcpStream::connect(addr).await?;
-    let (rd, wr) = connected(stream, "probe-pub", true).await.context("publisher")?;
-    publish(rd, wr, topic, n as usize, 64).await.context("publishing")?;
+    let (rd, wr) = connected(stream, "probe-pub", true)
+        .await
+        .context("publisher")?;
+    publish(rd, wr, topic, n as usize, 64)
+        .await
+        .context("publishing")?;
     kill()?;
     let (_server, addr) = restart()?;
     let (mut rd, mut wr) = connect(&addr, "probe-sub", false)
