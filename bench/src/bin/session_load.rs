@@ -146,7 +146,10 @@ async fn probes(bin: &Path, tmp: &Path, args: &Args) -> Result<()> {
                 &addr,
                 topic,
                 N,
-                || Ok(drop(s)),
+                || {
+                    drop(s);
+                    Ok(())
+                },
                 || {
                     let s = Sluice::start(bin, &dir)?;
                     let addr = s.mqtt.clone();
@@ -161,7 +164,10 @@ async fn probes(bin: &Path, tmp: &Path, args: &Args) -> Result<()> {
                     &format!("127.0.0.1:{port}"),
                     topic,
                     N,
-                    || Ok(drop(m)),
+                    || {
+                        drop(m);
+                        Ok(())
+                    },
                     || {
                         let (m, port) = mosquitto_persistent(&dir)?;
                         Ok((
