@@ -144,14 +144,14 @@ async fn subscribe_and_leave(s: &Server, id: &str, filter: &str, qos: QoS) {
     raw.send(Packet::Disconnect).await;
 }
 
-/// Publishes `n` messages `{"seq": i}` to each topic at `qos` with 64 in flight; returns
-/// the number acknowledged (PUBACK, or PUBREC for QoS 2: stored) of each topic's, which are
-/// its first ones. Stops when the server goes away.
+/// Publishes messages `{"seq": i}` for each `i` of `seqs` to each topic at `qos` with 64 in
+/// flight; returns the number acknowledged (PUBACK, or PUBREC for QoS 2: stored), which are
+/// the first ones. Stops when the server goes away.
 fn publisher(
     s: &Server,
     id: &str,
     topics: &[&str],
-    n: u64,
+    seqs: std::ops::Range<u64>,
     qos: rumqttc::QoS,
 ) -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
     let mut o = MqttOptions::new(id, "127.0.0.1", s.mqtt_port());
@@ -162,7 +162,7 @@ fn publisher(
     let count = acked.clone();
     let topics: Vec<String> = topics.iter().map(|t| t.to_string()).collect();
     tokio::spawn(async move {
-        for seq in 0..n {
+        for seq in seqs {
             for t in &topics {
                 let body = format!(r#"{{"seq":{seq}}}"#);
                 if client.publish(t, qos, false, body).await.is_err() {
@@ -181,8 +181,28 @@ fn publisher(
     (acked, events)
 }
 
-/// The offline-session probe: 1,000 QoS 1 messages to a plain topic and 1,000 to a table's,
-/// all PUBACKed, then `kill -9` at once; after the restart each lasting session gets all.
+/// Publishes `seqs` at QoS 1 to a plain topic and a table's and waits for every PUBACK.
+async fn publish_all(s: &Server, seqs: std::ops::Range<u64>) {
+    let want = 2 * (seqs.end - seqs.start);
+    let (acked, events) = publisher(
+        s,
+        "pub",
+        &["plain/a", "/default/r"],
+        seqs,
+        rumqttc::QoS::AtLeastOnce,
+    );
+    eventually("every message acknowledged", 120, || {
+        let a = acked.load(Ordering::SeqCst);
+        async move { a == want }
+    })
+    .await;
+    events.abort();
+}
+
+/// The offline-session probe: QoS 1 messages to a plain topic and to a table's, all
+/// PUBACKed; half before a clean restart (so a snapshot holds them, each message once for
+/// the sessions), half after it and then `kill -9` at once (so the journal holds them).
+/// After the restart each lasting session gets all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offline_sessions_get_every_acked_message_after_kill_9() {
     const N: u64 = 1000;
@@ -193,21 +213,19 @@ async fn offline_sessions_get_every_acked_message_after_kill_9() {
     subscribe_and_leave(&s, "plain-sub", "plain/#", QoS::AtLeastOnce).await;
     subscribe_and_leave(&s, "table-sub", "/default/r", QoS::AtLeastOnce).await;
     subscribe_and_leave(&s, "both-sub", "#", QoS::ExactlyOnce).await;
-    let (acked, events) = publisher(
-        &s,
-        "pub",
-        &["plain/a", "/default/r"],
-        N,
-        rumqttc::QoS::AtLeastOnce,
-    );
-    eventually("every message acknowledged", 120, || {
-        let a = acked.load(Ordering::SeqCst);
-        async move { a == 2 * N }
-    })
-    .await;
+    publish_all(&s, 0..N / 2).await;
     let path = s.dir.clone();
+    assert_eq!(s.terminate(), 0);
+    let snapshot = std::fs::read_to_string(path.join("data/broker/state.json")).unwrap();
+    let state: serde_json::Value = serde_json::from_str(&snapshot).unwrap();
+    assert_eq!(
+        state["messages"].as_array().unwrap().len() as u64,
+        N,
+        "each queued message saved once"
+    );
+    let s = Server::start(&path, &[]);
+    publish_all(&s, N / 2..N).await;
     s.kill9();
-    let _ = events.await;
 
     let s = Server::start(&path, &[]);
     assert_eq!(s.count("SELECT count(*) FROM r").await, N);
@@ -239,7 +257,7 @@ async fn qos2_reaches_a_lasting_subscriber_exactly_once_across_kill_9() {
     let s = Server::start(dir.path(), &[]);
     let (mut raw, _) = Raw::connect(&s, "q2-sub").await;
     raw.subscribe("q2/#", QoS::ExactlyOnce).await;
-    let (acked, events) = publisher(&s, "q2-pub", &["q2/x"], N, rumqttc::QoS::ExactlyOnce);
+    let (acked, events) = publisher(&s, "q2-pub", &["q2/x"], 0..N, rumqttc::QoS::ExactlyOnce);
     let mut got = Received::default();
     // Receive while the publisher runs; kill once a good part is through.
     let kill_at = 1500 + std::process::id() as u64 % 1000;
@@ -281,7 +299,7 @@ async fn messages_in_flight_are_resent_with_dup_in_order_after_kill_9() {
     let s = Server::start(dir.path(), &[]);
     let (mut raw, _) = Raw::connect(&s, "slow-sub").await;
     raw.subscribe("slow/#", QoS::AtLeastOnce).await;
-    let (acked, events) = publisher(&s, "slow-pub", &["slow/x"], N, rumqttc::QoS::AtLeastOnce);
+    let (acked, events) = publisher(&s, "slow-pub", &["slow/x"], 0..N, rumqttc::QoS::AtLeastOnce);
     eventually("every message acknowledged", 60, || {
         let a = acked.load(Ordering::SeqCst);
         async move { a == N }
@@ -344,7 +362,7 @@ async fn the_will_of_a_connection_the_kill_ended_is_published_once_after_the_res
         &s,
         "marker",
         &["/default/wills"],
-        1,
+        0..1,
         rumqttc::QoS::AtLeastOnce,
     );
     eventually("the marker acknowledged", 30, || {

@@ -26,7 +26,14 @@ pub(crate) struct State {
     lsn: u64,
     sessions: Vec<SessionState>,
     retained: Vec<StoredMessage>,
+    /// The messages in the journal that sessions hold, once each, by LSN.
+    #[serde(default)]
+    messages: Vec<(u64, StoredMessage)>,
 }
+
+/// Messages by LSN: saved once however many sessions hold them, and shared again when
+/// loaded.
+pub(crate) type ByLsn = std::collections::BTreeMap<u64, StoredMessage>;
 
 #[derive(Serialize, Deserialize)]
 pub(crate) struct SessionState {
@@ -57,7 +64,9 @@ pub(crate) struct StoredSub {
 
 #[derive(Serialize, Deserialize)]
 pub(crate) struct StoredDelivery {
-    message: StoredMessage,
+    /// The message, when it is not in the journal (else it is in [`State`]'s `messages`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    message: Option<StoredMessage>,
     qos: u8,
     retain: bool,
     subscription_ids: Vec<usize>,
@@ -146,9 +155,16 @@ impl StoredMessage {
 }
 
 impl StoredDelivery {
-    pub(crate) fn from(d: &Delivery) -> Self {
+    pub(crate) fn from(d: &Delivery, messages: &mut ByLsn) -> Self {
+        let message = match d.lsn {
+            0 => Some(StoredMessage::from(&d.message)),
+            lsn => {
+                (messages.entry(lsn)).or_insert_with(|| StoredMessage::from(&d.message));
+                None
+            }
+        };
         Self {
-            message: StoredMessage::from(&d.message),
+            message,
             qos: d.qos as u8,
             retain: d.retain,
             subscription_ids: d.subscription_ids.clone(),
@@ -156,14 +172,22 @@ impl StoredDelivery {
         }
     }
 
-    pub(crate) fn into_delivery(self) -> Delivery {
-        Delivery {
-            message: self.message.into_message(),
+    /// The delivery; `None` if its message is missing (a damaged snapshot).
+    pub(crate) fn into_delivery(
+        self,
+        messages: &std::collections::HashMap<u64, Arc<Message>>,
+    ) -> Option<Delivery> {
+        let message = match self.message {
+            Some(m) => m.into_message(),
+            None => messages.get(&self.lsn)?.clone(),
+        };
+        Some(Delivery {
+            message,
             qos: qos(self.qos),
             retain: self.retain,
             subscription_ids: self.subscription_ids,
             lsn: self.lsn,
-        }
+        })
     }
 }
 
@@ -188,9 +212,9 @@ impl StoredSub {
     }
 }
 
-pub(crate) fn outgoing(o: &Outgoing) -> Option<StoredDelivery> {
+pub(crate) fn outgoing(o: &Outgoing, messages: &mut ByLsn) -> Option<StoredDelivery> {
     match o {
-        Outgoing::Published(d) => Some(StoredDelivery::from(d)),
+        Outgoing::Published(d) => Some(StoredDelivery::from(d, messages)),
         Outgoing::Released(_) => None,
     }
 }
@@ -216,7 +240,7 @@ impl Store {
             None => 0,
             Some(state) if state.format == FORMAT => {
                 let (s, r) = (state.sessions.len(), state.retained.len());
-                router.restore(state.sessions, state.retained);
+                router.restore(state.sessions, state.retained, state.messages);
                 tracing::info!(
                     sessions = s,
                     retained = r,
@@ -252,12 +276,13 @@ impl Store {
         let Some((lsn, copy)) = taken else {
             return Err(std::io::Error::other("no checkpoint"));
         };
-        let (sessions, retained) = Router::lasting_state(copy);
+        let (sessions, retained, messages) = Router::lasting_state(copy);
         let state = State {
             format: FORMAT,
             lsn,
             sessions,
             retained,
+            messages: messages.into_iter().collect(),
         };
         let text = serde_json::to_vec(&state).map_err(std::io::Error::other)?;
         sluice_engine::replace_file(&self.path, &text)?;

@@ -409,8 +409,13 @@ impl Router {
     /// A copy's sessions and retained messages as saved.
     pub(crate) fn lasting_state(
         copy: LastingCopy,
-    ) -> (Vec<persist::SessionState>, Vec<persist::StoredMessage>) {
+    ) -> (
+        Vec<persist::SessionState>,
+        Vec<persist::StoredMessage>,
+        persist::ByLsn,
+    ) {
         let mut out = Vec::new();
+        let mut messages = persist::ByLsn::new();
         for (s, st) in copy.sessions {
             out.push(persist::SessionState {
                 id: s.client_id.to_string(),
@@ -421,11 +426,11 @@ impl Router {
                     .iter()
                     .map(|(f, o)| persist::StoredSub::from(f, o))
                     .collect(),
-                queue: st.queue.iter().map(persist::StoredDelivery::from).collect(),
-                inflight: st
-                    .inflight
-                    .iter()
-                    .map(|(k, o)| (*k, persist::outgoing(o)))
+                queue: (st.queue.iter())
+                    .map(|d| persist::StoredDelivery::from(d, &mut messages))
+                    .collect(),
+                inflight: (st.inflight.iter())
+                    .map(|(k, o)| (*k, persist::outgoing(o, &mut messages)))
                     .collect(),
                 released: (st.inflight.iter())
                     .filter_map(|(k, o)| match o {
@@ -439,7 +444,7 @@ impl Router {
         let retained = (copy.retained.iter())
             .map(|m| persist::StoredMessage::from(m))
             .collect();
-        (out, retained)
+        (out, retained, messages)
     }
 
     /// Recreates saved sessions (offline, their expiry counting from now) and retained
@@ -448,7 +453,11 @@ impl Router {
         &self,
         sessions: Vec<persist::SessionState>,
         retained: Vec<persist::StoredMessage>,
+        messages: Vec<(u64, persist::StoredMessage)>,
     ) {
+        let messages: HashMap<u64, Arc<Message>> = (messages.into_iter())
+            .map(|(lsn, m)| (lsn, m.into_message()))
+            .collect();
         for saved in sessions {
             let s = Session::new(Arc::from(saved.id.as_str()), self.max_queued);
             *s.user.lock() = saved.user.map(Arc::from);
@@ -456,17 +465,17 @@ impl Router {
                 let mut st = s.state.lock();
                 st.expiry_secs = saved.expiry_secs;
                 st.disconnected_at = Some(Instant::now());
-                st.queue = saved.queue.into_iter().map(|d| d.into_delivery()).collect();
+                st.queue = (saved.queue.into_iter())
+                    .filter_map(|d| d.into_delivery(&messages))
+                    .collect();
                 let released: HashMap<u16, u64> = saved.released.into_iter().collect();
-                st.inflight = saved
-                    .inflight
-                    .into_iter()
-                    .map(|(k, d)| {
+                st.inflight = (saved.inflight.into_iter())
+                    .filter_map(|(k, d)| {
                         let o = match d {
-                            Some(d) => Outgoing::Published(d.into_delivery()),
+                            Some(d) => Outgoing::Published(d.into_delivery(&messages)?),
                             None => Outgoing::Released(released.get(&k).copied().unwrap_or(0)),
                         };
-                        (k, o)
+                        Some((k, o))
                     })
                     .collect();
                 st.incoming_qos2 = saved.incoming_qos2.into_iter().collect();
