@@ -291,12 +291,18 @@ async fn qos2_reaches_a_lasting_subscriber_exactly_once_across_kill_9() {
 }
 
 /// Messages in flight when the server died are sent again with DUP set, in the order they
-/// were first sent, before anything else.
+/// were first sent, before anything else: a retained message sent for the subscription,
+/// then those published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_in_flight_are_resent_with_dup_in_order_after_kill_9() {
     const N: u64 = 30;
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &[]);
+    let out = s.mosquitto(
+        "mosquitto_pub",
+        &["-t", "slow/r", "-m", r#"{"seq":100}"#, "-q", "1", "-r"],
+    );
+    assert!(out.status.success(), "{out:?}");
     let (mut raw, _) = Raw::connect(&s, "slow-sub").await;
     raw.subscribe("slow/#", QoS::AtLeastOnce).await;
     let (acked, events) = publisher(&s, "slow-pub", &["slow/x"], 0..N, rumqttc::QoS::AtLeastOnce);

@@ -482,7 +482,7 @@ where
                     // which slows this publisher.
                     if let Some((m, targets)) = routed {
                         if m.retain {
-                            shared.router.retain(&m);
+                            shared.router.retain(&m, 0);
                         }
                         // Boxed only when there is someone to deliver to (the wait is
                         // rare; most stored readings have no subscriber).

@@ -51,7 +51,7 @@ pub(crate) async fn deliver_now(
     targets: Vec<Target>,
 ) {
     if message.retain {
-        shared.router.retain(message);
+        shared.router.retain(message, 0);
     }
     if !targets.is_empty() {
         crate::router::deliver(targets).await;
@@ -99,7 +99,7 @@ pub(crate) async fn plan(
     let (state, m) = (shared.clone(), message.clone());
     let then = Box::new(move |lsn| {
         if m.retain {
-            state.router.retain(&m);
+            state.router.retain(&m, lsn);
         }
         for (s, mut d) in targets {
             d.lsn = lsn;

@@ -49,10 +49,12 @@ pub(crate) enum Record {
     End {
         client: Arc<str>,
     },
+    /// A subscription; `retained`: the retained messages matching it were queued with it.
     Subscribe {
         client: Arc<str>,
         filter: String,
         options: SubOptions,
+        retained: bool,
     },
     Unsubscribe {
         client: Arc<str>,
@@ -129,12 +131,15 @@ impl Record {
                 client,
                 filter,
                 options,
+                retained,
             } => {
                 o.u8(4);
                 o.str(client);
                 o.str(filter);
                 o.u8(options.qos as u8);
-                o.u8(u8::from(options.no_local) | (u8::from(options.retain_as_published) << 1));
+                o.u8(u8::from(options.no_local)
+                    | (u8::from(options.retain_as_published) << 1)
+                    | (u8::from(*retained) << 2));
                 o.opt(options.id, |o, id| o.u64(id as u64));
             }
             Record::Unsubscribe { client, filter } => {
@@ -226,6 +231,7 @@ impl Record {
                         retain_as_published: flags & 2 != 0,
                         id,
                     },
+                    retained: flags & 4 != 0,
                 }
             }
             5 => Record::Unsubscribe {
@@ -496,6 +502,7 @@ mod tests {
                     retain_as_published: false,
                     id: Some(7),
                 },
+                retained: true,
             },
             Record::Unsubscribe {
                 client: c.clone(),

@@ -89,6 +89,13 @@ pub(crate) struct StoredMessage {
     correlation_hex: Option<String>,
     payload_format_indicator: Option<u8>,
     user_properties: Vec<(String, String)>,
+    /// A retained message's LSN in the journal (0: not in it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) lsn: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn qos(n: u8) -> QoS {
@@ -120,7 +127,14 @@ impl StoredMessage {
             }),
             payload_format_indicator: p.and_then(|p| p.payload_format_indicator),
             user_properties: p.map(|p| p.user_properties.clone()).unwrap_or_default(),
+            lsn: 0,
         }
+    }
+
+    /// With the LSN of its journal record.
+    pub(crate) fn at(mut self, lsn: u64) -> Self {
+        self.lsn = lsn;
+        self
     }
 
     pub(crate) fn into_message(self) -> Arc<Message> {

@@ -49,7 +49,8 @@ pub(crate) struct Gauges {
 #[derive(Debug)]
 pub(crate) struct Router {
     tree: RwLock<Tree<SubKey, SubEntry>>,
-    retained: RwLock<HashMap<Arc<str>, Arc<Message>>>,
+    /// Retained messages by topic, with their LSN in the journal (0: not in it).
+    retained: RwLock<HashMap<Arc<str>, (Arc<Message>, u64)>>,
     sessions: Mutex<HashMap<Arc<str>, Arc<Session>>>,
     next_shared: AtomicUsize,
     max_queued: usize,
@@ -183,7 +184,11 @@ impl Router {
 
     /// Every retained message.
     pub(crate) fn retained_all(&self) -> Vec<Arc<Message>> {
-        self.retained.read().values().cloned().collect()
+        self.retained
+            .read()
+            .values()
+            .map(|(m, _)| m.clone())
+            .collect()
     }
 
     /// Subscribes `session` to `filter` (possibly `$share/group/...`); returns whether it
@@ -215,6 +220,28 @@ impl Router {
         self.tree.write().insert(plain, key, entry).is_some()
     }
 
+    /// Subscribes `session` to `filter` and, with `retained` (and not shared), queues the
+    /// retained messages matching it at once: a lasting session's subscription as its
+    /// journal record is applied, live and on replay (which leaves QoS 0 ones out: they
+    /// were sent, or are gone with the connection).
+    pub(crate) fn subscribe_with_retained(
+        &self,
+        session: &Arc<Session>,
+        filter: &str,
+        options: SubOptions,
+        (retained, replaying): (bool, bool),
+        auth: &dyn Logins,
+    ) {
+        self.subscribe(session, filter, options.clone());
+        if retained && topic::parse_shared(filter).is_none() {
+            for d in self.retained_for(session, filter, &options, auth) {
+                if !replaying || d.qos != QoS::AtMostOnce {
+                    session.push(d);
+                }
+            }
+        }
+    }
+
     /// Removes `session`'s subscription to `filter`; returns whether there was one.
     pub(crate) fn unsubscribe(&self, session: &Arc<Session>, filter: &str) -> bool {
         let (group, plain) = match topic::parse_shared(filter) {
@@ -236,25 +263,42 @@ impl Router {
         }
     }
 
-    /// Keeps (or, for an empty payload, clears) the retained message of its topic.
-    pub(crate) fn retain(&self, message: &Arc<Message>) {
+    /// Keeps (or, for an empty payload, clears) the retained message of its topic; `lsn` is
+    /// its record's in the journal (0: not in it).
+    pub(crate) fn retain(&self, message: &Arc<Message>, lsn: u64) {
         let mut r = self.retained.write();
         if message.payload.is_empty() {
             r.remove(&message.topic);
         } else {
-            r.insert(message.topic.clone(), message.clone());
+            r.insert(message.topic.clone(), (message.clone(), lsn));
         }
     }
 
-    /// Retained messages matching `filter` (not expired).
-    pub(crate) fn retained_matching(&self, filter: &str) -> Vec<Arc<Message>> {
+    /// What a new subscription of `session` to `filter` (not shared) gets at once: the
+    /// retained messages matching it (not expired) that its user may receive, each with its
+    /// LSN so that a lasting session's record of it names it.
+    pub(crate) fn retained_for(
+        &self,
+        session: &Session,
+        filter: &str,
+        options: &SubOptions,
+        auth: &dyn Logins,
+    ) -> Vec<Delivery> {
         let now = Instant::now();
+        let user = session.user.lock().clone();
         self.retained
             .read()
             .values()
-            .filter(|m| topic::matches(filter, &m.topic))
-            .filter(|m| m.expires.is_none_or(|e| e > now))
-            .cloned()
+            .filter(|(m, _)| topic::matches(filter, &m.topic))
+            .filter(|(m, _)| m.expires.is_none_or(|e| e > now))
+            .filter(|(m, _)| crate::auth::may_receive(auth, user.as_deref(), &m.topic))
+            .map(|(m, lsn)| Delivery {
+                qos: min_qos(m.qos, options.qos),
+                message: m.clone(),
+                retain: true,
+                subscription_ids: options.id.into_iter().collect(),
+                lsn: *lsn,
+            })
             .collect()
     }
 
@@ -385,7 +429,7 @@ fn max_qos(a: QoS, b: QoS) -> QoS {
 /// What a snapshot holds, copied quickly (messages shared) while the log is still.
 pub(crate) struct LastingCopy {
     sessions: Vec<(Arc<Session>, crate::session::State)>,
-    retained: Vec<Arc<Message>>,
+    retained: Vec<(Arc<Message>, u64)>,
 }
 
 impl Router {
@@ -442,7 +486,7 @@ impl Router {
             });
         }
         let retained = (copy.retained.iter())
-            .map(|m| persist::StoredMessage::from(m))
+            .map(|(m, lsn)| persist::StoredMessage::from(m).at(*lsn))
             .collect();
         (out, retained, messages)
     }
@@ -487,8 +531,9 @@ impl Router {
         }
         let mut r = self.retained.write();
         for m in retained {
+            let lsn = m.lsn;
             let m = m.into_message();
-            r.insert(m.topic.clone(), m);
+            r.insert(m.topic.clone(), (m, lsn));
         }
     }
 }

@@ -6,8 +6,7 @@ use crate::BrokerState;
 use crate::codec::Version;
 use crate::error::{self, Error, Result};
 use crate::journal::{self, Record};
-use crate::router::min_qos;
-use crate::session::{Delivery, Message, Outgoing, SubOptions};
+use crate::session::{Message, Outgoing, SubOptions};
 use crate::topic;
 use bytes::Bytes;
 use futures::stream::FuturesOrdered;
@@ -361,52 +360,51 @@ async fn on_subscribe(shared: &Arc<BrokerState>, client: &mut Client, s: Subscri
             retain_as_published: f.preserve_retain,
             id,
         };
-        let existed = client
-            .session
-            .state
-            .lock()
-            .subscriptions
-            .contains_key(&f.path);
-        // A lasting session's subscription is in the journal before its SUBACK, and takes
-        // effect as it is logged (so messages logged after it are queued for it on replay).
-        if shared.db.journals() && client.session.lasting() {
-            let record = Record::Subscribe {
-                client: client.id.clone(),
-                filter: f.path.clone(),
-                options: options.clone(),
-            };
-            let (state, session, filter) = (shared.clone(), client.session.clone(), f.path.clone());
-            let then: sluice_engine::Then = Box::new(move |_| {
-                state.router.subscribe(&session, &filter, options);
-            });
-            shared
-                .db
-                .journal(vec![journal::entry(&record, Some(then))], true)
-                .await?;
-        } else {
-            shared.router.subscribe(&client.session, &f.path, options);
-        }
-        codes.push(SubscribeReasonCode::Success(f.qos));
+        let existed = (client.session.state.lock().subscriptions).contains_key(&f.path);
         let send_retained = shared_sub.is_none()
             && match f.retain_forward_rule {
                 RetainForwardRule::OnEverySubscribe => true,
                 RetainForwardRule::OnNewSubscribe => !existed,
                 RetainForwardRule::Never => false,
             };
-        if send_retained {
-            let user = client.user.as_deref();
-            for m in (shared.router.retained_matching(plain).into_iter())
-                .filter(|m| crate::auth::may_receive(shared.db.as_ref(), user, &m.topic))
-            {
-                retained.push(Delivery {
-                    qos: min_qos(m.qos, f.qos),
-                    message: m,
-                    retain: true,
-                    subscription_ids: id.into_iter().collect(),
-                    lsn: 0,
-                });
+        // A lasting session's subscription is in the journal before its SUBACK, and takes
+        // effect as it is logged (so messages logged after it are queued for it on replay),
+        // its retained messages queued with it (and again on replay, less those acked).
+        if shared.db.journals() && client.session.lasting() {
+            let record = Record::Subscribe {
+                client: client.id.clone(),
+                filter: f.path.clone(),
+                options: options.clone(),
+                retained: send_retained,
+            };
+            let (state, session, filter) = (shared.clone(), client.session.clone(), f.path.clone());
+            let then: sluice_engine::Then = Box::new(move |_| {
+                state.router.subscribe_with_retained(
+                    &session,
+                    &filter,
+                    options,
+                    (send_retained, false),
+                    state.db.as_ref(),
+                );
+            });
+            shared
+                .db
+                .journal(vec![journal::entry(&record, Some(then))], true)
+                .await?;
+        } else {
+            shared
+                .router
+                .subscribe(&client.session, &f.path, options.clone());
+            if send_retained {
+                let auth = shared.db.as_ref();
+                retained.extend(
+                    shared
+                        .router
+                        .retained_for(&client.session, plain, &options, auth),
+                );
             }
         }
+        codes.push(SubscribeReasonCode::Success(f.qos));
     }
     client.send(Packet::SubAck(SubAck {
         pkid: s.pkid,

@@ -63,9 +63,10 @@ impl Router {
                 client,
                 filter,
                 options,
+                retained,
             } => {
                 if let Some(s) = self.session(&client) {
-                    self.subscribe(&s, &filter, options);
+                    self.subscribe_with_retained(&s, &filter, options, (retained, true), auth);
                 }
             }
             Record::Unsubscribe { client, filter } => {
@@ -83,7 +84,7 @@ impl Router {
                     wills.remove(&c);
                 }
                 if message.retain {
-                    self.retain(&message);
+                    self.retain(&message, lsn);
                 }
                 if let Some((c, pkid)) = incoming
                     && let Some(s) = self.session(&c)
