@@ -17,6 +17,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// A retained message and its LSN in the journal (0: not in it).
+type Retained = (Arc<Message>, u64);
+
 /// The members of one shared-subscription group, with their options.
 type Members = Vec<(Arc<Session>, SubOptions)>;
 
@@ -50,7 +53,7 @@ pub(crate) struct Gauges {
 pub(crate) struct Router {
     tree: RwLock<Tree<SubKey, SubEntry>>,
     /// Retained messages by topic, with their LSN in the journal (0: not in it).
-    retained: RwLock<HashMap<Arc<str>, (Arc<Message>, u64)>>,
+    retained: RwLock<HashMap<Arc<str>, Retained>>,
     sessions: Mutex<HashMap<Arc<str>, Arc<Session>>>,
     next_shared: AtomicUsize,
     max_queued: usize,
