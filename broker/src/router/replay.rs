@@ -114,13 +114,21 @@ impl Router {
         }
     }
 
-    /// After the replay: sessions whose connection the stop ended are offline from now.
+    /// After the replay: sessions whose connection the stop ended are offline from now,
+    /// and hold at most `mqtt.max_queued_messages` (the oldest beyond it dropped and
+    /// counted, as for any offline session).
     pub(crate) fn replayed(&self) {
         let now = Instant::now();
         for s in self.sessions() {
             let mut st = s.state.lock();
             if st.disconnected_at.is_none() {
                 st.disconnected_at = Some(now);
+            }
+            let over = st.queue.len().saturating_sub(self.max_queued);
+            if over > 0 {
+                st.queue.drain(..over);
+                st.dropped += over as u64;
+                tracing::warn!(client_id = %s.client_id, dropped = over, "offline session's queue over mqtt.max_queued_messages after the restart: its oldest messages dropped");
             }
         }
     }
