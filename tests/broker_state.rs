@@ -343,7 +343,18 @@ async fn the_will_of_a_connection_the_kill_ended_is_published_once_after_the_res
     subscribe_and_leave(&s, "will-watch", "/default/wills", QoS::AtLeastOnce).await;
     let will = LastWill::new("/default/wills", r#"{"seq":7}"#, QoS::AtLeastOnce, false);
     let (_device, _) = Raw::connect_with_will(&s, "device", Some(will)).await;
+    // The periodic snapshot (every 5 s) covers the device's session and will: the restart
+    // finds the will there, not in the journal records after it.
     let path = s.dir.clone();
+    let snapshot = path.join("data/broker/state.json");
+    eventually("a snapshot with the device's will", 30, || {
+        let text = std::fs::read_to_string(&snapshot).unwrap_or_default();
+        let state: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let has_will = (state["sessions"].as_array().into_iter().flatten())
+            .any(|s| s["id"] == "device" && !s["will"].is_null());
+        async move { has_will }
+    })
+    .await;
     s.kill9();
 
     let s = Server::start(&path, &[]);

@@ -55,8 +55,9 @@ const MAX_READ: usize = 64 * 1024;
 /// are routed in order.
 type Ack = Pin<Box<dyn Future<Output = (Option<Packet>, Option<Routed>)> + Send>>;
 
-/// A stored message and the sessions it goes to.
-type Routed = (Arc<Message>, Vec<crate::router::Target>);
+/// A stored message, the sessions it goes to from here (those not queued by its journal
+/// record), and whether it is in the journal.
+type Routed = (Arc<Message>, Vec<crate::router::Target>, bool);
 
 /// Messages sent to a lasting session wait for the journal record of their packet ids
 /// before they go out (so that after a crash they are sent again with the same ids).
@@ -300,6 +301,8 @@ where
             cancel.clone(),
         );
         *session.user.lock() = user.clone();
+        let will_message = will.as_ref().and_then(|w| will::will_message(&key, w));
+        *session.will.lock() = will_message.clone();
         // A session that outlives its connection (or replaces one that did) is in the
         // journal before the CONNACK says it exists.
         if shared.db.journals() && (expiry > 0 || was_lasting) {
@@ -308,7 +311,7 @@ where
                 user: user.clone(),
                 expiry,
                 fresh: !present,
-                will: will.as_ref().and_then(|w| will::will_message(&key, w)),
+                will: will_message.filter(|_| expiry > 0),
             };
             let logged = shared.db.journal(vec![journal::entry(&record, None)], true);
             if let Err(e) = logged.await {
@@ -480,8 +483,8 @@ where
                     }
                     // May wait for room in a slow subscriber's queue: reading then stops,
                     // which slows this publisher.
-                    if let Some((m, targets)) = routed {
-                        if m.retain {
+                    if let Some((m, targets, logged)) = routed {
+                        if m.retain && !logged {
                             shared.router.retain(&m, 0);
                         }
                         // Boxed only when there is someone to deliver to (the wait is
@@ -535,6 +538,13 @@ where
         }
     }
     .await;
+    // Packet ids being logged for messages held back: logged or not, they are in flight
+    // now, and the client gets them again (DUP) on its return.
+    if let Some(f) = sending.take()
+        && let Err(e) = f.await
+    {
+        tracing::debug!(client_id = %client.id, error = %e, "packet ids of messages not logged");
+    }
     Box::pin(close(
         shared,
         &mut client,
@@ -563,9 +573,19 @@ where
             tracing::warn!(client_id = %client.id, error = %e, "end of connection not logged");
         }
     }
-    // The will is gone after a normal DISCONNECT; any other end publishes it.
+    // The will is gone after a normal DISCONNECT; any other end publishes it, within the
+    // session's expiry as it is now (a DISCONNECT may have changed it).
     if let Some(w) = client.will.take() {
-        publish_will(shared, &session, w, client.user.clone(), generation, expiry);
+        publish_will(
+            shared,
+            &session,
+            w,
+            client.user.clone(),
+            generation,
+            lasting,
+        );
+    } else if still_ours {
+        *session.will.lock() = None;
     }
     if still_ours && session.state.lock().expiry_secs == 0 {
         shared.router.discard(&session);
@@ -614,11 +634,14 @@ async fn close<W: AsyncWrite + Unpin>(
     result: &Result<()>,
 ) {
     while let Some((_, routed)) = pending.next().await {
-        if let Some((m, targets)) = routed {
-            crate::ingest::deliver_now(shared, &m, targets).await;
+        if let Some((m, targets, logged)) = routed {
+            crate::ingest::deliver_now(shared, &m, targets, logged).await;
         }
     }
     let reason = match result {
+        // MQTT 5 §3.1.2.10: closed "as if the network had failed", without a DISCONNECT
+        // (as Mosquitto does; a client reading for the close sees it at once).
+        Err(Error::KeepAlive) => None,
         Err(e) => Some(e.disconnect_reason()),
         Ok(()) if cancel.is_cancelled() => Some(if shared.shutdown.is_cancelled() {
             DisconnectReasonCode::ServerShuttingDown

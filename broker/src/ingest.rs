@@ -23,9 +23,10 @@ pub(crate) async fn store(
     will_of: Option<Arc<str>>,
 ) -> (PubAckReason, Option<String>) {
     let (journal, targets) = plan(&shared, &message, None, will_of).await;
+    let logged = journal.is_some();
     let outcome = store_rows(&shared, &message, user.as_deref(), journal).await;
     if outcome.0 == PubAckReason::Success {
-        deliver_now(&shared, &message, targets).await;
+        deliver_now(&shared, &message, targets, logged).await;
     }
     outcome
 }
@@ -33,24 +34,27 @@ pub(crate) async fn store(
 /// Hands `message` to the subscribers (it is stored already, or maps to no table): through
 /// the journal when it must be there ([`plan`]).
 pub(crate) async fn route(shared: &Arc<BrokerState>, message: &Arc<Message>) {
-    match plan(shared, message, None, None).await {
-        (Some(j), _) => {
-            if let Err(e) = shared.db.journal(vec![j], true).await {
-                tracing::error!(topic = %message.topic, error = %e, "message not logged for its subscribers; not delivered");
-            }
-        }
-        (None, targets) => deliver_now(shared, message, targets).await,
+    let (journal, targets) = plan(shared, message, None, None).await;
+    let logged = journal.is_some();
+    if let Some(j) = journal
+        && let Err(e) = shared.db.journal(vec![j], true).await
+    {
+        tracing::error!(topic = %message.topic, error = %e, "message not logged for its lasting subscribers; not delivered");
+        return;
     }
+    deliver_now(shared, message, targets, logged).await;
 }
 
-/// Keeps `message` if retained and queues it for `targets` (what [`plan`] found for a
-/// message not in the journal); may wait for room in a slow subscriber's queue.
+/// Queues `message` for `targets` (what [`plan`] left to deliver once it is stored) and,
+/// when it is not in the journal, keeps it if retained; may wait for room in a slow
+/// subscriber's queue.
 pub(crate) async fn deliver_now(
     shared: &BrokerState,
     message: &Arc<Message>,
     targets: Vec<Target>,
+    logged: bool,
 ) {
-    if message.retain {
+    if message.retain && !logged {
         shared.router.retain(message, 0);
     }
     if !targets.is_empty() {
@@ -61,10 +65,12 @@ pub(crate) async fn deliver_now(
 /// Where `message` goes, and whether it goes through the journal: it does, where the log
 /// keeps one, when it is retained, goes at QoS 1 or 2 to a session that outlives its
 /// connection, is the QoS 2 publish of such a session (`incoming`: its packet id is kept
-/// until PUBREL) or its will (`will_of`). Then this waits for room in its online receivers'
-/// queues (a slow subscriber slows its publishers), and returns the journal entry, which
-/// retains and queues the message once it is durable, in log order; the message is
-/// acknowledged only after that. Otherwise it returns the targets, for [`deliver_now`].
+/// until PUBREL) or its will (`will_of`). Then this waits for room in its lasting online
+/// receivers' queues (a slow subscriber slows its publishers), and returns the journal
+/// entry, which retains the message and queues it for those receivers once it is durable,
+/// in log order; the message is acknowledged only after that. The other receivers (not
+/// lasting, or at QoS 0) are returned either way, for [`deliver_now`] once it is stored:
+/// in the order its publisher sent it, as messages not in the journal are.
 pub(crate) async fn plan(
     shared: &Arc<BrokerState>,
     message: &Arc<Message>,
@@ -72,41 +78,51 @@ pub(crate) async fn plan(
     will_of: Option<Arc<str>>,
 ) -> (Option<sluice_engine::Journal>, Vec<Target>) {
     let (targets, direct) = (shared.router).targets_among(message, shared.db.as_ref(), None);
-    let lasting = || {
-        (targets.iter())
-            .any(|(s, d)| d.qos != rumqttc::v5::mqttbytes::QoS::AtMostOnce && s.lasting())
-    };
+    let lasting = |(s, d): &Target| d.qos != rumqttc::v5::mqttbytes::QoS::AtMostOnce && s.lasting();
     let logged = shared.db.journals()
         && !message.origin.starts_with("$SYS")
-        && (message.retain || incoming.is_some() || will_of.is_some() || lasting());
+        && (message.retain
+            || incoming.is_some()
+            || will_of.is_some()
+            || targets.iter().any(lasting));
     if !logged {
         return (None, targets);
     }
-    for (s, _) in &targets {
+    let chosen = targets[direct..]
+        .iter()
+        .map(|(s, _)| s.client_id.clone())
+        .collect();
+    let (queued, rest): (Vec<Target>, Vec<Target>) = targets.into_iter().partition(lasting);
+    for (s, _) in &queued {
         if crate::router::may_wait(s, message) {
             s.wait_room().await;
         }
     }
     let record = Record::Message {
         message: message.clone(),
-        chosen: targets[direct..]
-            .iter()
-            .map(|(s, _)| s.client_id.clone())
-            .collect(),
-        incoming,
-        will_of,
+        chosen,
+        incoming: incoming.clone(),
+        will_of: will_of.clone(),
     };
     let (state, m) = (shared.clone(), message.clone());
     let then = Box::new(move |lsn| {
         if m.retain {
             state.router.retain(&m, lsn);
         }
-        for (s, mut d) in targets {
+        for (s, mut d) in queued {
             d.lsn = lsn;
             s.push(d);
         }
+        if let Some((c, pkid)) = incoming
+            && let Some(s) = state.router.session(&c)
+        {
+            s.state.lock().unlogged_qos2.remove(&pkid);
+        }
+        if let Some(s) = will_of.and_then(|c| state.router.session(&c)) {
+            *s.will.lock() = None;
+        }
     });
-    (Some(journal::entry(&record, Some(then))), Vec::new())
+    (Some(journal::entry(&record, Some(then))), rest)
 }
 
 /// Stores `message` in its table, if its topic maps to one, with its `journal` entry in the

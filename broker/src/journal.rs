@@ -74,10 +74,12 @@ pub(crate) enum Record {
         client: Arc<str>,
         items: Vec<(u64, u16)>,
     },
-    /// PUBREC of the message at `lsn` received (its PUBREL is being sent).
+    /// PUBREC of the message at `lsn`, sent with `pkid`, received (its PUBREL is being
+    /// sent).
     Received {
         client: Arc<str>,
         lsn: u64,
+        pkid: u16,
     },
     /// Messages (by LSN) the client acknowledged (PUBACK, PUBCOMP).
     Acked {
@@ -174,10 +176,11 @@ impl Record {
                     o.u16(*pkid);
                 }
             }
-            Record::Received { client, lsn } => {
+            Record::Received { client, lsn, pkid } => {
                 o.u8(8);
                 o.str(client);
                 o.u64(*lsn);
+                o.u16(*pkid);
             }
             Record::Acked { client, lsns } => {
                 o.u8(9);
@@ -260,6 +263,7 @@ impl Record {
             8 => Record::Received {
                 client: i.arc()?,
                 lsn: i.u64()?,
+                pkid: i.u16()?,
             },
             9 => {
                 let client = i.arc()?;
@@ -521,6 +525,7 @@ mod tests {
             Record::Received {
                 client: c.clone(),
                 lsn: 5,
+                pkid: 1,
             },
             Record::Acked {
                 client: c.clone(),

@@ -127,7 +127,7 @@ impl Broker {
             store,
             saved_lsn: AtomicU64::new(0),
         });
-        for (client, (message, delay)) in wills {
+        for (client, message, delay) in wills {
             publish_replayed_will(&shared, client, message, delay);
         }
         let bridges = Arc::new(Bridges::new(shared.clone(), &config.data_dir));
@@ -345,9 +345,12 @@ impl Broker {
 
 /// Loads the snapshot into `router` and applies the journal records after it; returns the
 /// wills still to be published (their connection ended with the server).
-fn replay(router: &Router, store: &persist::Store, db: &dyn IngestPort) -> router::Wills {
+fn replay(
+    router: &Router,
+    store: &persist::Store,
+    db: &dyn IngestPort,
+) -> Vec<(Arc<str>, Arc<session::Message>, u32)> {
     let lsn = store.load(router);
-    let mut wills = router::Wills::new();
     let (mut applied, mut unknown) = (0u64, 0u64);
     for (at, bytes) in db.take_journal() {
         if at <= lsn {
@@ -355,7 +358,7 @@ fn replay(router: &Router, store: &persist::Store, db: &dyn IngestPort) -> route
         }
         match journal::Record::decode(&bytes) {
             Some(r) => {
-                router.replay(at, r, db, &mut wills);
+                router.replay(at, r, db);
                 applied += 1;
             }
             None => {
@@ -364,7 +367,7 @@ fn replay(router: &Router, store: &persist::Store, db: &dyn IngestPort) -> route
             }
         }
     }
-    router.replayed();
+    let wills = router.replayed();
     db.keep_journal_from(lsn + 1);
     if applied + unknown > 0 {
         tracing::info!(

@@ -51,6 +51,10 @@ pub(crate) struct SessionState {
     #[serde(default)]
     pub(crate) released: Vec<(u16, u64)>,
     pub(crate) incoming_qos2: Vec<u16>,
+    /// The will of its connection and its delay in seconds, until published or dropped by
+    /// a normal DISCONNECT.
+    #[serde(default)]
+    pub(crate) will: Option<(StoredMessage, u32)>,
 }
 
 #[derive(Serialize, Deserialize)]

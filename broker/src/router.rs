@@ -3,8 +3,6 @@
 
 mod replay;
 
-pub(crate) use replay::Wills;
-
 use crate::persist;
 use crate::session::{Delivery, Message, Outgoing, Session, SubOptions};
 use crate::topic::{self, Tree};
@@ -122,18 +120,24 @@ impl Router {
         (session, present, generation)
     }
 
+    /// Whether `session` is still the one registered under its id.
+    pub(crate) fn is_current(&self, session: &Arc<Session>) -> bool {
+        (self.sessions.lock().get(&session.client_id)).is_some_and(|s| Arc::ptr_eq(s, session))
+    }
+
     /// Forgets `session` if it is still the one registered under its id and no connection
-    /// has attached to it meanwhile.
-    pub(crate) fn discard(&self, session: &Arc<Session>) {
+    /// has attached to it meanwhile; says whether it did.
+    pub(crate) fn discard(&self, session: &Arc<Session>) -> bool {
         let mut sessions = self.sessions.lock();
-        if sessions
+        let gone = sessions
             .get(&session.client_id)
             .is_some_and(|s| Arc::ptr_eq(s, session))
-            && session.connection.lock().is_none()
-        {
+            && session.connection.lock().is_none();
+        if gone {
             sessions.remove(&session.client_id);
             self.unsubscribe_all(session);
         }
+        gone
     }
 
     /// Discards sessions whose expiry has passed since their connection ended; returns
@@ -151,10 +155,10 @@ impl Router {
             })
             .cloned()
             .collect();
-        for s in &expired {
-            self.discard(s);
-        }
-        expired.into_iter().map(|s| s.client_id.clone()).collect()
+        (expired.into_iter())
+            .filter(|s| self.discard(s))
+            .map(|s| s.client_id.clone())
+            .collect()
     }
 
     /// The session registered under `key`, if any.
@@ -485,7 +489,11 @@ impl Router {
                         Outgoing::Published(_) => None,
                     })
                     .collect(),
-                incoming_qos2: st.incoming_qos2.iter().copied().collect(),
+                incoming_qos2: (st.incoming_qos2.difference(&st.unlogged_qos2))
+                    .copied()
+                    .collect(),
+                will: (s.will.lock().as_ref())
+                    .map(|(m, delay)| (persist::StoredMessage::from(m), *delay)),
             });
         }
         let retained = (copy.retained.iter())
@@ -508,6 +516,7 @@ impl Router {
         for saved in sessions {
             let s = Session::new(Arc::from(saved.id.as_str()), self.max_queued);
             *s.user.lock() = saved.user.map(Arc::from);
+            *s.will.lock() = saved.will.map(|(m, delay)| (m.into_message(), delay));
             {
                 let mut st = s.state.lock();
                 st.expiry_secs = saved.expiry_secs;

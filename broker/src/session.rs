@@ -77,6 +77,9 @@ pub(crate) struct State {
     next_pkid: u16,
     /// QoS 2 packet ids received and stored, until their PUBREL.
     pub(crate) incoming_qos2: HashSet<u16>,
+    /// Those of `incoming_qos2` whose message's journal record is not durable yet: a
+    /// snapshot leaves them out (the publisher resends such a message).
+    pub(crate) unlogged_qos2: HashSet<u16>,
     /// Filter (as subscribed, `$share/...` included) -> options.
     pub(crate) subscriptions: HashMap<String, SubOptions>,
     /// Seconds the session outlives its connection.
@@ -95,6 +98,7 @@ impl State {
             inflight: self.inflight.clone(),
             next_pkid: self.next_pkid,
             incoming_qos2: self.incoming_qos2.clone(),
+            unlogged_qos2: self.unlogged_qos2.clone(),
             subscriptions: self.subscriptions.clone(),
             expiry_secs: self.expiry_secs,
             disconnected_at: self.disconnected_at,
@@ -121,12 +125,17 @@ impl State {
         }
     }
 
-    /// The client's PUBREC of the message at `lsn` (a journal replay).
-    pub(crate) fn mark_received(&mut self, lsn: u64) {
-        for o in self.inflight.values_mut() {
-            if matches!(o, Outgoing::Published(d) if d.lsn == lsn) {
-                *o = Outgoing::Released(lsn);
-            }
+    /// The client's PUBREC of the message at `lsn`, sent as `pkid` (a journal replay):
+    /// released, wherever it was (its `Sent` record may not have been logged).
+    pub(crate) fn mark_received(&mut self, lsn: u64, pkid: u16) {
+        let k = (self.inflight.iter())
+            .find(|(_, o)| matches!(o, Outgoing::Published(d) if d.lsn == lsn))
+            .map(|(k, _)| *k);
+        if let Some(k) = k {
+            self.inflight.insert(k, Outgoing::Released(lsn));
+        } else if let Some(i) = self.queue.iter().position(|d| d.lsn == lsn) {
+            self.queue.remove(i);
+            self.inflight.insert(pkid, Outgoing::Released(lsn));
         }
     }
 
@@ -168,6 +177,10 @@ pub(crate) struct Session {
     pub(crate) generation: AtomicU64,
     /// Who logged in on the last connection attached (`system.sessions`).
     pub(crate) user: Mutex<Option<Arc<str>>>,
+    /// The will of its connection (and its delay in seconds), from CONNECT until a normal
+    /// DISCONNECT or until it is published: kept with a lasting session's state, so that a
+    /// connection the server's stop ended still has its will published.
+    pub(crate) will: Mutex<Option<(Arc<Message>, u32)>>,
 }
 
 impl Session {
@@ -181,6 +194,7 @@ impl Session {
             connection: Mutex::new(None),
             generation: AtomicU64::new(0),
             user: Mutex::new(None),
+            will: Mutex::new(None),
         })
     }
 
@@ -237,17 +251,50 @@ impl Session {
         self.state.lock().expiry_secs > 0
     }
 
-    /// Takes up to `max` queued deliveries (skipping expired ones).
+    /// Takes up to `max` queued deliveries (skipping expired ones), each QoS 1/2 one with a
+    /// free packet id under which it is in flight from now, in the same critical section
+    /// (so that a snapshot sees each either queued or in flight). QoS 0 ones get 0. Stops
+    /// early when no packet id is free.
+    pub(crate) fn take_into_flight(&self, max: usize) -> Vec<(Delivery, u16)> {
+        let mut st = self.state.lock();
+        let now = Instant::now();
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(d) = st.queue.front() else { break };
+            if d.message.expires.is_some_and(|e| e <= now) {
+                st.queue.pop_front();
+                continue;
+            }
+            let pkid = if d.qos == QoS::AtMostOnce {
+                0
+            } else {
+                let Some(pkid) = st.next_pkid() else { break };
+                pkid
+            };
+            let Some(d) = st.queue.pop_front() else { break };
+            if pkid != 0 {
+                st.inflight.insert(pkid, Outgoing::Published(d.clone()));
+            }
+            out.push((d, pkid));
+        }
+        drop(st);
+        if !out.is_empty() {
+            self.space.notify_waiters();
+        }
+        out
+    }
+
+    /// Takes up to `max` queued deliveries (skipping expired ones), not into flight (a
+    /// bridge's forwarder, whose remote acknowledges them).
     pub(crate) fn take(&self, max: usize) -> Vec<Delivery> {
         let mut st = self.state.lock();
         let now = Instant::now();
         let mut out = Vec::new();
         while out.len() < max {
             let Some(d) = st.queue.pop_front() else { break };
-            if d.message.expires.is_some_and(|e| e <= now) {
-                continue;
+            if d.message.expires.is_none_or(|e| e > now) {
+                out.push(d);
             }
-            out.push(d);
         }
         drop(st);
         if !out.is_empty() {

@@ -220,6 +220,7 @@ impl Engine {
             })),
         );
         let manifest_index = manifest.raft_index;
+        let journal_floor = journal.first().map_or(u64::MAX, |(lsn, _)| *lsn);
         let access = crate::access::Access::new(&config.user, &config.acl)?;
         Ok(Arc::new(Self {
             access,
@@ -235,8 +236,8 @@ impl Engine {
             manifests,
             manifest_index: manifest_index.into(),
             journal_replay: parking_lot::Mutex::new(journal),
-            // Nothing is needed until the broker says so (an engine without one).
-            journal_floor: u64::MAX.into(),
+            // Until the broker says what it still needs, every journal record is kept.
+            journal_floor: journal_floor.into(),
         }))
     }
 

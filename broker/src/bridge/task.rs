@@ -38,19 +38,19 @@ fn backoff(attempt: u32) -> Duration {
     base.mul_f64(0.5 + jitter as f64 / 2000.0)
 }
 
-/// Queues the acks of handled messages, in order, routing each locally once its ack is
-/// queued; stops at the first that does not fit rumqttc's request queue (the event loop must
-/// be polled to make room).
+/// Routes handled messages locally and queues their acks, in order (routing first: a
+/// message for a lasting session is in the journal before the remote is told it is
+/// stored); stops at the first ack that does not fit rumqttc's request queue (the event
+/// loop must be polled to make room).
 async fn send_acks(ctx: &Context, client: &Client, unacked: &mut VecDeque<Handled>) {
-    while let Some(h) = unacked.front() {
+    while let Some(h) = unacked.front_mut() {
+        if let Some(m) = h.route.take() {
+            ingest::route(&ctx.shared, &m).await;
+        }
         if h.received.qos != QoS::AtMostOnce && client.ack(&h.received).is_err() {
             return;
         }
-        if let Some(h) = unacked.pop_front()
-            && let Some(m) = h.route
-        {
-            ingest::route(&ctx.shared, &m).await;
-        }
+        unacked.pop_front();
     }
 }
 
@@ -69,11 +69,11 @@ async fn settle<F>(
         unacked.extend(done);
     }
     for h in unacked.drain(..) {
-        if h.received.qos != QoS::AtMostOnce {
-            let _ = client.ack(&h.received);
-        }
         if let Some(m) = h.route {
             ingest::route(&ctx.shared, &m).await;
+        }
+        if h.received.qos != QoS::AtMostOnce {
+            let _ = client.ack(&h.received);
         }
     }
 }

@@ -68,6 +68,7 @@ pub(super) async fn handle(
                     let record = Record::Received {
                         client: client.id.clone(),
                         lsn,
+                        pkid: r.pkid,
                     };
                     let (db, entry) = (shared.db.clone(), journal::entry(&record, None));
                     pending.push_back(Box::pin(async move {
@@ -135,7 +136,9 @@ pub(super) async fn handle(
                     let (state, session, filter) =
                         (shared.clone(), client.session.clone(), f.clone());
                     let then: sluice_engine::Then = Box::new(move |_| {
-                        state.router.unsubscribe(&session, &filter);
+                        if state.router.is_current(&session) {
+                            state.router.unsubscribe(&session, &filter);
+                        }
                     });
                     let entry = journal::entry(&record, Some(then));
                     shared.db.journal(vec![entry], true).await?;
@@ -227,7 +230,16 @@ pub(super) fn on_publish(
     if !topic::valid_name(&topic) {
         return Err(Error::Protocol(format!("invalid topic name {topic:?}")));
     }
-    if p.qos == QoS::ExactlyOnce && !client.session.state.lock().incoming_qos2.insert(p.pkid) {
+    let fresh_qos2 = p.qos == QoS::ExactlyOnce && {
+        let mut st = client.session.state.lock();
+        let fresh = st.incoming_qos2.insert(p.pkid);
+        if fresh && st.expiry_secs > 0 {
+            // Not in a snapshot until its message's record is durable.
+            st.unlogged_qos2.insert(p.pkid);
+        }
+        fresh
+    };
+    if p.qos == QoS::ExactlyOnce && !fresh_qos2 {
         // A resent QoS 2 message already stored: acknowledge again, store nothing.
         let pkid = p.pkid;
         pending.push_back(Box::pin(async move {
@@ -291,7 +303,9 @@ pub(super) fn on_publish(
             })),
             QoS::ExactlyOnce => {
                 if failed {
-                    session.state.lock().incoming_qos2.remove(&pkid);
+                    let mut st = session.state.lock();
+                    st.incoming_qos2.remove(&pkid);
+                    st.unlogged_qos2.remove(&pkid);
                 }
                 Some(Packet::PubRec(PubRec {
                     pkid,
@@ -303,7 +317,7 @@ pub(super) fn on_publish(
                 }))
             }
         };
-        (ack, (!failed && !logged).then_some((message, targets)))
+        (ack, (!failed).then_some((message, targets, logged)))
     }));
     Ok(())
 }
@@ -379,13 +393,16 @@ async fn on_subscribe(shared: &Arc<BrokerState>, client: &mut Client, s: Subscri
             };
             let (state, session, filter) = (shared.clone(), client.session.clone(), f.path.clone());
             let then: sluice_engine::Then = Box::new(move |_| {
-                state.router.subscribe_with_retained(
-                    &session,
-                    &filter,
-                    options,
-                    (send_retained, false),
-                    state.db.as_ref(),
-                );
+                // Not for a session taken over meanwhile (its replacement starts afresh).
+                if state.router.is_current(&session) {
+                    state.router.subscribe_with_retained(
+                        &session,
+                        &filter,
+                        options,
+                        (send_retained, false),
+                        state.db.as_ref(),
+                    );
+                }
             });
             shared
                 .db

@@ -5,7 +5,6 @@ use crate::BrokerState;
 use crate::codec::{self, Version};
 use crate::session::{Delivery, Outgoing, Session};
 use bytes::{Bytes, BytesMut};
-use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::*;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -60,24 +59,11 @@ pub(super) fn fill(
         if room == 0 {
             return sent;
         }
-        let batch = st.session.take(room.min(256));
+        let batch = st.session.take_into_flight(room.min(256));
         if batch.is_empty() {
             return sent;
         }
-        for d in batch {
-            let pkid = if d.qos == QoS::AtMostOnce {
-                0
-            } else {
-                let mut s = st.session.state.lock();
-                let Some(pkid) = s.next_pkid() else {
-                    return sent;
-                };
-                s.inflight.insert(pkid, Outgoing::Published(d.clone()));
-                pkid
-            };
-            if lasting && pkid != 0 && d.lsn != 0 {
-                sent.push((d.lsn, pkid));
-            }
+        for (d, pkid) in batch {
             let (p, new_alias) = publish_packet(st, &d, pkid, false);
             if p.size() > st.max_packet {
                 // The client cannot take it (MQTT 5 maximum packet size): it is not sent,
@@ -88,6 +74,9 @@ pub(super) fn fill(
                 st.session.state.lock().inflight.remove(&pkid);
                 tracing::debug!(client_id = %st.session.client_id, size = p.size(), "message larger than the client's maximum packet size not sent");
                 continue;
+            }
+            if lasting && pkid != 0 && d.lsn != 0 {
+                sent.push((d.lsn, pkid));
             }
             shared.metrics.messages_out.fetch_add(1, Ordering::Relaxed);
             let to = if sent.is_empty() {

@@ -6,17 +6,12 @@ use crate::journal::Record;
 use crate::session::{Message, Session};
 use rumqttc::v5::mqttbytes::QoS;
 use sluice_engine::Logins;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Wills whose connection was lost (or whose delay had not run out) when the server
-/// stopped: published after their delay once it is up again. By client id.
-pub(crate) type Wills = HashMap<Arc<str>, (Arc<Message>, u32)>;
-
 impl Router {
     /// Applies the journal record at `lsn`.
-    pub(crate) fn replay(&self, lsn: u64, record: Record, auth: &dyn Logins, wills: &mut Wills) {
+    pub(crate) fn replay(&self, lsn: u64, record: Record, auth: &dyn Logins) {
         match record {
             Record::Open {
                 client,
@@ -28,15 +23,12 @@ impl Router {
                 if fresh || expiry == 0 {
                     self.forget(&client);
                 }
-                match will {
-                    Some(w) => wills.insert(client.clone(), w),
-                    None => wills.remove(&client),
-                };
                 if expiry == 0 {
                     return;
                 }
                 let s = self.session_or_new(&client);
                 *s.user.lock() = user;
+                *s.will.lock() = will;
                 let mut st = s.state.lock();
                 st.expiry_secs = expiry;
                 // Connected, unless a Close follows: its connection ended with the server.
@@ -47,12 +39,12 @@ impl Router {
                 expiry,
                 will_pending,
             } => {
-                if !will_pending {
-                    wills.remove(&client);
-                }
                 if expiry == 0 {
                     self.forget(&client);
                 } else if let Some(s) = self.session(&client) {
+                    if !will_pending {
+                        *s.will.lock() = None;
+                    }
                     let mut st = s.state.lock();
                     st.expiry_secs = expiry;
                     st.disconnected_at = Some(Instant::now());
@@ -80,8 +72,8 @@ impl Router {
                 incoming,
                 will_of,
             } => {
-                if let Some(c) = will_of {
-                    wills.remove(&c);
+                if let Some(s) = will_of.and_then(|c| self.session(&c)) {
+                    *s.will.lock() = None;
                 }
                 if message.retain {
                     self.retain(&message, lsn);
@@ -104,8 +96,8 @@ impl Router {
                     st.mark_sent(lsn, pkid);
                 }
             }),
-            Record::Received { client, lsn } => {
-                self.with_state(&client, |st| st.mark_received(lsn))
+            Record::Received { client, lsn, pkid } => {
+                self.with_state(&client, |st| st.mark_received(lsn, pkid))
             }
             Record::Acked { client, lsns } => self.with_state(&client, |st| st.forget_acked(&lsns)),
             Record::Released { client, pkid } => self.with_state(&client, |st| {
@@ -116,10 +108,15 @@ impl Router {
 
     /// After the replay: sessions whose connection the stop ended are offline from now,
     /// and hold at most `mqtt.max_queued_messages` (the oldest beyond it dropped and
-    /// counted, as for any offline session).
-    pub(crate) fn replayed(&self) {
+    /// counted, as for any offline session). Returns the wills still to be published (the
+    /// connection ended with the server, or their delay had not run out), by client id.
+    pub(crate) fn replayed(&self) -> Vec<(Arc<str>, Arc<Message>, u32)> {
         let now = Instant::now();
+        let mut wills = Vec::new();
         for s in self.sessions() {
+            if let Some((m, delay)) = s.will.lock().clone() {
+                wills.push((s.client_id.clone(), m, delay));
+            }
             let mut st = s.state.lock();
             if st.disconnected_at.is_none() {
                 st.disconnected_at = Some(now);
@@ -131,6 +128,7 @@ impl Router {
                 tracing::warn!(client_id = %s.client_id, dropped = over, "offline session's queue over mqtt.max_queued_messages after the restart: its oldest messages dropped");
             }
         }
+        wills
     }
 
     fn with_state(&self, client: &str, f: impl FnOnce(&mut crate::session::State)) {
