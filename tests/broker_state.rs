@@ -390,3 +390,64 @@ async fn the_will_of_a_connection_the_kill_ended_is_published_once_after_the_res
     events.abort();
     assert_eq!(s.count("SELECT count(*) FROM wills WHERE seq = 7").await, 1);
 }
+
+/// A delayed will is published when its session ends, if that comes first (MQTT 5
+/// §3.1.3.2.2): here the client comes back with a clean start, which ends the old session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_will_goes_out_when_a_clean_start_ends_its_session() {
+    use rumqttc::v5::mqttbytes::v5::{LastWill as Will5, LastWillProperties};
+    use rumqttc::v5::{AsyncClient as Client5, MqttOptions as Options5};
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let (_watch, mut wills) = s.subscriber("wills/#").await;
+    let options = |clean: bool| {
+        let mut o = Options5::new("delayed", "127.0.0.1", s.mqtt_port());
+        o.set_clean_start(clean);
+        o.set_session_expiry_interval(Some(600));
+        o
+    };
+    let mut o = options(false);
+    let props = LastWillProperties {
+        delay_interval: Some(300),
+        payload_format_indicator: None,
+        message_expiry_interval: None,
+        content_type: None,
+        response_topic: None,
+        correlation_data: None,
+        user_properties: Vec::new(),
+    };
+    let will = Will5::new(
+        "wills/delayed",
+        r#"{"gone":true}"#,
+        rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+        false,
+        Some(props),
+    );
+    o.set_last_will(will);
+    let (_client, mut el) = Client5::new(o, 10);
+    // Connected, then the connection drops without a DISCONNECT.
+    loop {
+        if let rumqttc::v5::Event::Incoming(rumqttc::v5::mqttbytes::v5::Packet::ConnAck(_)) =
+            el.poll().await.unwrap()
+        {
+            break;
+        }
+    }
+    drop(el);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), wills.recv())
+            .await
+            .is_err(),
+        "the will waits for its delay"
+    );
+    let (_again, mut el) = Client5::new(options(true), 10);
+    tokio::spawn(async move { while el.poll().await.is_ok() {} });
+    let (topic, body) = tokio::time::timeout(Duration::from_secs(20), wills.recv())
+        .await
+        .expect("the will once the clean start ended the session")
+        .unwrap();
+    assert_eq!(
+        (topic.as_str(), body["gone"].as_bool()),
+        ("wills/delayed", Some(true))
+    );
+}

@@ -263,7 +263,9 @@ impl Router {
         self.tree.write().remove(plain, &key).is_some()
     }
 
+    /// Removes every subscription of `session`, which has ended.
     fn unsubscribe_all(&self, session: &Arc<Session>) {
+        session.ended.notify_waiters();
         let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
         for f in filters {
             self.unsubscribe(session, &f);

@@ -181,6 +181,9 @@ pub(crate) struct Session {
     /// DISCONNECT or until it is published: kept with a lasting session's state, so that a
     /// connection the server's stop ended still has its will published.
     pub(crate) will: Mutex<Option<(Arc<Message>, u32)>>,
+    /// Notified when the session ends (discarded, expired or replaced by a clean start): a
+    /// will waiting for its delay is published then (MQTT 5 §3.1.3.2.2).
+    pub(crate) ended: Notify,
 }
 
 impl Session {
@@ -195,6 +198,7 @@ impl Session {
             generation: AtomicU64::new(0),
             user: Mutex::new(None),
             will: Mutex::new(None),
+            ended: Notify::new(),
         })
     }
 

@@ -25,7 +25,12 @@ pub(super) fn publish_will(
     let session = session.clone();
     tokio::spawn(async move {
         if delay > 0 {
-            tokio::time::sleep(Duration::from_secs(u64::from(delay))).await;
+            // Until the delay runs out or the session ends, whichever comes first.
+            let ended = session.ended.notified();
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(u64::from(delay))) => {}
+                _ = ended => {}
+            }
             if session.generation.load(Ordering::Acquire) != generation {
                 return; // The client came back in time.
             }
