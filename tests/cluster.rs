@@ -3,6 +3,8 @@
 //! the leader of the metadata group is frozen with SIGSTOP and resumed; every PUBACKed
 //! message must then be in the table exactly once, through every node's SQL.
 
+#[path = "cluster/bridge.rs"]
+mod bridge;
 mod common;
 #[path = "cluster/page.rs"]
 mod page;
@@ -21,6 +23,8 @@ struct Cluster {
     dirs: BTreeMap<u64, PathBuf>,
     configs: BTreeMap<u64, String>,
     nodes: BTreeMap<u64, Server>,
+    /// What every node's configuration ends with (the bridge).
+    extra: String,
 }
 
 fn free_port() -> u16 {
@@ -32,7 +36,8 @@ fn free_port() -> u16 {
 }
 
 impl Cluster {
-    fn start(root: &Path) -> Cluster {
+    /// Three nodes, each configured with `extra` (appended to its configuration).
+    fn start(root: &Path, extra: &str) -> Cluster {
         let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
         let peers: Vec<String> = (ports.iter())
             .map(|(id, p)| format!("{id} = \"127.0.0.1:{p}\""))
@@ -42,13 +47,14 @@ impl Cluster {
             dirs: BTreeMap::new(),
             configs: BTreeMap::new(),
             nodes: BTreeMap::new(),
+            extra: extra.to_string(),
         };
         for (id, port) in &ports {
             let dir = root.join(format!("n{id}"));
             std::fs::create_dir_all(&dir).unwrap();
             c.dirs.insert(*id, dir);
-            c.configs
-                .insert(*id, node_config(*id, *port, &shared, &peers.join(", "), ""));
+            let config = node_config(*id, *port, &shared, &peers.join(", "), "") + extra;
+            c.configs.insert(*id, config);
         }
         for id in 1..=3 {
             c.restart(id);
@@ -150,7 +156,8 @@ async fn until_acked(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     let root = tempfile::tempdir().unwrap();
-    let mut c = Cluster::start(root.path());
+    let mosquitto = bridge::Mosquitto::start(root.path());
+    let mut c = Cluster::start(root.path(), &mosquitto.bridge_config());
     c.settled().await;
     let shards = c.node(1).rows("SELECT * FROM system.shards").await;
     assert_eq!(shards.len(), GROUPS, "{shards:?}");
@@ -322,6 +329,7 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     add_and_remove_a_node(&mut c, root.path()).await;
     page::cluster_page(&c).await;
     page::users_and_grants_everywhere(&c).await;
+    bridge::once_per_cluster(&mut c, &mosquitto).await;
 
     for (_, s) in std::mem::take(&mut c.nodes) {
         assert_eq!(s.terminate(), 0);
@@ -583,7 +591,7 @@ async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
         &root.join("shared"),
         &format!("1 = \"{one}\", 4 = \"{address}\""),
         "join = true\n",
-    );
+    ) + &c.extra;
     c.dirs.insert(4, dir.clone());
     c.configs.insert(4, config.clone());
     // The new node waits to be added before it serves anything (but its node-to-node

@@ -43,6 +43,7 @@ use sluice_conf::BridgeConfig;
 use status::{Status, status_of};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use task::run;
 use tokio_util::sync::CancellationToken;
 
@@ -60,6 +61,11 @@ pub struct Bridges {
     saved: Arc<SavedFile>,
     /// Ends every bridge (server shutdown).
     shutdown: CancellationToken,
+    /// The configuration's bridges.
+    configured: parking_lot::Mutex<Vec<BridgeConfig>>,
+    /// Whether the bridges run here: always on a single node; in a cluster, while this
+    /// node runs the once-per-cluster work (the metadata group's leader).
+    active: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Bridges {
@@ -79,28 +85,81 @@ impl Bridges {
             shared,
             running: tokio::sync::Mutex::new(BTreeMap::new()),
             saved: Arc::new(SavedFile::open(path)),
+            configured: parking_lot::Mutex::new(Vec::new()),
+            active: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     /// Starts the configured bridges (those the admin API removed excepted) and those it
-    /// added.
-    pub(crate) async fn start(&self, configured: &[BridgeConfig]) {
+    /// added. In a cluster they run on one node at a time, the one that runs the
+    /// once-per-cluster work: each node checks twice a second, starts them when that
+    /// becomes its task and stops them when it no longer is, so they move to another node
+    /// within seconds of a failure. Redeliveries after a move are recognised by their
+    /// origins, which every node applies with the rows.
+    pub(crate) async fn start(self: &Arc<Self>, configured: &[BridgeConfig]) {
+        *self.configured.lock() = configured.to_vec();
+        if self.shared.router.node.is_none() {
+            self.active.store(true, Ordering::Release);
+            self.start_wanted().await;
+            return;
+        }
+        let me = Arc::downgrade(self);
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let Some(b) = me.upgrade() else { return };
+                let here = b.shared.db.runs_singletons();
+                if here && !b.active.swap(true, Ordering::AcqRel) {
+                    tracing::info!("this node runs the cluster's bridges now");
+                    b.start_wanted().await;
+                } else if !here && b.active.swap(false, Ordering::AcqRel) {
+                    tracing::info!(
+                        "another node runs the cluster's bridges now: stopping them here"
+                    );
+                    b.stop_all().await;
+                }
+            }
+        });
+    }
+
+    /// The bridges there should be: the configured ones less those removed, and those added.
+    fn wanted(&self) -> BTreeMap<String, BridgeConfig> {
         let (added, removed) = {
             let s = self.saved.saved.lock();
             (s.added.clone(), s.removed.clone())
         };
-        let mut all: BTreeMap<String, BridgeConfig> = configured
-            .iter()
+        let mut all: BTreeMap<String, BridgeConfig> = (self.configured.lock().iter())
             .filter(|b| !removed.contains(&b.name))
             .map(|b| (b.name.clone(), b.clone()))
             .collect();
         for b in added {
             all.insert(b.name.clone(), b);
         }
+        all
+    }
+
+    /// Starts every wanted bridge not running.
+    async fn start_wanted(&self) {
         let mut running = self.running.lock().await;
-        for (name, cfg) in all {
-            let r = self.spawn(cfg);
-            running.insert(name, r);
+        for (name, cfg) in self.wanted() {
+            if !running.contains_key(&name) {
+                let r = self.spawn(cfg);
+                running.insert(name, r);
+            }
+        }
+    }
+
+    /// Stops every bridge (their stores in flight finish and are acknowledged).
+    async fn stop_all(&self) {
+        let mut running = self.running.lock().await;
+        for (_, r) in std::mem::take(&mut *running) {
+            r.stop.cancel();
+            let _ = r.task.await;
         }
     }
 
@@ -125,16 +184,32 @@ impl Bridges {
     /// Every bridge's figures, by name.
     pub async fn status(&self) -> Vec<BridgeStatus> {
         let running = self.running.lock().await;
-        running.values().map(status_of).collect()
+        self.statuses(&running)
     }
 
     /// The figures without waiting for a change in progress (for `system.bridges` and
     /// `/metrics`, which must not block).
     pub fn status_now(&self) -> Vec<BridgeStatus> {
         match self.running.try_lock() {
-            Ok(running) => running.values().map(status_of).collect(),
+            Ok(running) => self.statuses(&running),
             Err(_) => Vec::new(),
         }
+    }
+
+    /// The figures of the bridges running here, and in a cluster those running elsewhere.
+    fn statuses(&self, running: &BTreeMap<String, Running>) -> Vec<BridgeStatus> {
+        let node = self.shared.router.node;
+        let mut all: Vec<BridgeStatus> = running.values().map(|r| status_of(r, node)).collect();
+        if node.is_some() {
+            // The others run on the node that runs the cluster's bridges.
+            let there = self.shared.db.singletons_node();
+            for (name, cfg) in self.wanted() {
+                if !running.contains_key(&name) {
+                    all.push(BridgeStatus::elsewhere(&cfg, there));
+                }
+            }
+        }
+        all
     }
 
     /// Starts a new bridge and keeps it across restarts.
@@ -152,7 +227,9 @@ impl Bridges {
             s.added.push(config.clone());
         })?;
         tracing::info!(bridge = %config.name, address = %config.address, "bridge added");
-        running.insert(config.name.clone(), self.spawn(config));
+        if self.active.load(Ordering::Acquire) {
+            running.insert(config.name.clone(), self.spawn(config));
+        }
         Ok(())
     }
 

@@ -131,6 +131,10 @@ impl WriteLog for Cluster {
         (self.node.group(GroupId::Meta)).is_some_and(|m| self.leads(&m))
     }
 
+    fn singletons_node(&self) -> Option<u64> {
+        (self.node.group(GroupId::Meta)).and_then(|m| m.metrics().borrow_watched().current_leader)
+    }
+
     async fn read_barrier(&self) -> sluice_engine::Result<()> {
         // Every shard this node keeps a replica of (a voter or a learner; not one whose
         // leader has not added this node yet).

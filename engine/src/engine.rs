@@ -697,6 +697,17 @@ impl IngestPort for Engine {
         !self.clustered()
     }
 
+    fn runs_singletons(&self) -> bool {
+        match self.clustered() {
+            false => true,
+            true => self.log.get().is_some_and(|l| l.evaluates_alerts()),
+        }
+    }
+
+    fn singletons_node(&self) -> Option<u64> {
+        self.log.get().and_then(|l| l.singletons_node())
+    }
+
     async fn journal(&self, entries: Vec<Journal>, wait: bool) -> Result<u64> {
         if self.clustered() {
             for j in entries {

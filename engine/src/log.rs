@@ -36,6 +36,12 @@ pub trait WriteLog: Send + Sync + 'static {
 
     /// Whether this node evaluates the alerts now (one node of a cluster does).
     fn evaluates_alerts(&self) -> bool;
+
+    /// The node that runs a cluster's once-per-cluster work (alerts, bridges): `None` on a
+    /// single node, or while no node is known to.
+    fn singletons_node(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl std::fmt::Debug for dyn WriteLog {

@@ -183,6 +183,13 @@ pub trait IngestPort: Logins {
         journal: Option<Journal>,
     ) -> Result<Option<WriteReceipt>>;
 
+    /// Whether a cluster's once-per-cluster work (bridges, alerts) runs on this node now:
+    /// always on a single node; on the metadata group's leader in a cluster.
+    fn runs_singletons(&self) -> bool;
+
+    /// The node that runs it (`None` on a single node, or while no leader is known).
+    fn singletons_node(&self) -> Option<u64>;
+
     /// Whether journal records are kept in a log here (the local WAL). Where not (a
     /// cluster, for now), [`IngestPort::journal`] applies them unlogged.
     fn journals(&self) -> bool;

@@ -34,6 +34,32 @@ pub struct BridgeStatus {
     pub forwarded: u64,
     /// Connections lost or refused.
     pub reconnects: u64,
+    /// The cluster node it runs on (`None` on a single node, or while a cluster has no
+    /// node running its bridges).
+    pub node: Option<u64>,
+}
+
+impl BridgeStatus {
+    /// A bridge that runs on another node of the cluster (`node`, when known): its figures
+    /// are that node's to show.
+    pub(crate) fn elsewhere(config: &sluice_conf::BridgeConfig, node: Option<u64>) -> Self {
+        Self {
+            name: config.name.clone(),
+            address: config.address.clone(),
+            version: config.version.clone(),
+            connected: false,
+            last_error: None,
+            last_error_micros: None,
+            messages_per_second: 0,
+            received: 0,
+            stored: 0,
+            duplicates: 0,
+            dead_letters: 0,
+            forwarded: 0,
+            reconnects: 0,
+            node,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -166,11 +192,16 @@ pub(crate) fn system_table(all: &[BridgeStatus]) -> arrow::record_batch::RecordB
         fields.push(Field::new(name, DataType::UInt64, false));
         columns.push(number(get));
     }
+    // Where it runs, in a cluster (NULL on a single node).
+    fields.push(Field::new("node", DataType::UInt64, true));
+    columns.push(Arc::new(UInt64Array::from(
+        all.iter().map(|s| s.node).collect::<Vec<_>>(),
+    )));
     arrow::record_batch::RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
         .expect("columns match their fields")
 }
 
-pub(super) fn status_of(r: &Running) -> BridgeStatus {
+pub(super) fn status_of(r: &Running, node: Option<u64>) -> BridgeStatus {
     let s = &r.status;
     let err = s.last_error.lock().clone();
     BridgeStatus {
@@ -187,5 +218,6 @@ pub(super) fn status_of(r: &Running) -> BridgeStatus {
         dead_letters: s.dead_letters.load(Ordering::Relaxed),
         forwarded: s.forwarded.load(Ordering::Relaxed),
         reconnects: s.reconnects.load(Ordering::Relaxed),
+        node,
     }
 }

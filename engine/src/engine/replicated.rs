@@ -172,6 +172,11 @@ impl Engine {
             }
             records.push(record);
         }
+        // A bridged message's origin, so that its redelivery (to whichever node runs the
+        // bridge then) is recognised: in the order this node applies them.
+        for o in records.iter().filter_map(|r| r.origin.as_ref()) {
+            self.store.origins.remember_next(o);
+        }
         self.store.tables.apply_shard(shard, index, &records);
         let rows = records.iter().map(|r| r.rows.len() as u64).sum();
         (rows, error)

@@ -155,6 +155,13 @@ impl Origins {
         })
     }
 
+    /// Remembers a message applied after every one remembered so far (a cluster node's
+    /// shards have no one log position).
+    pub(crate) fn remember_next(&self, origin: &Origin) {
+        let next = self.inner.lock().newest + 1;
+        self.remember(next, origin);
+    }
+
     /// Remembers a message applied at `lsn` (replay may offer records older than what the
     /// file holds: the newer entry stays).
     pub(crate) fn remember(&self, lsn: u64, origin: &Origin) {
