@@ -147,9 +147,8 @@ impl Bridges {
     async fn start_wanted(&self) {
         let mut running = self.running.lock().await;
         for (name, cfg) in self.wanted() {
-            if !running.contains_key(&name) {
-                let r = self.spawn(cfg);
-                running.insert(name, r);
+            if let std::collections::btree_map::Entry::Vacant(e) = running.entry(name) {
+                e.insert(self.spawn(cfg));
             }
         }
     }
