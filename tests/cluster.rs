@@ -8,6 +8,8 @@ mod bridge;
 mod common;
 #[path = "cluster/page.rs"]
 mod page;
+#[path = "cluster/sessions.rs"]
+mod sessions;
 
 use common::{Server, eventually, eventually_eq};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
@@ -330,6 +332,7 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     page::cluster_page(&c).await;
     page::users_and_grants_everywhere(&c).await;
     bridge::once_per_cluster(&mut c, &mosquitto).await;
+    sessions::lasting_session_survives_its_node(&mut c).await;
 
     for (_, s) in std::mem::take(&mut c.nodes) {
         assert_eq!(s.terminate(), 0);

@@ -390,9 +390,8 @@ impl Engine {
 
     /// The one place writes go to the log ([`WriteLog::append`]): the local WAL, or the
     /// shard groups once a cluster node has joined its cluster (refused before that).
-    /// Journal records go into the same group commit on the local WAL; a cluster's logs do
-    /// not keep them yet ([`IngestPort::journals`] says so), so there they are applied
-    /// once the rows are committed, unlogged.
+    /// Journal records go into the same group commit on the local WAL; on a cluster node
+    /// they go to its local WAL once the rows are committed.
     async fn log_records(
         &self,
         def: &TableDef,
@@ -413,12 +412,10 @@ impl Engine {
                 .await
                 .map(Some);
         }
+        // A cluster node keeps its broker's journal in its own local WAL, which holds no
+        // rows there: the records follow the rows, each durable before the caller goes on.
         let lsn = log.append(def, records, wait).await?;
-        for j in journal {
-            if let Some(then) = j.then {
-                then(0);
-            }
-        }
+        self.wal.append_entries(Vec::new(), journal, wait).await?;
         Ok(lsn)
     }
 
@@ -694,7 +691,7 @@ impl IngestPort for Engine {
     }
 
     fn journals(&self) -> bool {
-        !self.clustered()
+        true
     }
 
     fn runs_singletons(&self) -> bool {
@@ -709,14 +706,6 @@ impl IngestPort for Engine {
     }
 
     async fn journal(&self, entries: Vec<Journal>, wait: bool) -> Result<u64> {
-        if self.clustered() {
-            for j in entries {
-                if let Some(then) = j.then {
-                    then(0);
-                }
-            }
-            return Ok(0);
-        }
         self.wal.append_entries(Vec::new(), entries, wait).await
     }
 

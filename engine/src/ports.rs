@@ -190,8 +190,9 @@ pub trait IngestPort: Logins {
     /// The node that runs it (`None` on a single node, or while no leader is known).
     fn singletons_node(&self) -> Option<u64>;
 
-    /// Whether journal records are kept in a log here (the local WAL). Where not (a
-    /// cluster, for now), [`IngestPort::journal`] applies them unlogged.
+    /// Whether journal records are kept in a log here: the local WAL, on a single node and
+    /// on a cluster node alike (a cluster node's sessions live on that node; replicating
+    /// them is still to come).
     fn journals(&self) -> bool;
 
     /// Logs journal records in one group commit (each `then` runs in log order once

@@ -27,8 +27,16 @@ impl Engine {
             }
             if self.clustered() {
                 // Shard leaders persist replicated rows and the metadata group's leader
-                // compacts (see `replicated`); here only replaced files are deleted.
+                // compacts (see `replicated`); here only replaced files are deleted, and the
+                // local WAL (the broker's journal alone) cut at what the broker needs.
                 self.bury(false).await;
+                let applied = self.wal.applied_lsn();
+                let floor = self
+                    .journal_floor
+                    .load(std::sync::atomic::Ordering::Acquire);
+                if let Err(e) = self.wal.truncate_before(floor.min(applied + 1)) {
+                    tracing::warn!(error = %e, "cutting the local log failed");
+                }
                 continue;
             }
             if let Err(e) = self.flush_due().await {
