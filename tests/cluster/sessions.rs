@@ -82,10 +82,10 @@ pub(crate) async fn lasting_session_survives_its_node(c: &mut Cluster) {
         AsyncClient::new(options(c.node(node).mqtt_port(), "lasting", false), 10);
     let mut got: HashSet<(String, bytes::Bytes)> = HashSet::new();
     while (got.len() as u64) < 2 * N {
-        let ev = tokio::time::timeout(Duration::from_secs(30), el.poll())
-            .await
-            .unwrap_or_else(|_| panic!("{} of {} messages after 30 s", got.len(), 2 * N))
-            .unwrap();
+        let Ok(ev) = tokio::time::timeout(Duration::from_secs(30), el.poll()).await else {
+            panic!("{} of {} messages after 30 s", got.len(), 2 * N);
+        };
+        let ev = ev.unwrap();
         if let Event::Incoming(Packet::Publish(p)) = ev {
             got.insert((p.topic, p.payload));
         }
