@@ -1,6 +1,7 @@
 //! InfluxDB's write API as its users send to it: line protocol to `/api/v2/write` (gzip,
 //! seconds precision) and `/write` (v1), measurements becoming tables made and widened in an
-//! auto-create database, a type conflict refused whole in InfluxDB's error shape.
+//! auto-create database, a type conflict reported in InfluxDB's error shapes (the other
+//! lines stored, or none when the client asks for all or nothing).
 
 mod common;
 
@@ -82,18 +83,26 @@ async fn line_protocol_over_influxdbs_write_api_makes_and_fills_tables() {
             .await,
         vec![serde_json::json!({"t": "2023-11-14T22:13:22", "temp": 20.5})]
     );
-    // A type conflict refuses the whole request, in InfluxDB's shape, naming the line.
+    // A type conflict: the other lines are stored and it is reported, in InfluxDB 2's shape
+    // (code, message) and 3's (error, data), naming the line.
     let bad = "cpu,host=d usage=4\ncpu,host=e usage=\"high\"";
     let (status, body) = post(&s, "/api/v2/write?bucket=telegraf", bad, false).await;
     assert_eq!(status, 400, "{body}");
     let e: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(e["code"], "invalid");
     assert!(e["message"].as_str().unwrap().contains("line 2"), "{body}");
-    assert_eq!(
-        s.count("SELECT count(*) FROM telegraf.cpu WHERE host IN ('d', 'e')")
-            .await,
-        0
-    );
+    assert_eq!(e["data"][0]["line_number"], 2, "{body}");
+    assert_eq!(e["data"][0]["original_line"], "cpu,host=e usage=\"high\"");
+    let q = "SELECT host FROM telegraf.cpu WHERE host IN ('d', 'e')";
+    assert_eq!(s.rows(q).await, vec![serde_json::json!({"host": "d"})]);
+    // All or nothing when the client asks (InfluxDB 3's accept_partial=false).
+    let bad = "cpu,host=h usage=4\ncpu,host=i usage=\"high\"";
+    let path = "/api/v2/write?bucket=telegraf&accept_partial=false";
+    let (status, body) = post(&s, path, bad, false).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("line 2"), "{body}");
+    let q = "SELECT count(*) FROM telegraf.cpu WHERE host IN ('h', 'i')";
+    assert_eq!(s.count(q).await, 0);
     // Lines are numbered as sent, whichever measurement they belong to.
     let mixed = "mem,host=f free=1u\ncpu,host=f usage=1\nmem,host=g free=\"lots\"";
     let (status, body) = post(&s, "/api/v2/write?bucket=telegraf", mixed, false).await;

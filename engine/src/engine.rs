@@ -552,8 +552,9 @@ impl QueryPort for Engine {
         database: &str,
         text: &str,
         ns_per_unit: i64,
-    ) -> Result<WriteReceipt> {
-        Engine::write_line_protocol(self, user, database, text, ns_per_unit).await
+        partial: bool,
+    ) -> Result<crate::ports::LineProtocolWrite> {
+        Engine::write_line_protocol(self, user, database, text, ns_per_unit, partial).await
     }
 
     fn alerts(&self) -> Vec<AlertStatus> {

@@ -40,8 +40,9 @@ pub use log::WriteLog;
 pub use log::wal::record::{WriteRecord, encode_record};
 pub use log::wal::{Journal, Then};
 pub use ports::{
-    ClusterAdmin, DeadLetter, Health, IngestPort, LeaderMoveError, Logins, NodeChangeError,
-    Publication, QueryOptions, QueryOutput, QueryPort, SystemRows, WriteReceipt,
+    ClusterAdmin, DeadLetter, Health, IngestPort, LeaderMoveError, LineProtocolWrite, Logins,
+    NodeChangeError, Publication, QueryOptions, QueryOutput, QueryPort, RejectedLine, SystemRows,
+    WriteReceipt,
 };
 pub use store::catalog::{CatalogData, CatalogLog, DEFAULT_DATABASE, TableDef};
 pub use store::files::{read_state, replace_file};

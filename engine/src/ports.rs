@@ -69,6 +69,26 @@ pub struct WriteReceipt {
     pub lsn: u64,
 }
 
+/// What a line protocol write stored, and the lines it did not (partial writes).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LineProtocolWrite {
+    /// Rows stored.
+    pub rows: usize,
+    /// Lines refused, in order.
+    pub rejected: Vec<RejectedLine>,
+}
+
+/// A line of a partial write that was not stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RejectedLine {
+    /// Its number in the request (from 1).
+    pub line: usize,
+    /// The line as sent.
+    pub text: String,
+    /// Why.
+    pub error: String,
+}
+
 /// Health as `/health` reports it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Health {
@@ -262,13 +282,17 @@ pub trait QueryPort: Logins {
     /// Stores InfluxDB line protocol as InfluxDB's write API does (each measurement a
     /// table; see [`crate::Engine::write_line_protocol`]), as `user`, timestamps in units of
     /// `ns_per_unit` nanoseconds.
+    /// With `partial`, lines that cannot be stored (they do not parse, or a value does not
+    /// fit its column) are reported and the rest stored, as InfluxDB does; without it one
+    /// such line refuses the whole request.
     async fn write_line_protocol(
         &self,
         user: Option<&str>,
         database: &str,
         text: &str,
         ns_per_unit: i64,
-    ) -> Result<WriteReceipt>;
+        partial: bool,
+    ) -> Result<LineProtocolWrite>;
 
     /// Every alert with its state.
     fn alerts(&self) -> Vec<crate::alerts::AlertStatus>;

@@ -29,6 +29,9 @@ struct Params {
     db: Option<String>,
     /// `ns` (default), `us`, `ms` or `s`.
     precision: Option<String>,
+    /// `false`: one line that cannot be stored refuses the whole request (default `true`:
+    /// the others are stored and it is reported).
+    accept_partial: Option<bool>,
 }
 
 pub(crate) fn routes(db: Arc<dyn QueryPort>, max_body: usize) -> Router {
@@ -120,12 +123,16 @@ async fn write(
         Err((status, code, message)) => return error(status, code, message),
     };
     let user = caller.and_then(|c| c.0.0);
+    // As InfluxDB: the lines that fit are stored and the others reported, unless the client
+    // asks for all or nothing (InfluxDB 3's `accept_partial=false`).
+    let partial = q.accept_partial != Some(false);
     match s
         .db
-        .write_line_protocol(user.as_deref(), &database, &text, ns)
+        .write_line_protocol(user.as_deref(), &database, &text, ns, partial)
         .await
     {
-        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Ok(w) if w.rejected.is_empty() => StatusCode::NO_CONTENT.into_response(),
+        Ok(w) => partial_write(&w),
         Err(e) => {
             let api = crate::ApiError::from(e);
             let code = match api.status {
@@ -138,6 +145,35 @@ async fn write(
             error(api.status, code, api.message)
         }
     }
+}
+
+/// 400 naming the lines not stored, in both InfluxDB 2's shape (`code`, `message`) and
+/// InfluxDB 3's (`error`, `data` with each line's number, text and error).
+fn partial_write(w: &sluice_engine::LineProtocolWrite) -> Response {
+    let first = &w.rejected[0];
+    let message = format!(
+        "partial write: {} lines rejected, {} rows stored; line {}: {}",
+        w.rejected.len(),
+        w.rows,
+        first.line,
+        first.error
+    );
+    let data: Vec<serde_json::Value> = (w.rejected.iter())
+        .map(|r| {
+            serde_json::json!({
+                "line_number": r.line,
+                "original_line": r.text,
+                "error_message": r.error,
+            })
+        })
+        .collect();
+    let body = serde_json::json!({
+        "code": "invalid",
+        "message": message,
+        "error": "partial write of line protocol occurred",
+        "data": data,
+    });
+    (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ mod line_protocol;
 mod mapping;
 
 pub(crate) use infer::infer_json_columns;
-pub(crate) use line_protocol::by_measurement;
+pub(crate) use line_protocol::by_measurement_keeping;
 pub(crate) use mapping::{JSON_MAPPINGS, validate_options};
 
 use crate::error::{Error, Result};

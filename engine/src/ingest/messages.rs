@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::ingest::decode::{Format, decode_message, infer_json_columns};
 use crate::ingest::origin::Origin;
-use crate::ports::WriteReceipt;
+use crate::ports::{LineProtocolWrite, RejectedLine, WriteReceipt};
 use crate::query::ddl::{CreateTable, TableRef};
 use crate::store::catalog::{ColumnDef, TableDef};
 use crate::store::partition::PartitionFn;
@@ -104,7 +104,9 @@ impl Engine {
     /// database listed in `mqtt.auto_create_databases` (or all, with `*`) a missing table is
     /// made from its lines (`time`, tags as strings, fields typed as written, partitioned by
     /// day) and a table gains nullable columns for new tags and fields. Every line is decoded
-    /// before anything is stored; then each measurement's rows are one durable append.
+    /// before anything is stored; then each measurement's rows are one durable append. With
+    /// `partial`, a line that does not parse or fit is reported (its number, text and why)
+    /// and the others stored; without it, it refuses the whole text.
     /// `user` needs INSERT on the database (and the `[[acl]]` write rules' leave).
     pub async fn write_line_protocol(
         &self,
@@ -112,11 +114,14 @@ impl Engine {
         database: &str,
         text: &str,
         ns_per_unit: i64,
-    ) -> Result<WriteReceipt> {
+        partial: bool,
+    ) -> Result<LineProtocolWrite> {
         use crate::ports::Logins;
         let auto =
             (self.config.mqtt.auto_create_databases.iter()).any(|d| d == database || d == "*");
-        let groups = crate::ingest::decode::by_measurement(text, ns_per_unit)?;
+        let mut rejected = Vec::new();
+        let keep = partial.then_some(&mut rejected);
+        let groups = crate::ingest::decode::by_measurement_keeping(text, ns_per_unit, keep)?;
         let mut decoded = Vec::with_capacity(groups.len());
         for mut m in groups {
             let need = crate::access::Need::Insert {
@@ -132,20 +137,61 @@ impl Engine {
                 }
                 (Err(e), _) => return Err(e),
             };
-            let text = m.text.as_bytes();
-            let rows = decode_message(&def, Format::LineProtocol, text, now_micros(), &[])
-                .map_err(|e| m.in_whole_text(e))?;
-            decoded.push((def, rows));
-        }
-        let mut receipt = WriteReceipt { rows: 0, lsn: 0 };
-        for (def, rows) in decoded {
-            let r = self.append(&def, rows, true, None).await?;
-            receipt = WriteReceipt {
-                rows: receipt.rows + r.rows,
-                lsn: r.lsn,
+            let now = now_micros();
+            let lp = Format::LineProtocol;
+            let rows = match decode_message(&def, lp, m.text.as_bytes(), now, &[]) {
+                Ok(rows) => rows,
+                // Partial: the lines that decode are kept, each other one is named.
+                Err(_) if partial => {
+                    let mut rows = Vec::new();
+                    for (j, line) in m.text.lines().enumerate() {
+                        match decode_message(&def, lp, line.as_bytes(), now, &[]) {
+                            Ok(r) => rows.extend(r),
+                            Err(e) => rejected.push(m.in_whole_text(renumber(e, j + 1))),
+                        }
+                    }
+                    rows
+                }
+                Err(e) => return Err(m.in_whole_text(e)),
             };
+            if !rows.is_empty() {
+                decoded.push((def, rows));
+            }
         }
-        Ok(receipt)
+        let mut out = LineProtocolWrite::default();
+        for (def, rows) in decoded {
+            out.rows += self.append(&def, rows, true, None).await?.rows;
+        }
+        let lines: Vec<&str> = text.split('\n').collect();
+        out.rejected = (rejected.into_iter())
+            .map(|e| {
+                let line = match &e {
+                    Error::BadRow { line, .. } | Error::BadPayload { line, .. } => *line,
+                    _ => 0,
+                };
+                let original = lines.get(line.wrapping_sub(1)).copied().unwrap_or("");
+                RejectedLine {
+                    line,
+                    text: original.trim_end_matches('\r').to_string(),
+                    error: e.to_string(),
+                }
+            })
+            .collect();
+        out.rejected.sort_by_key(|r| r.line);
+        Ok(out)
+    }
+}
+
+/// `e` as the error of line `line`.
+fn renumber(e: Error, line: usize) -> Error {
+    match e {
+        Error::BadRow { column, reason, .. } => Error::BadRow {
+            line,
+            column,
+            reason,
+        },
+        Error::BadPayload { reason, .. } => Error::BadPayload { line, reason },
+        other => other,
     }
 }
 

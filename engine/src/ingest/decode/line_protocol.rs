@@ -374,17 +374,31 @@ impl Measurement {
 /// timestamps written in units of `ns_per_unit` nanoseconds (1 for `precision=ns`,
 /// 1,000,000,000 for `s`) rewritten in nanoseconds. A line that does not parse is an error
 /// naming its line.
-pub(crate) fn by_measurement(text: &str, ns_per_unit: i64) -> Result<Vec<Measurement>> {
+/// With `rejected`, a line that does not parse (or whose timestamp is out of range) is put
+/// there, as an error naming it, instead of failing the whole text.
+pub(crate) fn by_measurement_keeping(
+    text: &str,
+    ns_per_unit: i64,
+    mut rejected: Option<&mut Vec<Error>>,
+) -> Result<Vec<Measurement>> {
     let mut out: Vec<Measurement> = Vec::new();
     for (i, raw) in text.split('\n').enumerate() {
         let raw = raw.strip_suffix('\r').unwrap_or(raw).trim();
         if raw.is_empty() || raw.starts_with('#') {
             continue;
         }
-        let line = parse_line(raw).map_err(|reason| Error::BadPayload {
+        let parsed = parse_line(raw).map_err(|reason| Error::BadPayload {
             line: i + 1,
             reason,
-        })?;
+        });
+        let line = match (parsed, rejected.as_deref_mut()) {
+            (Ok(line), _) => line,
+            (Err(e), Some(rejected)) => {
+                rejected.push(e);
+                continue;
+            }
+            (Err(e), None) => return Err(e),
+        };
         let at = match out.iter().position(|m| m.name == line.measurement) {
             Some(at) => at,
             None => {
@@ -421,12 +435,19 @@ pub(crate) fn by_measurement(text: &str, ns_per_unit: i64) -> Result<Vec<Measure
         // The timestamp is the line's last token (the parse checked the grammar).
         match line.timestamp {
             Some(ts) if ns_per_unit != 1 => {
-                let ns = ts
-                    .checked_mul(ns_per_unit)
-                    .ok_or_else(|| Error::BadPayload {
+                let Some(ns) = ts.checked_mul(ns_per_unit) else {
+                    let e = Error::BadPayload {
                         line: i + 1,
                         reason: format!("timestamp {ts} is out of range at this precision"),
-                    })?;
+                    };
+                    match rejected.as_deref_mut() {
+                        Some(rejected) => {
+                            rejected.push(e);
+                            continue;
+                        }
+                        None => return Err(e),
+                    }
+                };
                 let (head, _) = raw.rsplit_once(' ').unwrap_or((raw, ""));
                 m.text.push_str(head);
                 m.text.push(' ');
