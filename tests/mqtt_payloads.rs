@@ -111,6 +111,43 @@ async fn the_first_json_message_creates_the_table_in_an_auto_create_database() {
     assert_eq!(r.status, 404, "{}", r.body);
 }
 
+/// Line protocol over MQTT in an auto-create database: each measurement is a table, made
+/// from its first line and widened by new fields, as over InfluxDB's write API.
+#[tokio::test(flavor = "multi_thread")]
+async fn line_protocol_over_mqtt_makes_a_table_per_measurement() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[("SLUICE_MQTT_AUTO_CREATE_DATABASES", "auto")]);
+    s.sql_ok("CREATE DATABASE auto").await;
+    let first = "cpu,host=a usage=1.5 1700000000000000000\nmem,host=a free=10i 1700000000000000000";
+    publish(&s, "/auto/telegraf", first);
+    publish(
+        &s,
+        "/auto/telegraf",
+        "cpu,host=b usage=2,temp=20.5 1700000001000000000",
+    );
+    assert_eq!(
+        s.rows("SELECT CAST(time AS VARCHAR) AS t, host, usage, temp FROM auto.cpu ORDER BY host")
+            .await,
+        vec![
+            serde_json::json!({"t": "2023-11-14T22:13:20", "host": "a", "usage": 1.5, "temp": null}),
+            serde_json::json!({"t": "2023-11-14T22:13:21", "host": "b", "usage": 2.0, "temp": 20.5}),
+        ]
+    );
+    assert_eq!(
+        s.rows("SELECT host, free FROM auto.mem").await,
+        vec![serde_json::json!({"host": "a", "free": 10})]
+    );
+    // A line that cannot be stored refuses its whole message (a dead letter).
+    publish(
+        &s,
+        "/auto/telegraf",
+        "cpu,host=c usage=3\ncpu,host=d usage=\"high\"",
+    );
+    let q = "SELECT count(*) FROM auto.cpu WHERE host IN ('c', 'd')";
+    assert_eq!(s.count(q).await, 0);
+    assert_eq!(s.count("SELECT count(*) FROM system.dead_letters").await, 1);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sessions_and_retained_messages_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();

@@ -655,6 +655,20 @@ impl IngestPort for Engine {
         p: Publication<'_>,
         journal: Option<Journal>,
     ) -> Result<Option<WriteReceipt>> {
+        // Line protocol in an auto-create database: each measurement is a table, made and
+        // widened as InfluxDB's write API does; the message is stored whole or refused.
+        if p.auto_create && p.format == Format::LineProtocol && p.fixed.is_empty() {
+            let text = std::str::from_utf8(p.payload)
+                .map_err(|_| Error::invalid("line protocol must be UTF-8"))?;
+            let w = self
+                .write_line_protocol(None, p.database, text, 1, false)
+                .await?;
+            let lsn = match journal {
+                Some(j) => self.journal(vec![j], true).await?,
+                None => 0,
+            };
+            return Ok(Some(WriteReceipt { rows: w.rows, lsn }));
+        }
         let def = match self.table(p.database, p.table) {
             Ok(def) => def,
             Err(Error::UnknownTable { .. }) if p.auto_create && p.format == Format::Json => {
