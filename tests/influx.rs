@@ -179,4 +179,14 @@ with InfluxDBClient(url=sys.argv[1], token="writer:pw", org="sluice") as client:
         .expect("python3");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("401"));
+    // InfluxDB 1.x clients send `?u=&p=` on /write (no header).
+    let v1 = |p: &str| {
+        let url = s.url(&format!("/write?db=lab&precision=s&u=writer&p={p}"));
+        reqwest::Client::new()
+            .post(url)
+            .body("power,site=south kw=2 1700000003")
+    };
+    assert_eq!(v1("nope").send().await.unwrap().status().as_u16(), 401);
+    assert_eq!(v1("pw").send().await.unwrap().status().as_u16(), 204);
+    assert_eq!(s.count("SELECT count(*) FROM lab.power").await, 2);
 }

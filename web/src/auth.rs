@@ -218,6 +218,23 @@ fn basic(headers: &HeaderMap) -> Option<(String, String)> {
     Some((u.to_string(), p.to_string()))
 }
 
+/// InfluxDB 1.x clients may send their credentials on `/write` as `?u=USER&p=PASSWORD`:
+/// they count as `Authorization: Token USER:PASSWORD` when no header is sent.
+fn v1_credentials(request: &mut Request) {
+    type Params = std::collections::HashMap<String, String>;
+    if request.uri().path() != "/write" || request.headers().contains_key(header::AUTHORIZATION) {
+        return;
+    }
+    let Ok(q) = axum::extract::Query::<Params>::try_from_uri(request.uri()) else {
+        return;
+    };
+    if let (Some(u), Some(p)) = (q.get("u"), q.get("p"))
+        && let Ok(v) = HeaderValue::from_str(&format!("Token {u}:{p}"))
+    {
+        request.headers_mut().insert(header::AUTHORIZATION, v);
+    }
+}
+
 /// Paths anyone may reach.
 fn open_path(path: &str) -> bool {
     path == "/"
@@ -267,6 +284,7 @@ pub(crate) async fn check(
     if open_path(request.uri().path()) {
         return next.run(request).await;
     }
+    v1_credentials(&mut request);
     let peer = peer_of(request.extensions());
     match gate.user(request.headers(), peer).await {
         Ok(Some(user)) if admin_path(request.uri().path()) && !gate.auth.is_admin(&user) => {
