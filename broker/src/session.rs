@@ -140,12 +140,28 @@ impl State {
     }
 
     /// The client acknowledged the messages at `lsns`: they leave the session.
+    ///
+    /// Each acknowledgement takes one copy: the one in flight, else the first queued (a
+    /// session can hold one message twice, through a shared and a plain subscription, or a
+    /// retained copy beside the live one).
+    /// One pass over what is in flight, and over the queue only for those not found there.
     pub(crate) fn forget_acked(&mut self, lsns: &[u64]) {
-        let before = self.inflight.len();
-        self.inflight
-            .retain(|_, o| o.lsn() == 0 || !lsns.contains(&o.lsn()));
-        if before - self.inflight.len() < lsns.len() {
-            self.queue.retain(|d| d.lsn == 0 || !lsns.contains(&d.lsn));
+        let mut left: HashMap<u64, usize> = HashMap::with_capacity(lsns.len());
+        for &lsn in lsns.iter().filter(|l| **l != 0) {
+            *left.entry(lsn).or_default() += 1;
+        }
+        fn take(left: &mut HashMap<u64, usize>, lsn: u64) -> bool {
+            match left.get_mut(&lsn) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    true
+                }
+                _ => false,
+            }
+        }
+        self.inflight.retain(|_, o| !take(&mut left, o.lsn()));
+        if left.values().any(|n| *n > 0) {
+            self.queue.retain(|d| !take(&mut left, d.lsn));
         }
     }
 
@@ -329,5 +345,43 @@ impl Session {
     /// Next generation number (a new connection attached).
     pub(crate) fn bump(&self) -> u64 {
         self.generation.fetch_add(1, Ordering::AcqRel) + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(lsn: u64) -> Delivery {
+        Delivery {
+            message: Arc::new(Message {
+                topic: Arc::from("t"),
+                payload: bytes::Bytes::from_static(b"x"),
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                properties: None,
+                expires: None,
+                origin: Arc::from("p"),
+            }),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            subscription_ids: Vec::new(),
+            lsn,
+        }
+    }
+
+    /// A session holding one message twice (a shared and a plain subscription): each
+    /// acknowledgement takes one copy, the one in flight first.
+    #[test]
+    fn an_ack_takes_one_copy() {
+        let mut st = State::default();
+        st.queue.extend([delivery(7), delivery(8), delivery(7)]);
+        st.mark_sent(7, 1);
+        assert_eq!(st.queue.iter().map(|d| d.lsn).collect::<Vec<_>>(), [8, 7]);
+        st.forget_acked(&[7]);
+        assert!(st.inflight.is_empty());
+        assert_eq!(st.queue.iter().map(|d| d.lsn).collect::<Vec<_>>(), [8, 7]);
+        st.forget_acked(&[7, 8]);
+        assert!(st.queue.is_empty());
     }
 }
