@@ -440,7 +440,8 @@ where
                 acknowledged(shared, &client.id, std::mem::take(&mut client.acked));
             }
             if sending.is_none() && std::mem::take(&mut woken) {
-                let sent = fill(shared, &mut outbound, &mut client.out, &mut held);
+                let dropped = &mut client.acked;
+                let sent = fill(shared, &mut outbound, &mut client.out, &mut held, dropped);
                 if !sent.is_empty() {
                     let record = Record::Sent {
                         client: client.id.clone(),

@@ -43,12 +43,14 @@ pub(super) fn resend(st: &mut Outbound, out: &mut BytesMut) {
 /// Moves queued messages into `out` while the client's receive window has room. A QoS 1/2
 /// message in the journal going to a lasting session, and everything after it, goes into
 /// `held` instead: it is sent once the journal has its packet id; returns those (LSN,
-/// packet id) pairs.
+/// packet id) pairs. A lasting session's message too large for the client is added to
+/// `dropped`, to be logged as done with (else a restart would queue it again).
 pub(super) fn fill(
     shared: &BrokerState,
     st: &mut Outbound,
     out: &mut BytesMut,
     held: &mut BytesMut,
+    dropped: &mut Vec<u64>,
 ) -> Vec<(u64, u16)> {
     let lasting = st.session.lasting() && shared.db.journals();
     let mut sent = Vec::new();
@@ -72,6 +74,9 @@ pub(super) fn fill(
                     st.aliases.remove(&d.message.topic);
                 }
                 st.session.state.lock().inflight.remove(&pkid);
+                if lasting && d.lsn != 0 {
+                    dropped.push(d.lsn);
+                }
                 tracing::debug!(client_id = %st.session.client_id, size = p.size(), "message larger than the client's maximum packet size not sent");
                 continue;
             }
