@@ -24,8 +24,9 @@ pub(super) async fn handle(
     packet: Packet,
     pending: &mut FuturesOrdered<Ack>,
 ) -> Result<bool> {
-    // Whether the session's state is in the journal.
-    let lasting = shared.db.journals() && client.session.lasting();
+    // Whether the session's state is in the journal: read where needed, under the lock
+    // the branch takes anyway (this runs for every acknowledgement).
+    let journals = shared.db.journals();
     match packet {
         Packet::Publish(p) => on_publish(shared, client, p, pending)?,
         Packet::PubAck(a) => {
@@ -33,7 +34,7 @@ pub(super) async fn handle(
             if let Some(Outgoing::Published(d)) = st.inflight.get(&a.pkid) {
                 let lsn = d.lsn;
                 st.inflight.remove(&a.pkid);
-                if lsn != 0 && lasting {
+                if lsn != 0 && journals && st.expiry_secs > 0 {
                     client.acked.push(lsn);
                 }
             }
@@ -41,8 +42,9 @@ pub(super) async fn handle(
             client.session.wake_writer.notify_one();
         }
         Packet::PubRec(r) => {
-            let known = {
+            let (known, lasting) = {
                 let mut st = client.session.state.lock();
+                let lasting = journals && st.expiry_secs > 0;
                 let known = st.inflight.get(&r.pkid).map(|o| o.lsn());
                 if let Some(lsn) = known {
                     if (r.reason as u8) >= 0x80 {
@@ -54,7 +56,7 @@ pub(super) async fn handle(
                         st.inflight.insert(r.pkid, Outgoing::Released(lsn));
                     }
                 }
-                known.filter(|_| (r.reason as u8) < 0x80)
+                (known.filter(|_| (r.reason as u8) < 0x80), lasting)
             };
             let rel = Packet::PubRel(PubRel {
                 pkid: r.pkid,
@@ -86,14 +88,23 @@ pub(super) async fn handle(
             }
         }
         Packet::PubComp(c) => {
-            let done = client.session.state.lock().inflight.remove(&c.pkid);
+            let (done, lasting) = {
+                let mut st = client.session.state.lock();
+                (st.inflight.remove(&c.pkid), journals && st.expiry_secs > 0)
+            };
             if let Some(lsn) = done.map(|o| o.lsn()).filter(|l| *l != 0 && lasting) {
                 client.acked.push(lsn);
             }
             client.session.wake_writer.notify_one();
         }
         Packet::PubRel(r) => {
-            let found = client.session.state.lock().incoming_qos2.remove(&r.pkid);
+            let (found, lasting) = {
+                let mut st = client.session.state.lock();
+                (
+                    st.incoming_qos2.remove(&r.pkid),
+                    journals && st.expiry_secs > 0,
+                )
+            };
             let pkid = r.pkid;
             // Its packet id is free once the journal says so, before the PUBCOMP lets the
             // client use it again.
@@ -104,12 +115,16 @@ pub(super) async fn handle(
                 };
                 (shared.db.clone(), journal::entry(&record, None))
             });
+            let session = client.session.clone();
             // After the PUBREC of the same id, which may still be pending.
             pending.push_back(Box::pin(async move {
                 if let Some((db, entry)) = released
                     && let Err(e) = db.journal(vec![entry], true).await
                 {
-                    tracing::warn!(error = %e, "PUBREL not logged");
+                    // No PUBCOMP: the client keeps the id and sends its PUBREL again.
+                    tracing::warn!(error = %e, "PUBREL not logged; PUBCOMP not sent");
+                    session.state.lock().incoming_qos2.insert(pkid);
+                    return (None, None);
                 }
                 let comp = Packet::PubComp(PubComp {
                     pkid,
@@ -127,7 +142,13 @@ pub(super) async fn handle(
         Packet::Unsubscribe(u) => {
             let mut reasons = Vec::with_capacity(u.filters.len());
             for f in &u.filters {
-                let existed = client.session.state.lock().subscriptions.contains_key(f);
+                let (existed, lasting) = {
+                    let st = client.session.state.lock();
+                    (
+                        st.subscriptions.contains_key(f),
+                        journals && st.expiry_secs > 0,
+                    )
+                };
                 if lasting {
                     let record = Record::Unsubscribe {
                         client: client.id.clone(),

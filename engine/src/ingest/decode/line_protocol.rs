@@ -399,6 +399,27 @@ pub(crate) fn by_measurement_keeping(
             }
             (Err(e), None) => return Err(e),
         };
+        // The timestamp in nanoseconds, checked before the line counts for its measurement
+        // (a refused line adds no column).
+        let rescaled = match line.timestamp {
+            Some(ts) if ns_per_unit != 1 => match ts.checked_mul(ns_per_unit) {
+                Some(ns) => Some(ns),
+                None => {
+                    let e = Error::BadPayload {
+                        line: i + 1,
+                        reason: format!("timestamp {ts} is out of range at this precision"),
+                    };
+                    match rejected.as_deref_mut() {
+                        Some(rejected) => {
+                            rejected.push(e);
+                            continue;
+                        }
+                        None => return Err(e),
+                    }
+                }
+            },
+            _ => None,
+        };
         let at = match out.iter().position(|m| m.name == line.measurement) {
             Some(at) => at,
             None => {
@@ -433,27 +454,14 @@ pub(crate) fn by_measurement_keeping(
             );
         }
         // The timestamp is the line's last token (the parse checked the grammar).
-        match line.timestamp {
-            Some(ts) if ns_per_unit != 1 => {
-                let Some(ns) = ts.checked_mul(ns_per_unit) else {
-                    let e = Error::BadPayload {
-                        line: i + 1,
-                        reason: format!("timestamp {ts} is out of range at this precision"),
-                    };
-                    match rejected.as_deref_mut() {
-                        Some(rejected) => {
-                            rejected.push(e);
-                            continue;
-                        }
-                        None => return Err(e),
-                    }
-                };
+        match rescaled {
+            Some(ns) => {
                 let (head, _) = raw.rsplit_once(' ').unwrap_or((raw, ""));
                 m.text.push_str(head);
                 m.text.push(' ');
                 m.text.push_str(&ns.to_string());
             }
-            _ => m.text.push_str(raw),
+            None => m.text.push_str(raw),
         }
         m.text.push('\n');
         m.lines.push(i + 1);
