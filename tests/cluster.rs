@@ -6,6 +6,8 @@
 #[path = "cluster/bridge.rs"]
 mod bridge;
 mod common;
+#[path = "cluster/delivery.rs"]
+mod delivery;
 #[path = "cluster/page.rs"]
 mod page;
 #[path = "cluster/sessions.rs"]
@@ -333,6 +335,7 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     page::users_and_grants_everywhere(&c).await;
     bridge::once_per_cluster(&mut c, &mosquitto).await;
     sessions::lasting_session_survives_its_node(&mut c).await;
+    delivery::one_broker_across_nodes(&mut c).await;
 
     for (_, s) in std::mem::take(&mut c.nodes) {
         assert_eq!(s.terminate(), 0);

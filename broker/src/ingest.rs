@@ -4,12 +4,16 @@ use crate::BrokerState;
 use crate::error;
 use crate::journal::{self, Record};
 use crate::router::Target;
+use crate::router::remote::{Group, Groups};
 use crate::session::Message;
+use futures::future::BoxFuture;
 use rumqttc::v5::mqttbytes::v5::PubAckReason;
 use sluice_engine::Origin;
 use sluice_engine::access::Need;
 use sluice_engine::{DeadLetter, Publication};
+use sluice_engine::{RelaySink, Relaying, RouteChange};
 use std::sync::Arc;
+use std::sync::Weak;
 use std::sync::atomic::Ordering;
 
 /// Stores `message` if its topic maps to a table, then hands it to the subscribers; a will
@@ -22,27 +26,103 @@ pub(crate) async fn store(
     user: Option<Arc<str>>,
     will_of: Option<Arc<str>>,
 ) -> (PubAckReason, Option<String>) {
-    let (journal, targets) = plan(&shared, &message, None, will_of).await;
+    let (relaying, elsewhere) = relay(&shared, &message);
+    let serves = Groups::Except(&elsewhere);
+    let (journal, targets) = plan(&shared, &message, None, will_of, serves).await;
     let logged = journal.is_some();
     let outcome = store_rows(&shared, &message, user.as_deref(), journal).await;
-    if outcome.0 == PubAckReason::Success {
+    let stored = outcome.0 == PubAckReason::Success;
+    relaying.go(stored).await;
+    if stored {
         deliver_now(&shared, &message, targets, logged).await;
     }
     outcome
 }
 
+/// Queues `message` for the other nodes of a cluster whose sessions subscribe it (every
+/// node, when it is retained) before it is stored, so in its publisher's order; returns
+/// the slots, to release once it is stored ([`Relaying::go`]), and the shared groups whose
+/// member another node chose (this node's members skip it).
+pub(crate) fn relay(shared: &BrokerState, message: &Message) -> (Relaying, Vec<Group>) {
+    match shared.router.remote() {
+        Some(r) if !message.origin.starts_with("$SYS") => r.relay(message),
+        _ => (Relaying::none(), Vec::new()),
+    }
+}
+
+/// The broker's side of a cluster's relay: routes of the other nodes into the router, and
+/// the messages they relay to this node's sessions.
+pub(crate) struct Inbox(pub(crate) Weak<BrokerState>);
+
+impl RelaySink for Inbox {
+    fn routes(&self, node: u64, change: RouteChange) {
+        if let Some(r) = self.0.upgrade().as_ref().and_then(|s| s.router.remote()) {
+            r.change(node, change);
+        }
+    }
+
+    fn receive(&self, from: u64, messages: Vec<bytes::Bytes>) -> BoxFuture<'static, ()> {
+        let shared = self.0.upgrade();
+        Box::pin(async move {
+            let Some(shared) = shared else {
+                return;
+            };
+            // The batch's records go in one group commit, in order; then the receivers that
+            // are not lasting get theirs, in order.
+            let (mut entries, mut planned) = (Vec::new(), Vec::with_capacity(messages.len()));
+            for b in messages {
+                let Some((message, groups)) = journal::read_relayed(&b) else {
+                    tracing::warn!(from, "a relayed message that does not decode; dropped");
+                    continue;
+                };
+                let (journal, targets) =
+                    plan(&shared, &message, None, None, Groups::Only(&groups)).await;
+                let logged = journal.is_some();
+                entries.extend(journal);
+                planned.push((message, targets, logged));
+            }
+            if !entries.is_empty()
+                && let Err(e) = shared.db.journal(entries, true).await
+            {
+                tracing::error!(from, error = %e, "relayed messages not logged for their lasting subscribers; not delivered");
+                return;
+            }
+            for (message, targets, logged) in planned {
+                deliver_now(&shared, &message, targets, logged).await;
+            }
+        })
+    }
+}
+
 /// Hands `message` to the subscribers (it is stored already, or maps to no table): through
 /// the journal when it must be there ([`plan`]).
 pub(crate) async fn route(shared: &Arc<BrokerState>, message: &Arc<Message>) {
-    let (journal, targets) = plan(shared, message, None, None).await;
-    let logged = journal.is_some();
-    if let Some(j) = journal
-        && let Err(e) = shared.db.journal(vec![j], true).await
-    {
-        tracing::error!(topic = %message.topic, error = %e, "message not logged for its lasting subscribers; not delivered");
+    route_all(shared, vec![message.clone()]).await;
+}
+
+/// [`route`] for many messages at once (a bridge's): their records in one group commit,
+/// the other nodes' copies released together.
+pub(crate) async fn route_all(shared: &Arc<BrokerState>, messages: Vec<Arc<Message>>) {
+    let relayed: Vec<_> = messages.iter().map(|m| relay(shared, m)).collect();
+    let (mut entries, mut planned) = (Vec::new(), Vec::with_capacity(messages.len()));
+    for (m, (_, elsewhere)) in messages.into_iter().zip(&relayed) {
+        let (journal, targets) = plan(shared, &m, None, None, Groups::Except(elsewhere)).await;
+        planned.push((m, targets, journal.is_some()));
+        entries.extend(journal);
+    }
+    let logged = match entries.is_empty() {
+        true => Ok(0),
+        false => shared.db.journal(entries, true).await,
+    };
+    let go = relayed.into_iter().map(|(r, _)| r.go(logged.is_ok()));
+    futures::future::join_all(go).await;
+    if let Err(e) = logged {
+        tracing::error!(error = %e, "messages not logged for their lasting subscribers; not delivered");
         return;
     }
-    deliver_now(shared, message, targets, logged).await;
+    for (m, targets, logged) in planned {
+        deliver_now(shared, &m, targets, logged).await;
+    }
 }
 
 /// Queues `message` for `targets` (what [`plan`] left to deliver once it is stored) and,
@@ -76,8 +156,10 @@ pub(crate) async fn plan(
     message: &Arc<Message>,
     incoming: Option<(Arc<str>, u16)>,
     will_of: Option<Arc<str>>,
+    serves: Groups<'_>,
 ) -> (Option<sluice_engine::Journal>, Vec<Target>) {
-    let (targets, direct) = (shared.router).targets_among(message, shared.db.as_ref(), None);
+    let (targets, direct) =
+        (shared.router).targets_among(message, shared.db.as_ref(), None, serves);
     let lasting = |(s, d): &Target| d.qos != rumqttc::v5::mqttbytes::QoS::AtMostOnce && s.lasting();
     let logged = shared.db.journals()
         && !message.origin.starts_with("$SYS")

@@ -289,6 +289,34 @@ pub(crate) fn entry(record: &Record, then: Option<sluice_engine::Then>) -> sluic
     }
 }
 
+/// A message relayed to another node (`crate::router::remote`): the message, then the
+/// shared groups whose member that node chooses, as (group, filter).
+pub(crate) fn relayed(m: &Message, groups: &[crate::router::remote::Group]) -> bytes::Bytes {
+    let mut o = Out(Vec::with_capacity(64 + m.topic.len() + m.payload.len()));
+    o.u8(VERSION);
+    message(&mut o, m);
+    o.u32(groups.len() as u32);
+    for (g, f) in groups {
+        o.str(g);
+        o.str(f);
+    }
+    o.0.into()
+}
+
+/// A message another node relayed ([`relayed`]); `None` when it does not decode.
+pub(crate) fn read_relayed(b: &[u8]) -> Option<(Arc<Message>, Vec<crate::router::remote::Group>)> {
+    let mut i = In(b);
+    if i.u8()? != VERSION {
+        return None;
+    }
+    let m = read_message(&mut i)?;
+    let n = i.u32()? as usize;
+    let groups = (0..n)
+        .map(|_| Some((i.arc()?, i.arc()?)))
+        .collect::<Option<Vec<_>>>()?;
+    i.0.is_empty().then_some((m, groups))
+}
+
 pub(crate) fn qos(n: u8) -> QoS {
     match n {
         2 => QoS::ExactlyOnce,

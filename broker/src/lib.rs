@@ -111,8 +111,8 @@ impl Broker {
         shutdown: CancellationToken,
     ) -> Result<Self> {
         let mapper = mapping::Mapper::new(&config.topic)?;
-        let node = config.cluster.as_ref().map(|c| c.node_id);
-        let router = Router::new(config.mqtt.max_queued_messages, node);
+        let relay = db.relay();
+        let router = Router::new(config.mqtt.max_queued_messages, relay.clone());
         let store = persist::Store::new(&config.data_dir);
         let wills = replay(&router, &store, db.as_ref());
         let shared = Arc::new(BrokerState {
@@ -127,6 +127,9 @@ impl Broker {
             store,
             saved_lsn: AtomicU64::new(0),
         });
+        if let Some(relay) = relay {
+            relay.set_sink(Arc::new(ingest::Inbox(Arc::downgrade(&shared))));
+        }
         for (client, message, delay) in wills {
             publish_replayed_will(&shared, client, message, delay);
         }

@@ -1,6 +1,7 @@
 //! The router: sessions by client id, the subscription tree, retained messages, and the
 //! fan-out of one message to every session whose subscriptions match it.
 
+pub(crate) mod remote;
 mod replay;
 
 use crate::persist;
@@ -57,17 +58,20 @@ pub(crate) struct Router {
     max_queued: usize,
     /// The cluster node these sessions live on (`None` on a single node).
     pub(crate) node: Option<u64>,
+    /// The cluster's routes (`None` on a single node).
+    remote: Option<remote::Remote>,
 }
 
 impl Router {
-    pub(crate) fn new(max_queued: usize, node: Option<u64>) -> Self {
+    pub(crate) fn new(max_queued: usize, relay: Option<Arc<dyn sluice_engine::Relay>>) -> Self {
         Self {
+            node: relay.as_ref().map(|r| r.node()),
+            remote: relay.map(remote::Remote::new),
             tree: RwLock::new(Tree::default()),
             retained: RwLock::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             next_shared: AtomicUsize::new(0),
             max_queued,
-            node,
         }
     }
 
@@ -224,7 +228,11 @@ impl Router {
             filter: Arc::from(plain),
             options,
         };
-        self.tree.write().insert(plain, key, entry).is_some()
+        let replaced = self.tree.write().insert(plain, key, entry).is_some();
+        if let (false, Some(r)) = (replaced, &self.remote) {
+            r.added(filter);
+        }
+        replaced
     }
 
     /// Subscribes `session` to `filter` and, with `retained` (and not shared), queues the
@@ -260,7 +268,11 @@ impl Router {
             session: session.client_id.clone(),
             group,
         };
-        self.tree.write().remove(plain, &key).is_some()
+        let removed = self.tree.write().remove(plain, &key).is_some();
+        if let (true, Some(r)) = (removed, &self.remote) {
+            r.removed(filter);
+        }
+        removed
     }
 
     /// Removes every subscription of `session`, which has ended.
@@ -328,6 +340,7 @@ impl Router {
         message: &Arc<Message>,
         auth: &dyn Logins,
         chosen: Option<&[Arc<str>]>,
+        serves: remote::Groups<'_>,
     ) -> (Vec<Target>, usize) {
         let may_receive =
             |s: &Session| crate::auth::may_receive(auth, s.user.lock().as_deref(), &message.topic);
@@ -371,7 +384,10 @@ impl Router {
             });
         let mut out: Vec<Target> = direct.into_values().collect();
         let direct = out.len();
-        for (_, mut members) in groups {
+        for ((group, filter), mut members) in groups {
+            if !serves.serves(&group, &filter) {
+                continue;
+            }
             let picked = match chosen {
                 Some(chosen) => members
                     .iter()

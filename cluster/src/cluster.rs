@@ -44,6 +44,8 @@ pub struct Cluster {
     /// Shards whose preferred leader an operator set (`ClusterAdmin::move_leader`), as the
     /// metadata group applied it.
     pub(crate) preferred: Arc<Mutex<BTreeMap<u32, u64>>>,
+    /// Delivery across nodes.
+    pub(crate) relay: Arc<crate::relay::Relay>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -154,15 +156,19 @@ impl Cluster {
                 tx
             })
             .collect();
+        let incarnation = sluice_engine::now_micros() as u64;
+        let relay =
+            crate::relay::Relay::start(node.clone(), topology.clone(), incarnation, cancel.clone());
         let cluster = Arc::new(Self {
             node: node.clone(),
             engine: Arc::downgrade(engine),
             shards,
             topology,
-            incarnation: sluice_engine::now_micros() as u64,
+            incarnation,
             seq: AtomicU64::new(0),
             queues,
             preferred,
+            relay,
         });
         engine.join_cluster(
             cluster.clone(),

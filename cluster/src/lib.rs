@@ -36,6 +36,7 @@ mod meta;
 pub mod placement;
 mod raft;
 mod reconcile;
+mod relay;
 mod shard;
 mod tables;
 mod topology;

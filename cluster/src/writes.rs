@@ -131,6 +131,10 @@ impl WriteLog for Cluster {
         (self.node.group(GroupId::Meta)).is_some_and(|m| self.leads(&m))
     }
 
+    fn relay(&self) -> Option<Arc<dyn sluice_engine::Relay>> {
+        Some(self.relay.clone())
+    }
+
     fn singletons_node(&self) -> Option<u64> {
         (self.node.group(GroupId::Meta)).and_then(|m| m.metrics().borrow_watched().current_leader)
     }

@@ -624,27 +624,7 @@ impl QueryPort for Engine {
     }
 
     fn health(&self) -> Health {
-        let mut h = Health {
-            applied_lsn: self.wal.applied_lsn(),
-            wal_segments: self.wal.segments().0,
-            buffered_rows: 0,
-            buffered_bytes: 0,
-            flushing: 0,
-            flushes: self.flushes.load(std::sync::atomic::Ordering::Relaxed),
-            partitions: 0,
-            files: 0,
-            dead_letters: self.store.dead_letters.len() as u64,
-        };
-        for t in self.store.tables.all() {
-            for p in t.parts.read().values() {
-                h.buffered_rows += p.buffered_rows();
-                h.buffered_bytes += p.buffered_bytes() as u64;
-                h.flushing += u64::from(p.frozen.is_some());
-                h.partitions += 1;
-                h.files += p.files.len() as u64;
-            }
-        }
-        h
+        self.health_now()
     }
 }
 
@@ -795,5 +775,9 @@ impl IngestPort for Engine {
             .extra_system
             .write()
             .insert(name.to_string(), rows);
+    }
+
+    fn relay(&self) -> Option<Arc<dyn crate::Relay>> {
+        self.log.get().and_then(|l| l.relay())
     }
 }

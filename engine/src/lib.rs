@@ -28,6 +28,7 @@ pub(crate) mod ingest;
 pub(crate) mod log;
 pub mod ports;
 pub(crate) mod query;
+pub mod relay;
 pub(crate) mod store;
 pub mod types;
 
@@ -44,6 +45,7 @@ pub use ports::{
     NodeChangeError, Publication, QueryOptions, QueryOutput, QueryPort, RejectedLine, SystemRows,
     WriteReceipt,
 };
+pub use relay::{Relay, RelaySink, Relaying, RouteChange};
 pub use store::catalog::{CatalogData, CatalogLog, DEFAULT_DATABASE, TableDef};
 pub use store::files::{read_state, replace_file};
 

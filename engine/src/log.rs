@@ -42,6 +42,11 @@ pub trait WriteLog: Send + Sync + 'static {
     fn singletons_node(&self) -> Option<u64> {
         None
     }
+
+    /// Delivery across a cluster's nodes (`None` on a single node).
+    fn relay(&self) -> Option<Arc<dyn crate::Relay>> {
+        None
+    }
 }
 
 impl std::fmt::Debug for dyn WriteLog {

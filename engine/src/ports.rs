@@ -254,6 +254,11 @@ pub trait IngestPort: Logins {
     /// Serves `system.<name>` from `rows` (replacing an earlier one of that name): the
     /// broker's own tables (bridges, sessions).
     fn add_system_table(&self, name: &str, rows: SystemRows);
+
+    /// Delivery across a cluster's nodes (`None` on a single node).
+    fn relay(&self) -> Option<std::sync::Arc<dyn crate::Relay>> {
+        None
+    }
 }
 
 /// The query and admin port: what the HTTP API, the console and the alerts call.

@@ -43,10 +43,11 @@ fn backoff(attempt: u32) -> Duration {
 /// stored); stops at the first ack that does not fit rumqttc's request queue (the event
 /// loop must be polled to make room).
 async fn send_acks(ctx: &Context, client: &Client, unacked: &mut VecDeque<Handled>) {
+    let routed: Vec<_> = unacked.iter_mut().filter_map(|h| h.route.take()).collect();
+    if !routed.is_empty() {
+        ingest::route_all(&ctx.shared, routed).await;
+    }
     while let Some(h) = unacked.front_mut() {
-        if let Some(m) = h.route.take() {
-            ingest::route(&ctx.shared, &m).await;
-        }
         if h.received.qos != QoS::AtMostOnce && client.ack(&h.received).is_err() {
             return;
         }
@@ -68,10 +69,11 @@ async fn settle<F>(
     while let Some(done) = pending.next().await {
         unacked.extend(done);
     }
+    let routed: Vec<_> = unacked.iter_mut().filter_map(|h| h.route.take()).collect();
+    if !routed.is_empty() {
+        ingest::route_all(&ctx.shared, routed).await;
+    }
     for h in unacked.drain(..) {
-        if let Some(m) = h.route {
-            ingest::route(&ctx.shared, &m).await;
-        }
         if h.received.qos != QoS::AtMostOnce {
             let _ = client.ack(&h.received);
         }

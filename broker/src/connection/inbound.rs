@@ -6,6 +6,7 @@ use crate::BrokerState;
 use crate::codec::Version;
 use crate::error::{self, Error, Result};
 use crate::journal::{self, Record};
+use crate::router::remote::Groups;
 use crate::session::{Message, Outgoing, SubOptions};
 use crate::topic;
 use bytes::Bytes;
@@ -300,16 +301,22 @@ pub(super) fn on_publish(
     let session = client.session.clone();
     let started = Instant::now();
     let user = client.user.clone();
+    // Queued for other nodes now, so in the order this client sent it.
+    let (relaying, elsewhere) = crate::ingest::relay(&shared, &message);
     pending.push_back(Box::pin(async move {
         // A lasting session's QoS 2 packet id is kept in the journal until its PUBREL.
         let incoming = (qos == QoS::ExactlyOnce && session.lasting())
             .then(|| (session.client_id.clone(), pkid));
-        let (journal, targets) = crate::ingest::plan(&shared, &message, incoming, None).await;
+        let serves = Groups::Except(&elsewhere);
+        let (journal, targets) =
+            crate::ingest::plan(&shared, &message, incoming, None, serves).await;
         let logged = journal.is_some();
         let (reason, text) =
             crate::ingest::store_rows(&shared, &message, user.as_deref(), journal).await;
-        shared.metrics.observe_ack(started.elapsed());
         let failed = error::reason_code(reason) >= 0x80;
+        // Acknowledged once the other nodes it goes to have it too.
+        relaying.go(!failed).await;
+        shared.metrics.observe_ack(started.elapsed());
         let text = text.filter(|_| problem_info);
         let properties = (version == Version::V5 && text.is_some()).then(|| PubAckProperties {
             reason_string: text,
@@ -443,6 +450,10 @@ async fn on_subscribe(shared: &Arc<BrokerState>, client: &mut Client, s: Subscri
             }
         }
         codes.push(SubscribeReasonCode::Success(f.qos));
+    }
+    // What another node publishes after the SUBACK must reach it.
+    if let Some(r) = shared.router.remote() {
+        r.known().await;
     }
     client.send(Packet::SubAck(SubAck {
         pkid: s.pkid,

@@ -83,7 +83,8 @@ impl Router {
                 {
                     s.state.lock().incoming_qos2.insert(pkid);
                 }
-                let (targets, _) = self.targets_among(&message, auth, Some(&chosen));
+                let (targets, _) =
+                    self.targets_among(&message, auth, Some(&chosen), super::remote::Groups::All);
                 for (s, mut d) in targets {
                     if d.qos != QoS::AtMostOnce && s.lasting() {
                         d.lsn = lsn;

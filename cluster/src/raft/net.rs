@@ -63,6 +63,11 @@ pub(crate) const APPEND_STREAM: u8 = 17;
 /// A replication stream ended (its id, CBOR): sent without an answer.
 pub(crate) const STREAM_END: u8 = 18;
 /// AppendEntries a replication stream has sent and not yet had answered, at most.
+/// A change to a node's routes (`crate::relay`).
+pub(crate) const ROUTES: u8 = 19;
+/// Messages for a node's subscribers (`crate::relay`).
+pub(crate) const RELAY: u8 = 20;
+
 const PIPELINE: usize = 64;
 /// Largest frame accepted (a snapshot is one frame).
 const MAX_FRAME: usize = 1 << 30;
@@ -229,7 +234,7 @@ impl Frame {
         Ok(Self(f))
     }
 
-    fn raw(kind: u8, body: &[u8]) -> Self {
+    pub(crate) fn raw(kind: u8, body: &[u8]) -> Self {
         let mut f = Vec::with_capacity(FRAME_HEAD + body.len());
         f.resize(FRAME_HEAD, 0);
         f[FRAME_HEAD - 1] = kind;

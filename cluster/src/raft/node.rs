@@ -85,6 +85,8 @@ pub struct Node {
     peers: RwLock<BTreeMap<u64, String>>,
     /// The replication streams leaders send this node, by connection and stream id.
     streams: Mutex<HashMap<(u64, u64), AppendStream>>,
+    /// Where routes and relayed messages go (`crate::relay`).
+    relay: std::sync::OnceLock<std::sync::Weak<crate::relay::Relay>>,
 }
 
 /// A replication stream from a leader: its requests go to the group's raft in order, and
@@ -215,7 +217,26 @@ impl Node {
             groups: RwLock::new(HashMap::new()),
             peers: RwLock::new(BTreeMap::new()),
             streams: Mutex::new(HashMap::new()),
+            relay: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Answers routes and relayed messages with `relay`.
+    pub(crate) fn set_relay(&self, relay: std::sync::Weak<crate::relay::Relay>) {
+        let _ = self.relay.set(relay);
+    }
+
+    /// Sends `frame` to node `to` and waits up to `timeout` for its answer.
+    pub(crate) async fn call(
+        &self,
+        to: u64,
+        frame: Frame,
+        timeout: Duration,
+    ) -> Result<Bytes, net::CallError> {
+        let addr = (self.peers.read().get(&to).cloned()).ok_or_else(|| {
+            net::CallError::Unreachable(format!("node {to}"), "no address".into())
+        })?;
+        self.pool.call(&addr, frame, timeout).await
     }
 
     /// Sets the node-to-node address of every node (this one included).
@@ -568,6 +589,10 @@ impl Handler for Node {
                 };
                 to_cbor(&answer).map_err(|e| e.to_string())
             }
+            net::ROUTES | net::RELAY => match self.relay.get().and_then(|r| r.upgrade()) {
+                Some(relay) => relay.handle(kind, body).await,
+                None => Err(format!("node {} relays nothing yet", self.id)),
+            },
             k => Err(format!("unknown request kind {k}")),
         }
     }

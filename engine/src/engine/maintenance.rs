@@ -15,6 +15,31 @@ use tokio_util::sync::CancellationToken;
 const GRAVE_TIME: Duration = Duration::from_secs(60);
 
 impl Engine {
+    /// The figures of [`crate::QueryPort::health`].
+    pub(crate) fn health_now(&self) -> crate::Health {
+        let mut h = crate::Health {
+            applied_lsn: self.wal.applied_lsn(),
+            wal_segments: self.wal.segments().0,
+            buffered_rows: 0,
+            buffered_bytes: 0,
+            flushing: 0,
+            flushes: self.flushes.load(std::sync::atomic::Ordering::Relaxed),
+            partitions: 0,
+            files: 0,
+            dead_letters: self.store.dead_letters.len() as u64,
+        };
+        for t in self.store.tables.all() {
+            for p in t.parts.read().values() {
+                h.buffered_rows += p.buffered_rows();
+                h.buffered_bytes += p.buffered_bytes() as u64;
+                h.flushing += u64::from(p.frozen.is_some());
+                h.partitions += 1;
+                h.files += p.files.len() as u64;
+            }
+        }
+        h
+    }
+
     pub(crate) async fn background(self: Arc<Self>, cancel: CancellationToken) {
         let tick = Config::duration(&self.config.buffer.check_interval);
         let compact_every = self.compaction_every();

@@ -1,0 +1,204 @@
+//! The router's part in a cluster: it tells the relay which filters this node's sessions
+//! subscribe, keeps the other nodes' filters in a second tree, and chooses which nodes a
+//! message goes to (every node with a matching subscription; for a shared group, one
+//! node among those with members, in turn; every node for a retained message, which each
+//! keeps).
+
+use super::Router;
+use crate::journal;
+use crate::session::Message;
+use crate::topic::{self, Tree};
+use parking_lot::{Mutex, RwLock};
+use sluice_engine::{Relay, Relaying, RouteChange};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// A shared group and its filter.
+pub(crate) type Group = (Arc<str>, Arc<str>);
+
+/// Which shared groups a delivery on this node serves.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Groups<'a> {
+    /// All of them (a single node, or a replay).
+    All,
+    /// All but these, whose member another node chose.
+    Except(&'a [Group]),
+    /// Only these (a message another node relayed).
+    Only(&'a [Group]),
+}
+
+impl Groups<'_> {
+    pub(crate) fn serves(&self, group: &Arc<str>, filter: &Arc<str>) -> bool {
+        let listed = |l: &[Group]| l.iter().any(|(g, f)| g == group && f == filter);
+        match self {
+            Groups::All => true,
+            Groups::Except(l) => !listed(l),
+            Groups::Only(l) => listed(l),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct RemoteKey {
+    node: u64,
+    group: Option<Arc<str>>,
+}
+
+/// See the module docs.
+pub(crate) struct Remote {
+    relay: Arc<dyn Relay>,
+    /// This node's subscriptions per filter as subscribed (`$share/...` included).
+    local: Mutex<HashMap<String, usize>>,
+    /// The last change to this node's routes.
+    seq: AtomicU64,
+    /// The other nodes' routes: plain filter -> (node, group).
+    tree: RwLock<Tree<RemoteKey, Arc<str>>>,
+    /// ... and the same by node, as subscribed.
+    sets: Mutex<HashMap<u64, HashSet<String>>>,
+    next_shared: AtomicUsize,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote")
+            .field("node", &self.relay.node())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A subscribed filter split into its shared group (if any) and plain filter.
+fn split(filter: &str) -> (Option<Arc<str>>, &str) {
+    match topic::parse_shared(filter) {
+        Some((g, f)) => (Some(Arc::from(g)), f),
+        None => (None, filter),
+    }
+}
+
+impl Remote {
+    pub(crate) fn new(relay: Arc<dyn Relay>) -> Self {
+        Self {
+            relay,
+            local: Mutex::new(HashMap::new()),
+            seq: AtomicU64::new(0),
+            tree: RwLock::new(Tree::default()),
+            sets: Mutex::new(HashMap::new()),
+            next_shared: AtomicUsize::new(0),
+        }
+    }
+
+    /// A session of this node subscribed `filter` (not replacing a subscription).
+    pub(crate) fn added(&self, filter: &str) {
+        let mut local = self.local.lock();
+        let n = local.entry(filter.to_string()).or_default();
+        *n += 1;
+        if *n == 1 {
+            let seq = self.relay.set_route(filter, true);
+            self.seq.fetch_max(seq, Ordering::AcqRel);
+        }
+    }
+
+    /// A session of this node no longer subscribes `filter`.
+    pub(crate) fn removed(&self, filter: &str) {
+        let mut local = self.local.lock();
+        let Some(n) = local.get_mut(filter) else {
+            return;
+        };
+        *n -= 1;
+        if *n == 0 {
+            local.remove(filter);
+            let seq = self.relay.set_route(filter, false);
+            self.seq.fetch_max(seq, Ordering::AcqRel);
+        }
+    }
+
+    /// Returns once the other nodes know this node's routes as they are now (or do not
+    /// answer).
+    pub(crate) async fn known(&self) {
+        self.relay
+            .routes_known(self.seq.load(Ordering::Acquire))
+            .await;
+    }
+
+    /// Node `node`'s routes changed.
+    pub(crate) fn change(&self, node: u64, change: RouteChange) {
+        let mut sets = self.sets.lock();
+        let set = sets.entry(node).or_default();
+        let mut tree = self.tree.write();
+        let mut apply = |filter: &str, present: bool| {
+            let (group, plain) = split(filter);
+            let key = RemoteKey { node, group };
+            match present {
+                true => tree.insert(plain, key, Arc::from(plain)),
+                false => tree.remove(plain, &key),
+            };
+        };
+        match change {
+            RouteChange::Replace(all) => {
+                for f in set.drain() {
+                    apply(&f, false);
+                }
+                for f in all {
+                    apply(&f, true);
+                    set.insert(f);
+                }
+            }
+            RouteChange::Add(f) => {
+                apply(&f, true);
+                set.insert(f);
+            }
+            RouteChange::Remove(f) => {
+                apply(&f, false);
+                set.remove(&f);
+            }
+        }
+    }
+
+    /// Queues `message` for the other nodes it goes to, now (so in its publisher's order);
+    /// returns the queue slots and the shared groups whose member another node chose.
+    pub(crate) fn relay(&self, message: &Message) -> (Relaying, Vec<Group>) {
+        let mut to: BTreeMap<u64, Vec<Group>> = BTreeMap::new();
+        let mut groups: HashMap<Group, Vec<u64>> = HashMap::new();
+        self.tree
+            .read()
+            .for_each_match(&message.topic, |key, plain| match &key.group {
+                None => {
+                    to.entry(key.node).or_default();
+                }
+                Some(g) => {
+                    let nodes = groups.entry((g.clone(), plain.clone())).or_default();
+                    nodes.push(key.node);
+                }
+            });
+        let mut elsewhere = Vec::new();
+        for (group, mut nodes) in groups {
+            let here = format!("$share/{}/{}", group.0, group.1);
+            if self.local.lock().contains_key(&here) {
+                nodes.push(self.relay.node());
+            }
+            nodes.sort_unstable();
+            let n = self.next_shared.fetch_add(1, Ordering::Relaxed) % nodes.len();
+            if nodes[n] != self.relay.node() {
+                to.entry(nodes[n]).or_default().push(group.clone());
+                elsewhere.push(group);
+            }
+        }
+        if message.retain {
+            for p in self.relay.peers() {
+                to.entry(p).or_default();
+            }
+        }
+        let mut out = Relaying::none();
+        for (node, groups) in to {
+            out.join(self.relay.send(&[node], journal::relayed(message, &groups)));
+        }
+        (out, elsewhere)
+    }
+}
+
+impl Router {
+    /// The cluster's routes, in a cluster.
+    pub(crate) fn remote(&self) -> Option<&Remote> {
+        self.remote.as_ref()
+    }
+}

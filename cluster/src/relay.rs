@@ -1,0 +1,503 @@
+//! Delivery across nodes ([`sluice_engine::Relay`]): each node owns its routes (the topic
+//! filters its sessions subscribe) and pushes their changes to every other node, so that
+//! every node holds the cluster's subscription table; a message goes only to the nodes
+//! with a matching route, through one ordered queue per peer.
+//!
+//! - **Routes** ([`ROUTES`]): only their owner changes them, so no consensus is needed:
+//!   each node numbers its changes and sends each peer the changes since the last one it
+//!   took (or the whole set, when the peer lost track: it restarted, or the changes are no
+//!   longer kept). A call with no change every [`HEARTBEAT`] finds a restarted peer. A
+//!   SUBACK waits until every peer that answers knows the new route.
+//! - **Messages** ([`RELAY`]): per peer, a queue in publish order; a message leaves once its
+//!   publisher stored it, in batches, one batch in flight. A batch is answered once the
+//!   peer's broker queued every message (durably, for sessions that outlive their
+//!   connection), and only then is the publisher acknowledged. Batches are numbered per
+//!   sender's run, so a batch sent again after a lost answer is not delivered twice. While a
+//!   peer does not answer, its queue keeps up to [`MAX_WAITING`] messages (the oldest
+//!   dropped beyond, counted) and sends them when it is back; its publishers do not wait.
+
+use crate::raft::net::{self, Frame};
+use crate::raft::node::Node;
+use crate::topology::SharedTopology;
+use bytes::{Buf, Bytes};
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use sluice_engine::{Relay as RelayPort, RelaySink, Relaying, RouteChange};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use net::{RELAY, ROUTES};
+
+/// How long a peer has to answer a call before it counts as not answering.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often routes are checked with a peer when nothing changes.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+/// How long to wait before calling a peer that did not answer again.
+const RETRY: Duration = Duration::from_millis(300);
+/// The longest a SUBACK waits for the peers to learn its route.
+const ROUTES_WAIT: Duration = Duration::from_secs(5);
+/// Route changes kept for sending as changes (beyond, the whole set is sent).
+const KEPT_CHANGES: usize = 4096;
+/// Messages per batch, at most.
+const BATCH: usize = 1024;
+/// Messages kept for a peer that does not answer.
+const MAX_WAITING: usize = 100_000;
+
+/// A change to this node's routes, or the whole set, as [`ROUTES`] carries it.
+#[derive(Debug, Serialize, Deserialize)]
+struct RoutesCall {
+    from: u64,
+    incarnation: u64,
+    /// The change the peer had (ignored with `full`).
+    since: u64,
+    /// The change this brings the peer to.
+    seq: u64,
+    full: Option<Vec<String>>,
+    changes: Vec<(String, bool)>,
+}
+
+/// This node's routes: the filters its sessions subscribe, numbered changes.
+#[derive(Debug, Default)]
+struct LocalRoutes {
+    set: BTreeSet<String>,
+    seq: u64,
+    /// The latest changes: (number, filter, present).
+    log: VecDeque<(u64, String, bool)>,
+}
+
+/// Another node's routes as this node knows them.
+#[derive(Debug, Default)]
+struct RemoteRoutes {
+    incarnation: u64,
+    seq: u64,
+    set: BTreeSet<String>,
+}
+
+/// What a peer knows of this node's routes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Known {
+    seq: u64,
+    /// The last call to it failed.
+    down: bool,
+}
+
+/// A sender's run and the last message of it taken.
+type Received = tokio::sync::Mutex<(u64, u64)>;
+
+/// A message waiting to be released by its publisher.
+struct Slot {
+    bytes: Bytes,
+    go: oneshot::Receiver<bool>,
+    accepted: oneshot::Sender<()>,
+}
+
+/// One other node: its queue and what it knows of the routes.
+struct Peer {
+    queue: mpsc::UnboundedSender<Slot>,
+    known: watch::Sender<Known>,
+}
+
+/// See the module docs.
+pub(crate) struct Relay {
+    node: Arc<Node>,
+    topology: SharedTopology,
+    incarnation: u64,
+    routes: Mutex<LocalRoutes>,
+    changed: watch::Sender<u64>,
+    peers: Mutex<HashMap<u64, Arc<Peer>>>,
+    remote: Mutex<HashMap<u64, RemoteRoutes>>,
+    sink: OnceLock<Arc<dyn RelaySink>>,
+    /// Per sender: its run and the last message taken, behind a lock held while its batch
+    /// is delivered (a batch sent again waits for the first).
+    received: Mutex<HashMap<u64, Arc<Received>>>,
+    /// Messages dropped for peers that did not answer long enough.
+    pub(crate) dropped: AtomicU64,
+    cancel: CancellationToken,
+    me: Weak<Relay>,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("node", &self.node.id())
+            .finish()
+    }
+}
+
+impl Relay {
+    /// The relay of `node`, whose run is `incarnation`; starts keeping the routes of every
+    /// node of `topology` in step.
+    pub(crate) fn start(
+        node: Arc<Node>,
+        topology: SharedTopology,
+        incarnation: u64,
+        cancel: CancellationToken,
+    ) -> Arc<Self> {
+        let relay = Arc::new_cyclic(|me| Self {
+            node,
+            topology,
+            incarnation,
+            routes: Mutex::new(LocalRoutes::default()),
+            changed: watch::channel(0).0,
+            peers: Mutex::new(HashMap::new()),
+            remote: Mutex::new(HashMap::new()),
+            sink: OnceLock::new(),
+            received: Mutex::new(HashMap::new()),
+            dropped: AtomicU64::new(0),
+            cancel,
+            me: me.clone(),
+        });
+        relay.node.set_relay(Arc::downgrade(&relay));
+        for id in relay.peer_ids() {
+            relay.peer(id);
+        }
+        relay
+    }
+
+    fn peer_ids(&self) -> Vec<u64> {
+        let me = self.node.id();
+        (self.topology.lock().as_ref())
+            .map(|t| t.nodes.keys().copied().filter(|n| *n != me).collect())
+            .unwrap_or_default()
+    }
+
+    /// Peer `id`, its tasks started on first use.
+    fn peer(&self, id: u64) -> Arc<Peer> {
+        let mut peers = self.peers.lock();
+        if let Some(p) = peers.get(&id) {
+            return p.clone();
+        }
+        let (queue, rx) = mpsc::unbounded_channel();
+        let peer = Arc::new(Peer {
+            queue,
+            known: watch::channel(Known::default()).0,
+        });
+        peers.insert(id, peer.clone());
+        if let Some(me) = self.me.upgrade() {
+            tokio::spawn(me.clone().sync_routes(id, peer.clone()));
+            tokio::spawn(me.forward(id, rx));
+        }
+        peer
+    }
+
+    async fn call(&self, to: u64, frame: Frame) -> Result<Bytes, String> {
+        self.node
+            .call(to, frame, CALL_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Keeps peer `id` told of this node's routes.
+    async fn sync_routes(self: Arc<Self>, id: u64, peer: Arc<Peer>) {
+        let mut changed = self.changed.subscribe();
+        // The change the peer has, when it has this run's routes.
+        let mut has: Option<u64> = None;
+        loop {
+            let target = *changed.borrow_and_update();
+            let call = {
+                let r = self.routes.lock();
+                let oldest = r.log.front().map_or(r.seq + 1, |c| c.0);
+                let changes = has.filter(|h| *h + 1 >= oldest).map(|h| {
+                    (r.log.iter())
+                        .filter(|c| c.0 > h)
+                        .map(|c| (c.1.clone(), c.2))
+                        .collect()
+                });
+                RoutesCall {
+                    from: self.node.id(),
+                    incarnation: self.incarnation,
+                    since: has.unwrap_or(0),
+                    seq: r.seq,
+                    full: changes.is_none().then(|| r.set.iter().cloned().collect()),
+                    changes: changes.unwrap_or_default(),
+                }
+            };
+            let seq = call.seq;
+            let answer = match Frame::cbor(ROUTES, &call, 64) {
+                Ok(f) => self.call(id, f).await,
+                Err(e) => Err(e.to_string()),
+            };
+            match answer.as_deref() {
+                Ok([1]) => {
+                    has = Some(seq);
+                    peer.known.send_replace(Known { seq, down: false });
+                }
+                // The peer lost track: the whole set next.
+                Ok(_) => {
+                    has = None;
+                    continue;
+                }
+                Err(e) => {
+                    if !peer.known.borrow().down {
+                        tracing::info!(peer = id, error = %e, "a node does not answer; its messages wait");
+                    }
+                    has = None;
+                    peer.known.send_modify(|k| k.down = true);
+                    tokio::select! {
+                        _ = self.cancel.cancelled() => return,
+                        _ = tokio::time::sleep(RETRY) => continue,
+                    }
+                }
+            }
+            if *changed.borrow() != target {
+                continue;
+            }
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = changed.changed() => {}
+                _ = tokio::time::sleep(HEARTBEAT) => {}
+            }
+        }
+    }
+
+    /// Sends peer `id` its queue, in order (see the module docs).
+    async fn forward(self: Arc<Self>, id: u64, mut rx: mpsc::UnboundedReceiver<Slot>) {
+        // Released messages not yet taken, numbered; and who waits for them.
+        let mut waiting: VecDeque<(u64, Bytes)> = VecDeque::new();
+        let mut waiters: Vec<(u64, oneshot::Sender<()>)> = Vec::new();
+        let mut next = 1u64;
+        let mut down = false;
+        loop {
+            if waiting.is_empty() {
+                let slot = tokio::select! {
+                    _ = self.cancel.cancelled() => return,
+                    s = rx.recv() => match s { Some(s) => s, None => return },
+                };
+                self.take(slot, &mut next, &mut waiting, &mut waiters).await;
+            }
+            while waiting.len() < BATCH
+                && let Ok(slot) = rx.try_recv()
+            {
+                self.take(slot, &mut next, &mut waiting, &mut waiters).await;
+            }
+            if down {
+                waiters.clear();
+            }
+            let n = waiting.len().min(BATCH);
+            let last = waiting.get(n.saturating_sub(1)).map_or(0, |w| w.0);
+            let frame = batch_frame(self.node.id(), self.incarnation, waiting.iter().take(n));
+            match self.call(id, frame).await {
+                Ok(_) => {
+                    if down {
+                        tracing::info!(peer = id, "a node answers again; its messages are sent");
+                    }
+                    down = false;
+                    waiting.drain(..n);
+                    waiters.retain(|(seq, _)| *seq > last);
+                }
+                Err(e) => {
+                    if !down {
+                        tracing::warn!(peer = id, error = %e, "messages for a node wait until it answers");
+                    }
+                    down = true;
+                    waiters.clear();
+                    let until = tokio::time::Instant::now() + RETRY;
+                    loop {
+                        let slot = tokio::select! {
+                            _ = self.cancel.cancelled() => return,
+                            _ = tokio::time::sleep_until(until) => break,
+                            s = rx.recv() => match s { Some(s) => s, None => return },
+                        };
+                        self.take(slot, &mut next, &mut waiting, &mut waiters).await;
+                        waiters.clear();
+                    }
+                }
+            }
+            if waiting.len() > MAX_WAITING {
+                let over = waiting.len() - MAX_WAITING;
+                waiting.drain(..over);
+                self.dropped.fetch_add(over as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Waits for `slot`'s release; a released message joins `waiting`.
+    async fn take(
+        &self,
+        slot: Slot,
+        next: &mut u64,
+        waiting: &mut VecDeque<(u64, Bytes)>,
+        waiters: &mut Vec<(u64, oneshot::Sender<()>)>,
+    ) {
+        if slot.go.await == Ok(true) {
+            waiting.push_back((*next, slot.bytes));
+            waiters.push((*next, slot.accepted));
+            *next += 1;
+        }
+    }
+
+    /// Answers a [`ROUTES`] or [`RELAY`] call from a peer.
+    pub(crate) async fn handle(&self, kind: u8, body: Bytes) -> Result<Vec<u8>, String> {
+        match kind {
+            ROUTES => {
+                let call: RoutesCall = crate::from_cbor(&body).map_err(|e| e.to_string())?;
+                Ok(vec![u8::from(self.learn_routes(call))])
+            }
+            _ => self.receive(body).await.map(|()| Vec::new()),
+        }
+    }
+
+    /// Takes a peer's routes; false when they do not follow from what this node has.
+    fn learn_routes(&self, call: RoutesCall) -> bool {
+        let mut remote = self.remote.lock();
+        let r = remote.entry(call.from).or_default();
+        let sink = self.sink.get();
+        if let Some(full) = call.full {
+            r.incarnation = call.incarnation;
+            r.seq = call.seq;
+            r.set = full.iter().cloned().collect();
+            if let Some(s) = sink {
+                s.routes(call.from, RouteChange::Replace(full));
+            }
+            return true;
+        }
+        if r.incarnation != call.incarnation || r.seq != call.since {
+            return false;
+        }
+        r.seq = call.seq;
+        for (filter, present) in call.changes {
+            let changed = match present {
+                true => r.set.insert(filter.clone()),
+                false => r.set.remove(&filter),
+            };
+            if let (true, Some(s)) = (changed, sink) {
+                s.routes(
+                    call.from,
+                    match present {
+                        true => RouteChange::Add(filter),
+                        false => RouteChange::Remove(filter),
+                    },
+                );
+            }
+        }
+        true
+    }
+
+    /// Delivers a peer's batch, once.
+    async fn receive(&self, mut body: Bytes) -> Result<(), String> {
+        let bad = || "a relayed batch that does not decode".to_string();
+        if body.len() < 28 {
+            return Err(bad());
+        }
+        let (from, incarnation, first) = (body.get_u64_le(), body.get_u64_le(), body.get_u64_le());
+        let count = body.get_u32_le() as usize;
+        let mut messages = Vec::with_capacity(count);
+        for _ in 0..count {
+            if body.len() < 4 {
+                return Err(bad());
+            }
+            let len = body.get_u32_le() as usize;
+            if body.len() < len {
+                return Err(bad());
+            }
+            messages.push(body.split_to(len));
+        }
+        let Some(sink) = self.sink.get().cloned() else {
+            return Err(format!("node {}'s broker has not started", self.node.id()));
+        };
+        let state = (self.received.lock().entry(from).or_default()).clone();
+        let mut state = state.lock().await;
+        if state.0 != incarnation {
+            *state = (incarnation, 0);
+        }
+        // Those taken already (the answer to an earlier copy was lost) are skipped.
+        let skip = (state.1 + 1).saturating_sub(first) as usize;
+        if skip >= messages.len() {
+            return Ok(());
+        }
+        let last = first + messages.len() as u64 - 1;
+        sink.receive(from, messages.split_off(skip)).await;
+        state.1 = last;
+        Ok(())
+    }
+}
+
+/// A [`RELAY`] frame: sender, run, the first message's number, the count, then each message
+/// as a u32 length and its bytes (little-endian).
+fn batch_frame<'a>(
+    from: u64,
+    incarnation: u64,
+    messages: impl Iterator<Item = &'a (u64, Bytes)> + Clone,
+) -> Frame {
+    let size: usize = messages.clone().map(|m| 4 + m.1.len()).sum();
+    let mut body = Vec::with_capacity(28 + size);
+    let first = messages.clone().next().map_or(0, |m| m.0);
+    body.extend_from_slice(&from.to_le_bytes());
+    body.extend_from_slice(&incarnation.to_le_bytes());
+    body.extend_from_slice(&first.to_le_bytes());
+    body.extend_from_slice(&(messages.clone().count() as u32).to_le_bytes());
+    for (_, m) in messages {
+        body.extend_from_slice(&(m.len() as u32).to_le_bytes());
+        body.extend_from_slice(m);
+    }
+    Frame::raw(RELAY, &body)
+}
+
+impl RelayPort for Relay {
+    fn node(&self) -> u64 {
+        self.node.id()
+    }
+
+    fn set_route(&self, filter: &str, present: bool) -> u64 {
+        let mut r = self.routes.lock();
+        let changed = match present {
+            true => r.set.insert(filter.to_string()),
+            false => r.set.remove(filter),
+        };
+        if changed {
+            r.seq += 1;
+            let seq = r.seq;
+            r.log.push_back((seq, filter.to_string(), present));
+            if r.log.len() > KEPT_CHANGES {
+                r.log.pop_front();
+            }
+            self.changed.send_replace(seq);
+        }
+        r.seq
+    }
+
+    fn routes_known(&self, seq: u64) -> BoxFuture<'static, ()> {
+        let watches: Vec<watch::Receiver<Known>> = (self.peer_ids().into_iter())
+            .map(|id| self.peer(id).known.subscribe())
+            .collect();
+        Box::pin(async move {
+            let all = futures::future::join_all(watches.into_iter().map(|mut w| async move {
+                let _ = w.wait_for(|k| k.seq >= seq || k.down).await;
+            }));
+            let _ = tokio::time::timeout(ROUTES_WAIT, all).await;
+        })
+    }
+
+    fn send(&self, to: &[u64], message: Bytes) -> Relaying {
+        let mut out = Relaying::none();
+        for id in to {
+            let (r, go, accepted) = Relaying::slot();
+            let slot = Slot {
+                bytes: message.clone(),
+                go,
+                accepted,
+            };
+            if self.peer(*id).queue.send(slot).is_ok() {
+                out.join(r);
+            }
+        }
+        out
+    }
+
+    fn peers(&self) -> Vec<u64> {
+        self.peer_ids()
+    }
+
+    fn set_sink(&self, sink: Arc<dyn RelaySink>) {
+        let remote = self.remote.lock();
+        for (node, r) in remote.iter() {
+            sink.routes(*node, RouteChange::Replace(r.set.iter().cloned().collect()));
+        }
+        let _ = self.sink.set(sink);
+    }
+}

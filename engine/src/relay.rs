@@ -1,0 +1,111 @@
+//! The relay port: how a cluster's brokers act as one. Each node's broker tells the relay
+//! which topic filters its sessions subscribe ([`Relay::set_route`]); the relay shares those
+//! routes with the other nodes, and hands the broker theirs ([`RelaySink::routes`]), so that
+//! a message published on one node is sent ([`Relay::send`]) only to the nodes with a
+//! matching subscription, where their broker delivers it ([`RelaySink::receive`]). The
+//! messages are opaque bytes here (the broker's own encoding). The `sluice-cluster` crate
+//! implements [`Relay`]; a single node has none.
+
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+/// A change to one node's routes, as the broker of another node learns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteChange {
+    /// The node's routes are exactly these (it started, or this node lost track).
+    Replace(Vec<String>),
+    /// The node's sessions now subscribe this filter (`$share/<group>/<filter>` included).
+    Add(String),
+    /// ... and no longer do.
+    Remove(String),
+}
+
+/// Delivery across a cluster's nodes (see the module docs).
+pub trait Relay: Send + Sync + 'static {
+    /// This node's id.
+    fn node(&self) -> u64;
+
+    /// This node's sessions subscribe `filter` now (`present`), or no longer do; returns the
+    /// change's number, for [`Relay::routes_known`].
+    fn set_route(&self, filter: &str, present: bool) -> u64;
+
+    /// Returns once every node that answers knows this node's routes up to change `seq`
+    /// (a node that does not answer learns them when it does): a subscription is
+    /// acknowledged only then, so what is published anywhere after it reaches it.
+    fn routes_known(&self, seq: u64) -> BoxFuture<'static, ()>;
+
+    /// Queues `message` for the nodes `to` (in the order of the calls, per node); it is sent
+    /// once [`Relaying::go`] says it is stored.
+    fn send(&self, to: &[u64], message: bytes::Bytes) -> Relaying;
+
+    /// The other nodes of the cluster (retained messages go to all of them).
+    fn peers(&self) -> Vec<u64>;
+
+    /// Where the routes of the other nodes and the messages they send go (the broker).
+    fn set_sink(&self, sink: Arc<dyn RelaySink>);
+}
+
+/// The broker's side of the relay.
+pub trait RelaySink: Send + Sync + 'static {
+    /// Node `node`'s routes changed.
+    fn routes(&self, node: u64, change: RouteChange);
+
+    /// Delivers messages node `from` sent, in order; resolves once each is queued for its
+    /// subscribers (durably, for those whose sessions outlive their connection).
+    fn receive(&self, from: u64, messages: Vec<bytes::Bytes>) -> BoxFuture<'static, ()>;
+}
+
+/// A message queued for other nodes: it leaves once its publisher says it is stored.
+#[derive(Debug)]
+pub struct Relaying {
+    go: Vec<oneshot::Sender<bool>>,
+    accepted: Vec<oneshot::Receiver<()>>,
+}
+
+impl Relaying {
+    /// Nothing to relay.
+    pub fn none() -> Self {
+        Self {
+            go: Vec::new(),
+            accepted: Vec::new(),
+        }
+    }
+
+    /// One slot of the message in a node's queue: `go` releases it, `accepted` fires once
+    /// the node took it (or is known not to answer).
+    pub fn slot() -> (Self, oneshot::Receiver<bool>, oneshot::Sender<()>) {
+        let (go, go_rx) = oneshot::channel();
+        let (accepted_tx, accepted) = oneshot::channel();
+        let r = Self {
+            go: vec![go],
+            accepted: vec![accepted],
+        };
+        (r, go_rx, accepted_tx)
+    }
+
+    /// Adds `other`'s slots to this one's.
+    pub fn join(&mut self, other: Relaying) {
+        self.go.extend(other.go);
+        self.accepted.extend(other.accepted);
+    }
+
+    /// Whether the message goes to no other node.
+    pub fn is_empty(&self) -> bool {
+        self.go.is_empty()
+    }
+
+    /// Releases the message (`stored`), or withdraws it; with `stored`, resolves once every
+    /// node it goes to took it (a node that does not answer is not waited for: its queue
+    /// keeps the message and sends it when the node is back).
+    pub async fn go(self, stored: bool) {
+        for g in self.go {
+            let _ = g.send(stored);
+        }
+        if stored {
+            for a in self.accepted {
+                let _ = a.await;
+            }
+        }
+    }
+}

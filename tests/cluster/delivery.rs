@@ -1,0 +1,203 @@
+//! The cluster as one broker: a message published on any node reaches the matching
+//! subscriptions on every node, once per subscription and in order per publisher; a shared
+//! group with members on two nodes gets each message once; a retained message is kept by
+//! every node; a lasting session's messages published while its node was down (kill -9)
+//! are delivered once it is back.
+
+use super::Cluster;
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+type Got = UnboundedReceiver<(String, bytes::Bytes)>;
+
+fn options(port: u16, id: &str, clean: bool) -> MqttOptions {
+    let mut o = MqttOptions::new(id, "127.0.0.1", port);
+    o.set_keep_alive(Duration::from_secs(30));
+    o.set_clean_session(clean);
+    o.set_inflight(64);
+    o.set_credentials("root", "r");
+    o
+}
+
+/// Connects `id` to `port`, subscribes `filters` at QoS 1 and returns once they are
+/// acknowledged, with what it receives from then on.
+async fn subscriber(port: u16, id: &str, clean: bool, filters: &[&str]) -> (AsyncClient, Got) {
+    let (client, mut el) = AsyncClient::new(options(port, id, clean), 100);
+    for f in filters {
+        client.subscribe(*f, QoS::AtLeastOnce).await.unwrap();
+    }
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (subscribed, wait) = tokio::sync::oneshot::channel::<()>();
+    let (mut subscribed, want) = (Some(subscribed), filters.len() + 1);
+    tokio::spawn(async move {
+        // The CONNACK, then a SUBACK per filter.
+        let mut acks = 0;
+        while let Ok(ev) = el.poll().await {
+            match ev {
+                Event::Incoming(Packet::ConnAck(_) | Packet::SubAck(_)) => {
+                    acks += 1;
+                    if acks == want
+                        && let Some(s) = subscribed.take()
+                    {
+                        let _ = s.send(());
+                    }
+                }
+                Event::Incoming(Packet::Publish(p))
+                    if tx.send((p.topic.clone(), p.payload.clone())).is_err() =>
+                {
+                    return;
+                }
+                _ => {}
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .expect("a SUBACK within 30 s")
+        .unwrap();
+    (client, rx)
+}
+
+/// Publishes `n` numbered messages from `id` on `port` to each of `topics` at QoS 1 (the
+/// payload names the publisher and the number), returning once all are PUBACKed.
+async fn publish(port: u16, id: &str, topics: &[String], n: u64, retain: bool) {
+    let (client, mut el) = AsyncClient::new(options(port, id, true), 100);
+    let (to, from) = (topics.to_vec(), id.to_string());
+    tokio::spawn(async move {
+        for seq in 0..n {
+            let body =
+                format!(r#"{{"ts": "2026-11-26T10:00:00Z", "device": "{from}", "seq": {seq}}}"#);
+            for t in &to {
+                (client.publish(t, QoS::AtLeastOnce, retain, body.clone()))
+                    .await
+                    .unwrap();
+            }
+        }
+    });
+    let mut acked = 0;
+    while acked < n * topics.len() as u64 {
+        let ev = tokio::time::timeout(Duration::from_secs(30), el.poll())
+            .await
+            .expect("a PUBACK within 30 s")
+            .unwrap();
+        if let Event::Incoming(Packet::PubAck(_)) = ev {
+            acked += 1;
+        }
+    }
+}
+
+/// Takes `n` messages from `got` (failing after 30 s without one), then checks that no
+/// more come within a short while.
+async fn take(got: &mut Got, n: usize, who: &str) -> Vec<(String, bytes::Bytes)> {
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        match tokio::time::timeout(Duration::from_secs(30), got.recv()).await {
+            Ok(Some(m)) => out.push(m),
+            _ => panic!("{who}: {} of {n} messages after 30 s", out.len()),
+        }
+    }
+    if let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(300), got.recv()).await {
+        panic!("{who}: a message more than the {n} published: {m:?}");
+    }
+    out
+}
+
+/// Each message once, and per (topic, publisher) in the order published.
+fn once_in_order(got: &[(String, bytes::Bytes)], who: &str) {
+    let distinct: HashSet<_> = got.iter().collect();
+    assert_eq!(distinct.len(), got.len(), "{who} got a message twice");
+    let mut last: BTreeMap<(String, String), i64> = BTreeMap::new();
+    for (topic, body) in got {
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+        let key = (topic.clone(), v["device"].as_str().unwrap().to_string());
+        let seq = v["seq"].as_i64().unwrap();
+        let before = last.insert(key.clone(), seq).unwrap_or(-1);
+        assert!(seq > before, "{who}: {key:?} {seq} after {before}");
+    }
+}
+
+pub(crate) async fn one_broker_across_nodes(c: &mut Cluster) {
+    const N: u64 = 40;
+    let ids: Vec<u64> = c.nodes.keys().copied().collect();
+    let (a, b, z) = (ids[0], ids[1], ids[2]);
+    let port = |c: &Cluster, id: u64| c.node(id).mqtt_port();
+    c.node(a)
+        .sql_ok(
+            "CREATE TABLE iot.d (ts TIMESTAMP, device VARCHAR, seq BIGINT) PARTITION BY ymdh(ts)",
+        )
+        .await;
+    super::eventually("the table reaches every node", 20, || async {
+        c.node(z).sql("DESCRIBE iot.d").await.status == 200
+    })
+    .await;
+
+    let (_sub, mut all) = subscriber(port(c, z), "z-all", true, &["/iot/d", "plain/#"]).await;
+    let (_sa, mut group_a) = subscriber(port(c, a), "g-a", true, &["$share/g/plain/#"]).await;
+    let (_sz, mut group_z) = subscriber(port(c, z), "g-z", true, &["$share/g/plain/#"]).await;
+    let topics = |n: u64| vec!["/iot/d".to_string(), format!("plain/{n}")];
+    let (ta, tb) = (topics(a), topics(b));
+    tokio::join!(
+        publish(port(c, a), "pub-a", &ta, N, false),
+        publish(port(c, b), "pub-b", &tb, N, false),
+    );
+    let got = take(&mut all, 4 * N as usize, "a subscriber on another node").await;
+    once_in_order(&got, "a subscriber on another node");
+    let q = "SELECT count(*) AS n FROM iot.d";
+    assert_eq!(c.node(z).rows(q).await[0]["n"].as_u64(), Some(2 * N));
+
+    // The shared group's two members share the plain messages, each once.
+    let (mut ga, mut gz) = (Vec::new(), Vec::new());
+    while ga.len() + gz.len() < 2 * N as usize {
+        tokio::select! {
+            Some(m) = group_a.recv() => ga.push(m),
+            Some(m) = group_z.recv() => gz.push(m),
+            _ = tokio::time::sleep(Duration::from_secs(30)) => {
+                panic!("the shared group got {} of {} after 30 s", ga.len() + gz.len(), 2 * N)
+            }
+        }
+    }
+    assert!(
+        !ga.is_empty() && !gz.is_empty(),
+        "{} / {}",
+        ga.len(),
+        gz.len()
+    );
+    let both: HashSet<_> = ga.iter().chain(gz.iter()).collect();
+    assert_eq!(
+        both.len(),
+        2 * N as usize,
+        "a shared message went to both members"
+    );
+
+    // A retained message published on one node is there for a new subscriber on another.
+    publish(port(c, b), "pub-r", &["plain/status".to_string()], 1, true).await;
+    let (_sr, mut retained) = subscriber(port(c, z), "z-retained", true, &["plain/status"]).await;
+    take(&mut retained, 1, "a new subscriber to a retained topic").await;
+    // The other subscribers got the live copy; the shared group once.
+    take(&mut all, 1, "a subscriber on another node").await;
+    tokio::select! {
+        _ = group_a.recv() => take(&mut group_z, 0, "the shared group").await,
+        _ = group_z.recv() => take(&mut group_a, 0, "the shared group").await,
+    };
+
+    // A lasting session on node z: z is killed, messages are published on node a meanwhile,
+    // and it gets them once z is back.
+    let (lasting, mut first) = subscriber(port(c, z), "z-lasting", false, &["later/#"]).await;
+    lasting.disconnect().await.unwrap();
+    while first.recv().await.is_some() {}
+    c.nodes.remove(&z).unwrap().kill9();
+    publish(port(c, a), "pub-later", &["later/x".to_string()], N, false).await;
+    c.restart(z);
+    c.node(z).login(Some(("root", "r")));
+    c.settled().await;
+    let (_l, mut later) = subscriber(port(c, z), "z-lasting", false, &[]).await;
+    let got = take(
+        &mut later,
+        N as usize,
+        "a lasting session whose node was killed",
+    )
+    .await;
+    once_in_order(&got, "a lasting session whose node was killed");
+}
