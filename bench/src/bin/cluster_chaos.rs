@@ -9,8 +9,13 @@
 //! or froze), connects to the next node and goes on with new numbers. The messages it had
 //! not had acknowledged are "in doubt": each may be stored or not, but at most once.
 //!
+//! Lasting subscribers (`--subscribers`, one per node in turn) must each receive every
+//! acknowledged message, wherever it was published ([`subscribers`]).
+//!
 //! `cargo build --release -p sluice -p sluice-bench --bins`, then
 //! `~/.cache/sluice-target/release/cluster_chaos --cycles 3`
+
+mod subscribers;
 
 use anyhow::{Context, Result, bail};
 use bytes::BytesMut;
@@ -53,6 +58,9 @@ struct Args {
     /// node is dead or frozen) and connects to the next node.
     #[arg(long, default_value_t = 5)]
     stall: u64,
+    /// Lasting subscribers of the devices' topic, one per node in turn.
+    #[arg(long, default_value_t = 3)]
+    subscribers: usize,
     /// The sluice binary (default: next to this runner).
     #[arg(long)]
     sluice: Option<PathBuf>,
@@ -171,6 +179,13 @@ async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
     let addrs = Arc::new(Mutex::new(addrs));
     let acked = Arc::new(AtomicU64::new(0));
     let stop = CancellationToken::new();
+    let (mut subs, mut listening) = (Vec::new(), Vec::new());
+    let unsubscribe = CancellationToken::new();
+    for i in 0..args.subscribers {
+        let (got, task) = subscribers::start(i, addrs.clone(), unsubscribe.clone()).await?;
+        subs.push(got);
+        listening.push(task);
+    }
     let devices: Vec<_> = (0..args.devices)
         .map(|d| {
             let (addrs, acked, stop) = (addrs.clone(), acked.clone(), stop.clone());
@@ -344,6 +359,14 @@ async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
             }
             Some(_) => {}
         }
+    }
+    if !subscribers::report(&subs, &acked, Duration::from_secs(30)).await {
+        println!("FAILED: a subscriber lacks acknowledged messages after 30 s without progress");
+        failed = true;
+    }
+    unsubscribe.cancel();
+    for t in listening {
+        let _ = t.await;
     }
     if failed {
         bail!("the cluster lost, duplicated or refused messages, or stopped taking them");

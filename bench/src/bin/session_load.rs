@@ -13,7 +13,8 @@
 //!
 //! `cargo build --release -p sluice -p sluice-bench --bins`, then
 //! `~/.cache/sluice-target/release/session_load --probe 20` and
-//! `~/.cache/sluice-target/release/session_load --subscribers 100 --messages 20000`
+//! `~/.cache/sluice-target/release/session_load --subscribers 100 --messages 20000` (add
+//! `--cluster` for the same fan-out across a three-node cluster)
 
 use anyhow::{Context, Result, bail};
 use bytes::BytesMut;
@@ -56,6 +57,11 @@ struct Args {
     /// Skip Mosquitto.
     #[arg(long)]
     no_mosquitto: bool,
+    /// Also run the fan-out through a three-node cluster each round: publishers on node 1,
+    /// subscribers alternately on nodes 2 and 3 (every message crosses nodes), against the
+    /// single node in the same round. CPU is the three nodes' together.
+    #[arg(long)]
+    cluster: bool,
 }
 
 fn main() -> Result<()> {
@@ -68,23 +74,45 @@ fn main() -> Result<()> {
     }
     let mut sluice = Vec::new();
     let mut mosquitto = Vec::new();
+    let mut cluster = Vec::new();
     for round in 0..args.rounds {
         let dir = tmp.path().join(format!("round{round}"));
         std::fs::create_dir_all(&dir)?;
         let s = Sluice::start(&bin, &dir)?;
-        let f = rt.block_on(fan_out(&s.mqtt, s.pid(), &args))?;
+        let one = std::slice::from_ref(&s.mqtt);
+        let f = rt.block_on(fan_out(one, &s.mqtt, &[s.pid()], &args))?;
         println!("round {round} Sluice:    {}", show(f));
         sluice.push(f);
         drop(s);
+        if args.cluster {
+            let f = rt.block_on(through_cluster(&bin, &dir.join("cluster"), &args))?;
+            println!("round {round} cluster:   {}", show(f));
+            cluster.push(f);
+        }
         if !args.no_mosquitto {
             let (m, port) = mosquitto_persistent(&dir)?;
-            let f = rt.block_on(fan_out(&format!("127.0.0.1:{port}"), m.0.id(), &args))?;
+            let addr = format!("127.0.0.1:{port}");
+            let f = rt.block_on(fan_out(
+                std::slice::from_ref(&addr),
+                &addr,
+                &[m.0.id()],
+                &args,
+            ))?;
             println!("round {round} Mosquitto: {}", show(f));
             mosquitto.push(f);
         }
     }
     let s = median(&sluice);
     println!("Sluice    (median): {}", show(s));
+    if !cluster.is_empty() {
+        let c = median(&cluster);
+        println!("cluster   (median): {}", show(c));
+        println!(
+            "ratio cluster/single node: {:.2}x messages/s, {:.2}x CPU per delivery",
+            c.0 / s.0,
+            c.2 / s.2
+        );
+    }
     if !mosquitto.is_empty() {
         let m = median(&mosquitto);
         println!("Mosquitto (median): {}", show(m));
@@ -238,11 +266,39 @@ async fn probe(
     Ok(seen.len() as u64)
 }
 
-async fn fan_out(addr: &str, pid: u32, args: &Args) -> Result<Figures> {
+/// A three-node cluster under `dir` for one fan-out: publishers on node 1, subscribers on
+/// nodes 2 and 3 in turn.
+async fn through_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<Figures> {
+    let mut nodes = Vec::new();
+    for (i, config) in sluice_bench::cluster_configs(dir, 3)?
+        .into_iter()
+        .enumerate()
+    {
+        let (bin, dir) = (bin.to_path_buf(), dir.join(format!("node{}", i + 1)));
+        std::fs::create_dir_all(&dir)?;
+        nodes.push(tokio::task::spawn_blocking(move || {
+            Sluice::start_with_config(&bin, &dir, Some(&config))
+        }));
+    }
+    let mut started = Vec::new();
+    for n in nodes {
+        started.push(n.await??);
+    }
+    for n in &started {
+        n.await_leaders(Duration::from_secs(60)).await?;
+    }
+    let subs = [started[1].mqtt.clone(), started[2].mqtt.clone()];
+    let pids: Vec<u32> = started.iter().map(|n| n.pid()).collect();
+    fan_out(&subs, &started[0].mqtt, &pids, args).await
+}
+
+/// Subscribers connect to `subs` in turn, publishers to `publish_to`; CPU is `pids`'.
+async fn fan_out(subs: &[String], publish_to: &str, pids: &[u32], args: &Args) -> Result<Figures> {
     let topic = "fan/x";
     let received = Arc::new(AtomicU64::new(0));
     let mut readers = Vec::new();
     for i in 0..args.subscribers {
+        let addr = &subs[i % subs.len()];
         let (mut rd, mut wr) = connect(addr, &format!("fan-{i}"), false).await?;
         subscribe(&mut rd, &mut wr, topic).await?;
         let received = received.clone();
@@ -279,13 +335,14 @@ async fn fan_out(addr: &str, pid: u32, args: &Args) -> Result<Figures> {
             Ok::<_, anyhow::Error>(())
         }));
     }
-    let cpu0 = sluice_bench::cpu_secs(pid)?;
+    let cpu = || -> Result<f64> { pids.iter().map(|p| sluice_bench::cpu_secs(*p)).sum() };
+    let cpu0 = cpu()?;
     let started = Instant::now();
     let per = args.messages / args.publishers;
     let mut pubs = Vec::new();
     for p in 0..args.publishers {
         let n = per + usize::from(p < args.messages % args.publishers);
-        let stream = TcpStream::connect(addr).await?;
+        let stream = TcpStream::connect(publish_to).await?;
         let (rd, wr) = connected(stream, &format!("fan-pub-{p}"), true).await?;
         let window = args.inflight;
         pubs.push(tokio::spawn(async move {
@@ -301,7 +358,7 @@ async fn fan_out(addr: &str, pid: u32, args: &Args) -> Result<Figures> {
             .context("subscribers did not get every message in 10 minutes")???;
     }
     let secs = started.elapsed().as_secs_f64();
-    let cpu = sluice_bench::cpu_secs(pid)? - cpu0;
+    let cpu = cpu()? - cpu0;
     let deliveries = received.load(Ordering::Relaxed) as f64;
     Ok((
         args.messages as f64 / secs,

@@ -1,0 +1,201 @@
+//! Lasting subscribers for the chaos runner (`--subscribers N`): MQTT 5 sessions with a
+//! session expiry of an hour, subscribed at QoS 1 to the devices' topic, one on each node
+//! in turn. A subscriber whose connection breaks connects to its own node again (its
+//! session lives there) until it is back. At the end each must have every message the
+//! devices had acknowledged; duplicates (QoS 1 allows them) are counted, and so is each
+//! subscriber's longest gap between two deliveries while the devices published.
+
+use super::{NODES, now};
+use anyhow::{Result, bail};
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{
+    ConnAck, Connect, ConnectProperties, ConnectReturnCode, Filter, Packet, PubAck, Subscribe,
+};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+/// What one subscriber received.
+#[derive(Debug, Default)]
+pub(crate) struct Received {
+    /// The node its session lives on.
+    pub(crate) node: usize,
+    pub(crate) seqs: HashSet<u64>,
+    pub(crate) copies: u64,
+    /// The longest gap between two deliveries: its length and when it ended (seconds into
+    /// the run).
+    pub(crate) longest: (f64, f64),
+    last: Option<f64>,
+}
+
+pub(crate) type Shared = Arc<Mutex<Received>>;
+
+/// Starts subscriber `i`; returns once it is subscribed.
+pub(crate) async fn start(
+    i: usize,
+    addrs: Arc<Mutex<Vec<String>>>,
+    stop: CancellationToken,
+) -> Result<(Shared, tokio::task::JoinHandle<()>)> {
+    let node = i % NODES;
+    let got: Shared = Arc::new(Mutex::new(Received {
+        node,
+        ..Received::default()
+    }));
+    let id = format!("chaos-sub-{i}");
+    let addr = addrs.lock()[node].clone();
+    let first = connect(&addr, &id, true).await?;
+    let (g, s) = (got.clone(), stop.clone());
+    let task = tokio::spawn(async move {
+        let mut conn = Some(first);
+        while !s.is_cancelled() {
+            let stream = match conn.take() {
+                Some(c) => c,
+                None => {
+                    let addr = addrs.lock()[node].clone();
+                    match tokio::time::timeout(Duration::from_secs(2), connect(&addr, &id, false))
+                        .await
+                    {
+                        Ok(Ok(c)) => c,
+                        _ => {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            continue;
+                        }
+                    }
+                }
+            };
+            receive(stream, &g, &s).await;
+        }
+    });
+    Ok((got, task))
+}
+
+/// Connects `id` (its session kept an hour) and, when `subscribe`, subscribes it.
+async fn connect(addr: &str, id: &str, subscribe: bool) -> Result<TcpStream> {
+    let mut s = TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    let mut props = ConnectProperties::new();
+    props.session_expiry_interval = Some(3600);
+    let connect = Connect {
+        keep_alive: 30,
+        client_id: id.to_string(),
+        clean_start: false,
+        properties: Some(props),
+    };
+    let mut buf = BytesMut::new();
+    Packet::Connect(connect, None, None).write(&mut buf, None)?;
+    if subscribe {
+        let mut sub = Subscribe::new(Filter::new("/bench/chaos", QoS::AtLeastOnce), None);
+        sub.pkid = 1;
+        Packet::Subscribe(sub).write(&mut buf, None)?;
+    }
+    s.write_all(&buf).await?;
+    buf.clear();
+    let mut connected = false;
+    loop {
+        match Packet::read(&mut buf, None) {
+            Ok(Packet::ConnAck(ConnAck {
+                code: ConnectReturnCode::Success,
+                ..
+            })) if !subscribe => return Ok(s),
+            Ok(Packet::ConnAck(ConnAck {
+                code: ConnectReturnCode::Success,
+                ..
+            })) => connected = true,
+            Ok(Packet::SubAck(_)) if connected => return Ok(s),
+            Ok(other) => bail!("{id}: expected CONNACK and SUBACK, got {other:?}"),
+            Err(rumqttc::v5::mqttbytes::Error::InsufficientBytes(_)) => {
+                if s.read_buf(&mut buf).await? == 0 {
+                    bail!("{id}: connection closed before CONNACK");
+                }
+            }
+            Err(e) => bail!("{e}"),
+        }
+    }
+}
+
+/// Takes deliveries on one connection until it breaks or `stop`.
+async fn receive(s: TcpStream, got: &Shared, stop: &CancellationToken) {
+    let (mut rd, mut wr) = s.into_split();
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    loop {
+        let mut acks = BytesMut::new();
+        loop {
+            match Packet::read(&mut buf, None) {
+                Ok(Packet::Publish(p)) => {
+                    let seq = (std::str::from_utf8(&p.payload).ok())
+                        .and_then(|t| t.rsplit(',').next())
+                        .and_then(|n| n.parse::<u64>().ok());
+                    if let Some(seq) = seq {
+                        let mut g = got.lock();
+                        let t = now();
+                        if let Some(last) = g.last
+                            && t - last > g.longest.0
+                        {
+                            g.longest = (t - last, t);
+                        }
+                        g.last = Some(t);
+                        if !g.seqs.insert(seq) {
+                            g.copies += 1;
+                        }
+                    }
+                    if p.qos != QoS::AtMostOnce
+                        && Packet::PubAck(PubAck::new(p.pkid, None))
+                            .write(&mut acks, None)
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(rumqttc::v5::mqttbytes::Error::InsufficientBytes(_)) => break,
+                Err(_) => return,
+            }
+        }
+        if !acks.is_empty() && wr.write_all(&acks).await.is_err() {
+            return;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            r = tokio::time::timeout(Duration::from_secs(35), rd.read_buf(&mut buf)) => match r {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return,
+            },
+        }
+    }
+}
+
+/// Waits (up to `within`, reset by progress) until every subscriber has every message of
+/// `acked`; prints each one's figures and returns whether all did.
+pub(crate) async fn report(subs: &[Shared], acked: &HashSet<u64>, within: Duration) -> bool {
+    let missing = |s: &Shared| acked.difference(&s.lock().seqs).count();
+    let mut left: usize = subs.iter().map(missing).sum();
+    let mut since = tokio::time::Instant::now();
+    while left > 0 && since.elapsed() < within {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now_left = subs.iter().map(missing).sum();
+        if now_left < left {
+            since = tokio::time::Instant::now();
+        }
+        left = now_left;
+    }
+    for (i, s) in subs.iter().enumerate() {
+        let missed = missing(s);
+        let g = s.lock();
+        println!(
+            "subscriber {i} (node {}): {} of {} acknowledged messages, {} copies, longest gap \
+             between deliveries {:.2} s (ended at {:.1} s)",
+            g.node + 1,
+            acked.len() - missed,
+            acked.len(),
+            g.copies,
+            g.longest.0,
+            g.longest.1
+        );
+    }
+    left == 0
+}
