@@ -15,6 +15,7 @@
 //! `cargo build --release -p sluice -p sluice-bench --bins`, then
 //! `~/.cache/sluice-target/release/cluster_chaos --cycles 3`
 
+#[path = "cluster_chaos/subscribers.rs"]
 mod subscribers;
 
 use anyhow::{Context, Result, bail};
