@@ -172,6 +172,7 @@ impl Broker {
 
     /// Accepts MQTT connections on `listener` until shutdown, then waits for them to end.
     pub async fn serve_tcp(&self, listener: TcpListener) -> Result<()> {
+        self.peers_known().await;
         let shutdown = self.shared.shutdown.clone();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut ticks = 0u64;
@@ -232,6 +233,14 @@ impl Broker {
                 origin: Arc::from("$SYS"),
             });
             ingest::route(&self.shared, &m).await;
+        }
+    }
+
+    /// In a cluster, waits (a few seconds at most) until the other nodes' subscriptions are
+    /// known here: a publish taken before would miss them.
+    async fn peers_known(&self) {
+        if let Some(r) = self.shared.db.relay() {
+            r.peers_known().await;
         }
     }
 
@@ -455,6 +464,7 @@ impl Broker {
     /// Accepts MQTT over TLS on `listener` until shutdown. A failed handshake ends only that
     /// connection.
     pub async fn serve_tls(&self, listener: TcpListener, tls: TlsAcceptor) -> Result<()> {
+        self.peers_known().await;
         let shutdown = self.shared.shutdown.clone();
         loop {
             tokio::select! {

@@ -100,6 +100,8 @@ struct Slot {
 struct Peer {
     queue: mpsc::UnboundedSender<Slot>,
     known: watch::Sender<Known>,
+    /// The peer started again: it needs the whole set.
+    resync: tokio::sync::Notify,
 }
 
 /// See the module docs.
@@ -112,6 +114,11 @@ pub(crate) struct Relay {
     peers: Mutex<HashMap<u64, Arc<Peer>>>,
     remote: Mutex<HashMap<u64, RemoteRoutes>>,
     sink: OnceLock<Arc<dyn RelaySink>>,
+    /// The broker has loaded its sessions (its routes are complete): only then are they
+    /// sent, so that a restarted node does not tell its peers it has none.
+    ready: watch::Sender<bool>,
+    /// The peers whose whole set of routes this run has.
+    learned: watch::Sender<BTreeSet<u64>>,
     /// Per sender: its run and the last message taken, behind a lock held while its batch
     /// is delivered (a batch sent again waits for the first).
     received: Mutex<HashMap<u64, Arc<Received>>>,
@@ -147,6 +154,8 @@ impl Relay {
             peers: Mutex::new(HashMap::new()),
             remote: Mutex::new(HashMap::new()),
             sink: OnceLock::new(),
+            ready: watch::channel(false).0,
+            learned: watch::channel(BTreeSet::new()).0,
             received: Mutex::new(HashMap::new()),
             dropped: AtomicU64::new(0),
             cancel,
@@ -176,6 +185,7 @@ impl Relay {
         let peer = Arc::new(Peer {
             queue,
             known: watch::channel(Known::default()).0,
+            resync: tokio::sync::Notify::new(),
         });
         peers.insert(id, peer.clone());
         if let Some(me) = self.me.upgrade() {
@@ -197,6 +207,11 @@ impl Relay {
         let mut changed = self.changed.subscribe();
         // The change the peer has, when it has this run's routes.
         let mut has: Option<u64> = None;
+        let mut ready = self.ready.subscribe();
+        tokio::select! {
+            _ = self.cancel.cancelled() => return,
+            _ = ready.wait_for(|r| *r) => {}
+        }
         loop {
             let target = *changed.borrow_and_update();
             let call = {
@@ -250,6 +265,7 @@ impl Relay {
             tokio::select! {
                 _ = self.cancel.cancelled() => return,
                 _ = changed.changed() => {}
+                _ = peer.resync.notified() => has = None,
                 _ = tokio::time::sleep(HEARTBEAT) => {}
             }
         }
@@ -348,6 +364,13 @@ impl Relay {
         let r = remote.entry(call.from).or_default();
         let sink = self.sink.get();
         if let Some(full) = call.full {
+            if r.incarnation != call.incarnation {
+                // A new run of that node: it knows none of this node's routes.
+                self.peer(call.from).resync.notify_one();
+                self.learned.send_modify(|l| {
+                    l.insert(call.from);
+                });
+            }
             r.incarnation = call.incarnation;
             r.seq = call.seq;
             r.set = full.iter().cloned().collect();
@@ -499,5 +522,26 @@ impl RelayPort for Relay {
             sink.routes(*node, RouteChange::Replace(r.set.iter().cloned().collect()));
         }
         let _ = self.sink.set(sink);
+        drop(remote);
+        self.ready.send_replace(true);
+    }
+
+    fn peers_known(&self) -> BoxFuture<'static, ()> {
+        let peers: Vec<(u64, watch::Receiver<Known>)> = (self.peer_ids().into_iter())
+            .map(|id| (id, self.peer(id).known.subscribe()))
+            .collect();
+        let learned = self.learned.subscribe();
+        Box::pin(async move {
+            let all = futures::future::join_all(peers.into_iter().map(|(id, mut known)| {
+                let mut learned = learned.clone();
+                async move {
+                    tokio::select! {
+                        _ = learned.wait_for(|l| l.contains(&id)) => {}
+                        _ = known.wait_for(|k| k.down) => {}
+                    }
+                }
+            }));
+            let _ = tokio::time::timeout(ROUTES_WAIT, all).await;
+        })
     }
 }

@@ -42,8 +42,14 @@ pub trait Relay: Send + Sync + 'static {
     /// The other nodes of the cluster (retained messages go to all of them).
     fn peers(&self) -> Vec<u64>;
 
-    /// Where the routes of the other nodes and the messages they send go (the broker).
+    /// Where the routes of the other nodes and the messages they send go (the broker, once
+    /// its sessions are loaded: this node's routes are sent to the others from then on).
     fn set_sink(&self, sink: Arc<dyn RelaySink>);
+
+    /// Returns once this node knows the routes of every other node that answers (a few
+    /// seconds at most): a node that starts takes no publishes before, or it would not
+    /// send them to the other nodes' subscribers.
+    fn peers_known(&self) -> BoxFuture<'static, ()>;
 }
 
 /// The broker's side of the relay.

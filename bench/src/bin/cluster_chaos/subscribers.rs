@@ -30,6 +30,8 @@ pub(crate) struct Received {
     /// The longest gap between two deliveries: its length and when it ended (seconds into
     /// the run).
     pub(crate) longest: (f64, f64),
+    /// Gaps of over 200 ms between two deliveries: (from, to), seconds into the run.
+    pub(crate) gaps: Vec<(f64, f64)>,
     last: Option<f64>,
 }
 
@@ -133,10 +135,13 @@ async fn receive(s: TcpStream, got: &Shared, stop: &CancellationToken) {
                     if let Some(seq) = seq {
                         let mut g = got.lock();
                         let t = now();
-                        if let Some(last) = g.last
-                            && t - last > g.longest.0
-                        {
-                            g.longest = (t - last, t);
+                        if let Some(last) = g.last {
+                            if t - last > g.longest.0 {
+                                g.longest = (t - last, t);
+                            }
+                            if t - last > 0.2 {
+                                g.gaps.push((last, t));
+                            }
                         }
                         g.last = Some(t);
                         if !g.seqs.insert(seq) {
@@ -167,6 +172,18 @@ async fn receive(s: TcpStream, got: &Shared, stop: &CancellationToken) {
             },
         }
     }
+}
+
+/// The longest delivery gap that overlaps `from..to` among the subscribers whose session
+/// is not on `node`.
+pub(crate) fn longest_gap(subs: &[Shared], node: usize, (from, to): (f64, f64)) -> f64 {
+    (subs.iter())
+        .map(|s| s.lock())
+        .filter(|g| g.node != node)
+        .flat_map(|g| g.gaps.clone())
+        .filter(|(start, end)| *end >= from && *start <= to)
+        .map(|(start, end)| end - start)
+        .fold(0.0, f64::max)
 }
 
 /// Waits (up to `within`, reset by progress) until every subscriber has every message of
