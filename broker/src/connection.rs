@@ -291,6 +291,13 @@ where
         } else {
             client_id.clone()
         };
+        // In a cluster, a session of this client on another node moves here.
+        let mut handed = match cfg.shared_client_ids {
+            false => crate::takeover::take_over(shared, &key, connect.clean_start).await,
+            true => Vec::new(),
+        };
+        // What was handed over makes the session present (it is logged below).
+        let took = expiry > 0 && !handed.is_empty() && shared.db.journals();
         let cancel = shared.shutdown.child_token();
         let was_lasting = (shared.router.session(&key)).is_some_and(|s| s.lasting());
         let (session, present, generation) = shared.router.attach(
@@ -314,13 +321,22 @@ where
                 will: will_message.filter(|_| expiry > 0),
             };
             let logged = shared.db.journal(vec![journal::entry(&record, None)], true);
-            if let Err(e) = logged.await {
+            let handed = std::mem::take(&mut handed);
+            let imported = async {
+                logged.await?;
+                match expiry > 0 && !handed.is_empty() {
+                    true => crate::takeover::import(shared, handed).await,
+                    false => Ok(()),
+                }
+            };
+            if let Err(e) = imported.await {
                 let code = ConnectReturnCode::ServiceUnavailable;
                 Box::pin(send_connack(&mut wr, version, code, false, None)).await?;
                 session.detach(conn);
                 return Err(Error::Protocol(format!("session not logged: {e}")));
             }
         }
+        let present = present || took;
         let connack_props = (version == Version::V5).then(|| ConnAckProperties {
             session_expiry_interval: (expiry != asked_expiry).then_some(expiry),
             receive_max: Some(cfg.receive_maximum),

@@ -92,6 +92,11 @@ impl RelaySink for Inbox {
             }
         })
     }
+
+    fn hand_over(&self, client: String, clean: bool) -> BoxFuture<'static, Option<bytes::Bytes>> {
+        let shared = self.0.upgrade();
+        Box::pin(async move { crate::takeover::hand_over(shared?, client, clean).await })
+    }
 }
 
 /// Hands `message` to the subscribers (it is stored already, or maps to no table): through

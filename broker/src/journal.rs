@@ -91,6 +91,15 @@ pub(crate) enum Record {
         client: Arc<str>,
         pkid: u16,
     },
+    /// A message queued for one session: what it held on another node, which handed it
+    /// over when the client connected here.
+    Queued {
+        client: Arc<str>,
+        qos: QoS,
+        retain: bool,
+        ids: Vec<usize>,
+        message: Arc<Message>,
+    },
 }
 
 impl Record {
@@ -195,6 +204,22 @@ impl Record {
                 o.str(client);
                 o.u16(*pkid);
             }
+            Record::Queued {
+                client,
+                qos,
+                retain,
+                ids,
+                message: m,
+            } => {
+                o.u8(11);
+                o.str(client);
+                o.u8(*qos as u8 | (u8::from(*retain) << 2));
+                o.u32(ids.len() as u32);
+                for id in ids {
+                    o.u64(*id as u64);
+                }
+                message(&mut o, m);
+            }
         }
         o.0
     }
@@ -275,6 +300,21 @@ impl Record {
                 client: i.arc()?,
                 pkid: i.u16()?,
             },
+            11 => {
+                let client = i.arc()?;
+                let flags = i.u8()?;
+                let n = i.u32()? as usize;
+                let ids = (0..n)
+                    .map(|_| i.u64().map(|v| v as usize))
+                    .collect::<Option<Vec<_>>>()?;
+                Record::Queued {
+                    client,
+                    qos: qos(flags & 3),
+                    retain: flags & 4 != 0,
+                    ids,
+                    message: read_message(&mut i)?,
+                }
+            }
             _ => return None,
         };
         i.0.is_empty().then_some(r)
@@ -525,6 +565,13 @@ mod tests {
                 will_pending: true,
             },
             Record::End { client: c.clone() },
+            Record::Queued {
+                client: c.clone(),
+                qos: QoS::ExactlyOnce,
+                retain: true,
+                ids: vec![3, 9],
+                message: sample(),
+            },
             Record::Subscribe {
                 client: c.clone(),
                 filter: "$share/g/a/#".into(),

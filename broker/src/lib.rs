@@ -24,6 +24,7 @@ mod persist;
 mod router;
 mod session;
 mod tables;
+mod takeover;
 pub mod tls;
 mod topic;
 

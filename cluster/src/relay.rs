@@ -31,10 +31,12 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use net::{RELAY, ROUTES};
+pub(crate) use net::{RELAY, ROUTES, TAKE};
 
 /// How long a peer has to answer a call before it counts as not answering.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a connecting client waits for a node to hand its session over.
+const TAKE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often routes are checked with a peer when nothing changes.
 const HEARTBEAT: Duration = Duration::from_secs(1);
 /// How long to wait before calling a peer that did not answer again.
@@ -354,6 +356,18 @@ impl Relay {
                 let call: RoutesCall = crate::from_cbor(&body).map_err(|e| e.to_string())?;
                 Ok(vec![u8::from(self.learn_routes(call))])
             }
+            TAKE => {
+                let (client, clean): (String, bool) =
+                    crate::from_cbor(&body).map_err(|e| e.to_string())?;
+                let Some(sink) = self.sink.get().cloned() else {
+                    return Ok(Vec::new());
+                };
+                // An empty answer: nothing to hand over; else a 1 and the session.
+                Ok(match sink.hand_over(client, clean).await {
+                    Some(b) => std::iter::once(1).chain(b).collect(),
+                    None => Vec::new(),
+                })
+            }
             _ => self.receive(body).await.map(|()| Vec::new()),
         }
     }
@@ -524,6 +538,32 @@ impl RelayPort for Relay {
         let _ = self.sink.set(sink);
         drop(remote);
         self.ready.send_replace(true);
+    }
+
+    fn take_session(&self, client: &str, clean: bool) -> BoxFuture<'static, Vec<Bytes>> {
+        // Nodes known not to answer are not waited for.
+        let up: Vec<u64> = (self.peer_ids().into_iter())
+            .filter(|id| !self.peer(*id).known.borrow().down)
+            .collect();
+        let (me, client) = (self.me.clone(), client.to_string());
+        Box::pin(async move {
+            let Some(me) = me.upgrade() else {
+                return Vec::new();
+            };
+            let calls = up.into_iter().map(|id| {
+                let (me, client) = (me.clone(), client.clone());
+                async move {
+                    let frame = Frame::cbor(TAKE, &(client, clean), 64).ok()?;
+                    let b = me.node.call(id, frame, TAKE_TIMEOUT).await.ok()?;
+                    (b.first() == Some(&1)).then(|| b.slice(1..))
+                }
+            });
+            futures::future::join_all(calls)
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
+        })
     }
 
     fn peers_known(&self) -> BoxFuture<'static, ()> {

@@ -50,6 +50,11 @@ pub trait Relay: Send + Sync + 'static {
     /// seconds at most): a node that starts takes no publishes before, or it would not
     /// send them to the other nodes' subscribers.
     fn peers_known(&self) -> BoxFuture<'static, ()>;
+
+    /// A client connects here: every other node that answers ends its session `client`
+    /// (its connection is taken over) and, unless `clean`, hands over what the session
+    /// held ([`RelaySink::hand_over`]); returns those hand-overs.
+    fn take_session(&self, client: &str, clean: bool) -> BoxFuture<'static, Vec<bytes::Bytes>>;
 }
 
 /// The broker's side of the relay.
@@ -60,6 +65,10 @@ pub trait RelaySink: Send + Sync + 'static {
     /// Delivers messages node `from` sent, in order; resolves once each is queued for its
     /// subscribers (durably, for those whose sessions outlive their connection).
     fn receive(&self, from: u64, messages: Vec<bytes::Bytes>) -> BoxFuture<'static, ()>;
+
+    /// Another node took client `client` over: its session here ends (its connection
+    /// told so); unless `clean`, returns what it held, for that node to go on with.
+    fn hand_over(&self, client: String, clean: bool) -> BoxFuture<'static, Option<bytes::Bytes>>;
 }
 
 /// A message queued for other nodes: it leaves once its publisher says it is stored.

@@ -2,7 +2,8 @@
 //! subscriptions on every node, once per subscription and in order per publisher; a shared
 //! group with members on two nodes gets each message once; a retained message is kept by
 //! every node; a lasting session's messages published while its node was down (kill -9)
-//! are delivered once it is back.
+//! are delivered once it is back; a session follows its client to another node (what it
+//! held comes along, the old connection is closed).
 
 use super::Cluster;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
@@ -118,6 +119,36 @@ fn once_in_order(got: &[(String, bytes::Bytes)], who: &str) {
     }
 }
 
+/// A lasting session moves with its client: queued messages come along, later ones follow
+/// it, and the connection it left is closed.
+async fn session_moves(c: &Cluster, (a, b, z): (u64, u64, u64)) {
+    const N: u64 = 20;
+    let port = |id: u64| c.node(id).mqtt_port();
+    let (mover, mut first) = subscriber(port(a), "mover", false, &["move/#"]).await;
+    mover.disconnect().await.unwrap();
+    while first.recv().await.is_some() {}
+    publish(port(b), "pub-move", &["move/x".to_string()], N, false).await;
+    // On node z now: the N queued on node a come along, and what is published next follows.
+    let (_m, mut there) = subscriber(port(z), "mover", false, &[]).await;
+    publish(port(a), "pub-move2", &["move/x".to_string()], N, false).await;
+    let got = take(
+        &mut there,
+        2 * N as usize,
+        "a session moved to another node",
+    )
+    .await;
+    once_in_order(&got, "a session moved to another node");
+    // Back on node a: the connection on node z is closed.
+    let (_m, mut back) = subscriber(port(a), "mover", false, &[]).await;
+    let closed = tokio::time::timeout(Duration::from_secs(10), there.recv()).await;
+    assert!(
+        matches!(closed, Ok(None)),
+        "the connection taken over stays open: {closed:?}"
+    );
+    publish(port(b), "pub-move3", &["move/x".to_string()], 1, false).await;
+    take(&mut back, 1, "a session moved back").await;
+}
+
 pub(crate) async fn one_broker_across_nodes(c: &mut Cluster) {
     const N: u64 = 40;
     let ids: Vec<u64> = c.nodes.keys().copied().collect();
@@ -181,6 +212,8 @@ pub(crate) async fn one_broker_across_nodes(c: &mut Cluster) {
         _ = group_a.recv() => take(&mut group_z, 0, "the shared group").await,
         _ = group_z.recv() => take(&mut group_a, 0, "the shared group").await,
     };
+
+    session_moves(c, (a, b, z)).await;
 
     // A lasting session on node z: z is killed, messages are published on node a meanwhile,
     // and it gets them once z is back.

@@ -104,6 +104,23 @@ impl Router {
             Record::Released { client, pkid } => self.with_state(&client, |st| {
                 st.incoming_qos2.remove(&pkid);
             }),
+            Record::Queued {
+                client,
+                qos,
+                retain,
+                ids,
+                message,
+            } => {
+                if let Some(s) = self.session(&client) {
+                    s.push(crate::session::Delivery {
+                        message,
+                        qos,
+                        retain,
+                        subscription_ids: ids,
+                        lsn,
+                    });
+                }
+            }
         }
     }
 

@@ -67,6 +67,8 @@ pub(crate) const STREAM_END: u8 = 18;
 pub(crate) const ROUTES: u8 = 19;
 /// Messages for a node's subscribers (`crate::relay`).
 pub(crate) const RELAY: u8 = 20;
+/// A client connected to another node: its session moves there (`crate::relay`).
+pub(crate) const TAKE: u8 = 21;
 
 const PIPELINE: usize = 64;
 /// Largest frame accepted (a snapshot is one frame).

@@ -589,10 +589,12 @@ impl Handler for Node {
                 };
                 to_cbor(&answer).map_err(|e| e.to_string())
             }
-            net::ROUTES | net::RELAY => match self.relay.get().and_then(|r| r.upgrade()) {
-                Some(relay) => relay.handle(kind, body).await,
-                None => Err(format!("node {} relays nothing yet", self.id)),
-            },
+            net::ROUTES | net::RELAY | net::TAKE => {
+                match self.relay.get().and_then(|r| r.upgrade()) {
+                    Some(relay) => relay.handle(kind, body).await,
+                    None => Err(format!("node {} relays nothing yet", self.id)),
+                }
+            }
             k => Err(format!("unknown request kind {k}")),
         }
     }
