@@ -97,6 +97,16 @@ impl RelaySink for Inbox {
         let shared = self.0.upgrade();
         Box::pin(async move { crate::takeover::hand_over(shared?, client, clean).await })
     }
+
+    fn take_given(&self, client: String, held: bytes::Bytes) -> BoxFuture<'static, bool> {
+        let shared = self.0.upgrade();
+        Box::pin(async move {
+            match shared {
+                Some(s) => crate::takeover::take_given(s, client, held).await,
+                None => false,
+            }
+        })
+    }
 }
 
 /// Hands `message` to the subscribers (it is stored already, or maps to no table): through

@@ -174,6 +174,7 @@ impl Broker {
     /// Accepts MQTT connections on `listener` until shutdown, then waits for them to end.
     pub async fn serve_tcp(&self, listener: TcpListener) -> Result<()> {
         self.peers_known().await;
+        tokio::spawn(takeover::give_back(self.shared.clone()));
         let shutdown = self.shared.shutdown.clone();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut ticks = 0u64;

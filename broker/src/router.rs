@@ -229,8 +229,11 @@ impl Router {
             options,
         };
         let replaced = self.tree.write().insert(plain, key, entry).is_some();
-        if let (false, Some(r)) = (replaced, &self.remote) {
-            r.added(filter);
+        if let Some(r) = &self.remote {
+            if !replaced {
+                r.added(filter);
+            }
+            r.share_session(session);
         }
         replaced
     }
@@ -269,8 +272,11 @@ impl Router {
             group,
         };
         let removed = self.tree.write().remove(plain, &key).is_some();
-        if let (true, Some(r)) = (removed, &self.remote) {
-            r.removed(filter);
+        if let Some(r) = &self.remote {
+            if removed {
+                r.removed(filter);
+            }
+            r.share_session(session);
         }
         removed
     }
@@ -281,6 +287,9 @@ impl Router {
         let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
         for f in filters {
             self.unsubscribe(session, &f);
+        }
+        if let Some(r) = &self.remote {
+            r.session_ended(&session.client_id);
         }
     }
 

@@ -6,6 +6,13 @@
 //! session, applying each as it is logged (as a replay would), before its CONNACK, which
 //! then says the session is present. A message the old node had sent but not seen
 //! acknowledged is sent again from the new node.
+//!
+//! A node that is down cannot hand over. So each node shares the subscriptions of its
+//! lasting sessions with the others (`Relay::set_session`): a client that comes back on
+//! another node while its node is down gets its subscriptions there, and what is published
+//! from then on. When its old node is back, that node gives what its copy held (queued
+//! before it died, or relayed to it while it was down) to the node the client went to, and
+//! ends the copy after a grace period ([`give_back`]).
 
 use crate::BrokerState;
 use crate::journal::{self, Record};
@@ -20,22 +27,36 @@ pub(crate) async fn take_over(shared: &BrokerState, client: &Arc<str>, clean: bo
         return Vec::new();
     };
     let mut out = Vec::new();
-    for mut b in relay.take_session(client, clean).await {
-        while b.len() >= 4 {
-            let len = b.get_u32_le() as usize;
-            if b.len() < len {
-                break;
+    for b in relay.take_session(client, clean).await {
+        out.extend(records(b, client));
+    }
+    // Its node did not answer (it is down): the subscriptions it shared.
+    if out.is_empty()
+        && !clean
+        && let Some((node, _, b)) = relay.session_elsewhere(client)
+    {
+        tracing::info!(%client, node, "session's node does not answer; its subscriptions resume here");
+        out.extend(records(b, client));
+    }
+    out
+}
+
+/// The records of a hand-over that belong to `client`, and only those one carries.
+fn records(mut b: Bytes, client: &Arc<str>) -> Vec<Record> {
+    let mut out = Vec::new();
+    while b.len() >= 4 {
+        let len = b.get_u32_le() as usize;
+        if b.len() < len {
+            break;
+        }
+        match Record::decode(&b.split_to(len)) {
+            Some(r @ (Record::Subscribe { .. } | Record::Queued { .. }))
+                if record_client(&r) == Some(client) =>
+            {
+                out.push(r)
             }
-            match Record::decode(&b.split_to(len)) {
-                // Only what belongs to this client, and only what a hand-over carries.
-                Some(r @ (Record::Subscribe { .. } | Record::Queued { .. }))
-                    if record_client(&r) == Some(client) =>
-                {
-                    out.push(r)
-                }
-                _ => {
-                    tracing::warn!(%client, "a handed-over session record that does not decode; skipped")
-                }
+            _ => {
+                tracing::warn!(%client, "a handed-over session record that does not decode; skipped")
             }
         }
     }
@@ -100,30 +121,142 @@ pub(crate) async fn hand_over(
 /// What `session` holds, as records: its subscriptions, then its messages in flight and
 /// queued (in that order), each as a u32 length and the record.
 fn export(session: &Session) -> Bytes {
+    let subscriptions = subscriptions(session).unwrap_or_default();
+    let (messages, _) = messages(session);
+    [subscriptions, messages].concat().into()
+}
+
+/// What a lasting `session` subscribes, as records (`None` when it is not lasting), for
+/// the other nodes to keep ([`sluice_engine::Relay::set_session`]).
+pub(crate) fn subscriptions(session: &Session) -> Option<Bytes> {
+    if !session.lasting() {
+        return None;
+    }
     let st = session.state.lock();
     let client = session.client_id.clone();
-    let subscriptions = (st.subscriptions.iter()).map(|(filter, options)| Record::Subscribe {
+    let all = (st.subscriptions.iter()).map(|(filter, options)| Record::Subscribe {
         client: client.clone(),
         filter: filter.clone(),
         options: options.clone(),
         retained: false,
     });
-    let inflight = st.inflight.values().filter_map(|o| match o {
-        Outgoing::Published(d) => Some(d),
-        Outgoing::Released(_) => None,
-    });
-    let messages = inflight.chain(st.queue.iter()).map(|d| Record::Queued {
-        client: client.clone(),
-        qos: d.qos,
-        retain: d.retain,
-        ids: d.subscription_ids.clone(),
-        message: d.message.clone(),
-    });
+    Some(framed(all))
+}
+
+fn framed(records: impl Iterator<Item = Record>) -> Bytes {
     let mut out = Vec::new();
-    for r in subscriptions.chain(messages) {
+    for r in records {
         let b = r.encode();
         out.extend_from_slice(&(b.len() as u32).to_le_bytes());
         out.extend_from_slice(&b);
     }
     out.into()
+}
+
+/// A session's messages (in flight, then queued) as `Queued` records, with their LSNs.
+fn messages(session: &Session) -> (Bytes, Vec<u64>) {
+    let st = session.state.lock();
+    let inflight = st.inflight.values().filter_map(|o| match o {
+        Outgoing::Published(d) => Some(d),
+        Outgoing::Released(_) => None,
+    });
+    let all: Vec<_> = inflight.chain(st.queue.iter()).cloned().collect();
+    drop(st);
+    let lsns = all.iter().map(|d| d.lsn).collect();
+    let client = session.client_id.clone();
+    let records = all.into_iter().map(|d| Record::Queued {
+        client: client.clone(),
+        qos: d.qos,
+        retain: d.retain,
+        ids: d.subscription_ids,
+        message: d.message,
+    });
+    (framed(records), lsns)
+}
+
+/// On the node the client went to: what its old node's copy held joins its session here.
+pub(crate) async fn take_given(shared: Arc<BrokerState>, client: String, held: Bytes) -> bool {
+    let Some(session) = shared.router.session(&client).filter(|s| s.lasting()) else {
+        return false;
+    };
+    let queued: Vec<Record> = records(held, &session.client_id)
+        .into_iter()
+        .filter(|r| matches!(r, Record::Queued { .. }))
+        .collect();
+    let n = queued.len();
+    match import(&shared, queued).await {
+        Ok(()) => {
+            tracing::info!(%client, messages = n, "took what the session held on the node it left");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(%client, error = %e, "what another node gave not logged");
+            false
+        }
+    }
+}
+
+/// How long a restarted node keeps giving what its lasting sessions receive to the nodes
+/// their clients went to (its peers' queues for it arrive meanwhile), before it ends them.
+const GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// After a start: each lasting session restored here whose client went to another node
+/// meanwhile gives what it holds to that node, now and then for [`GRACE`], and then ends.
+pub(crate) async fn give_back(shared: Arc<BrokerState>) {
+    let Some(relay) = shared.db.relay() else {
+        return;
+    };
+    let restored = |s: &Arc<Session>| {
+        // Restored here and not attached since (generation 0), offline, lasting.
+        s.generation.load(std::sync::atomic::Ordering::Acquire) == 0 && !s.online() && s.lasting()
+    };
+    let until = tokio::time::Instant::now() + GRACE;
+    let mut moved: Vec<Arc<Session>> = Vec::new();
+    loop {
+        let done = tokio::time::Instant::now() >= until;
+        for s in shared.router.sessions().into_iter().filter(restored) {
+            let Some((node, false, _)) = relay.session_elsewhere(&s.client_id) else {
+                continue;
+            };
+            if !moved.iter().any(|m| Arc::ptr_eq(m, &s)) {
+                moved.push(s.clone());
+            }
+            let (held, lsns) = messages(&s);
+            if lsns.is_empty() {
+                continue;
+            }
+            if !relay.give(node, &s.client_id, held).await {
+                tracing::info!(client = %s.client_id, node, "could not give what a moved session held; trying again");
+                continue;
+            }
+            tracing::info!(client = %s.client_id, node, messages = lsns.len(), "gave what a moved session held");
+            s.state.lock().forget_acked(&lsns);
+            let record = Record::Acked {
+                client: s.client_id.clone(),
+                lsns,
+            };
+            let logged = shared.db.journal(vec![journal::entry(&record, None)], true);
+            if let Err(e) = logged.await {
+                tracing::warn!(client = %s.client_id, error = %e, "messages given to another node not logged as done");
+            }
+        }
+        if done {
+            break;
+        }
+        tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+        }
+    }
+    for s in moved {
+        if restored(&s) && shared.router.discard(&s) {
+            let record = Record::End {
+                client: s.client_id.clone(),
+            };
+            let logged = shared.db.journal(vec![journal::entry(&record, None)], true);
+            if let Err(e) = logged.await {
+                tracing::warn!(client = %s.client_id, error = %e, "a session that moved not logged as ended");
+            }
+        }
+    }
 }

@@ -24,14 +24,14 @@ use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use sluice_engine::{Relay as RelayPort, RelaySink, Relaying, RouteChange};
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use net::{RELAY, ROUTES, TAKE};
+pub(crate) use net::{GIVE, RELAY, ROUTES, TAKE};
 
 /// How long a peer has to answer a call before it counts as not answering.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -59,17 +59,49 @@ struct RoutesCall {
     since: u64,
     /// The change this brings the peer to.
     seq: u64,
-    full: Option<Vec<String>>,
-    changes: Vec<(String, bool)>,
+    full: Option<Vec<Change>>,
+    changes: Vec<Change>,
+}
+
+/// One change to a node's routes or to its registry of lasting sessions.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum Change {
+    /// A filter subscribed (`true`) or no longer.
+    Route(String, bool),
+    /// A lasting session of this client id: its subscriptions (the broker's encoding), or
+    /// (empty) its end.
+    Session(
+        String,
+        #[serde(with = "crate::raft::types::as_bytes")] Bytes,
+    ),
 }
 
 /// This node's routes: the filters its sessions subscribe, numbered changes.
 #[derive(Debug, Default)]
 struct LocalRoutes {
     set: BTreeSet<String>,
+    sessions: BTreeMap<String, Bytes>,
     seq: u64,
-    /// The latest changes: (number, filter, present).
-    log: VecDeque<(u64, String, bool)>,
+    /// The latest changes, numbered.
+    log: VecDeque<(u64, Change)>,
+}
+
+impl LocalRoutes {
+    fn change(&mut self, change: Change, changed: &watch::Sender<u64>) -> u64 {
+        self.seq += 1;
+        self.log.push_back((self.seq, change));
+        if self.log.len() > KEPT_CHANGES {
+            self.log.pop_front();
+        }
+        changed.send_replace(self.seq);
+        self.seq
+    }
+
+    fn full(&self) -> Vec<Change> {
+        let routes = (self.set.iter()).map(|f| Change::Route(f.clone(), true));
+        let sessions = (self.sessions.iter()).map(|(c, b)| Change::Session(c.clone(), b.clone()));
+        routes.chain(sessions).collect()
+    }
 }
 
 /// Another node's routes as this node knows them.
@@ -78,6 +110,7 @@ struct RemoteRoutes {
     incarnation: u64,
     seq: u64,
     set: BTreeSet<String>,
+    sessions: BTreeMap<String, Bytes>,
 }
 
 /// What a peer knows of this node's routes.
@@ -222,7 +255,7 @@ impl Relay {
                 let changes = has.filter(|h| *h + 1 >= oldest).map(|h| {
                     (r.log.iter())
                         .filter(|c| c.0 > h)
-                        .map(|c| (c.1.clone(), c.2))
+                        .map(|c| c.1.clone())
                         .collect()
                 });
                 RoutesCall {
@@ -230,7 +263,7 @@ impl Relay {
                     incarnation: self.incarnation,
                     since: has.unwrap_or(0),
                     seq: r.seq,
-                    full: changes.is_none().then(|| r.set.iter().cloned().collect()),
+                    full: changes.is_none().then(|| r.full()),
                     changes: changes.unwrap_or_default(),
                 }
             };
@@ -368,6 +401,17 @@ impl Relay {
                     None => Vec::new(),
                 })
             }
+            GIVE => {
+                let (client, held): (String, serde_bytes_vec::Held) =
+                    crate::from_cbor(&body).map_err(|e| e.to_string())?;
+                let Some(sink) = self.sink.get().cloned() else {
+                    return Err(format!("node {}'s broker has not started", self.node.id()));
+                };
+                match sink.take_given(client, held.0).await {
+                    true => Ok(Vec::new()),
+                    false => Err("no lasting session of that client here".into()),
+                }
+            }
             _ => self.receive(body).await.map(|()| Vec::new()),
         }
     }
@@ -387,9 +431,19 @@ impl Relay {
             }
             r.incarnation = call.incarnation;
             r.seq = call.seq;
-            r.set = full.iter().cloned().collect();
+            r.set.clear();
+            r.sessions.clear();
+            for c in full {
+                match c {
+                    Change::Route(f, _) => r.set.insert(f),
+                    Change::Session(c, b) => r.sessions.insert(c, b).is_some(),
+                };
+            }
             if let Some(s) = sink {
-                s.routes(call.from, RouteChange::Replace(full));
+                s.routes(
+                    call.from,
+                    RouteChange::Replace(r.set.iter().cloned().collect()),
+                );
             }
             return true;
         }
@@ -397,7 +451,18 @@ impl Relay {
             return false;
         }
         r.seq = call.seq;
-        for (filter, present) in call.changes {
+        for change in call.changes {
+            let (filter, present) = match change {
+                Change::Route(f, p) => (f, p),
+                Change::Session(c, b) if b.is_empty() => {
+                    r.sessions.remove(&c);
+                    continue;
+                }
+                Change::Session(c, b) => {
+                    r.sessions.insert(c, b);
+                    continue;
+                }
+            };
             let changed = match present {
                 true => r.set.insert(filter.clone()),
                 false => r.set.remove(&filter),
@@ -487,15 +552,36 @@ impl RelayPort for Relay {
             false => r.set.remove(filter),
         };
         if changed {
-            r.seq += 1;
-            let seq = r.seq;
-            r.log.push_back((seq, filter.to_string(), present));
-            if r.log.len() > KEPT_CHANGES {
-                r.log.pop_front();
-            }
-            self.changed.send_replace(seq);
+            r.change(Change::Route(filter.to_string(), present), &self.changed);
         }
         r.seq
+    }
+
+    fn set_session(&self, client: &str, held: Option<Bytes>) {
+        let mut r = self.routes.lock();
+        let held = held.unwrap_or_default();
+        let same = match r.sessions.get(client) {
+            Some(b) => *b == held,
+            None => held.is_empty(),
+        };
+        if same {
+            return;
+        }
+        match held.is_empty() {
+            true => r.sessions.remove(client),
+            false => r.sessions.insert(client.to_string(), held.clone()),
+        };
+        r.change(Change::Session(client.to_string(), held), &self.changed);
+    }
+
+    fn session_elsewhere(&self, client: &str) -> Option<(u64, bool, Bytes)> {
+        let remote = self.remote.lock();
+        let (node, b) = remote
+            .iter()
+            .find_map(|(n, r)| r.sessions.get(client).map(|b| (*n, b.clone())))?;
+        drop(remote);
+        let down = self.peer(node).known.borrow().down;
+        Some((node, down, b))
     }
 
     fn routes_known(&self, seq: u64) -> BoxFuture<'static, ()> {
@@ -566,6 +652,19 @@ impl RelayPort for Relay {
         })
     }
 
+    fn give(&self, node: u64, client: &str, held: Bytes) -> BoxFuture<'static, bool> {
+        let (me, client) = (self.me.clone(), client.to_string());
+        Box::pin(async move {
+            let Some(me) = me.upgrade() else {
+                return false;
+            };
+            let Ok(frame) = Frame::cbor(GIVE, &(client, serde_bytes_vec::Held(held)), 64) else {
+                return false;
+            };
+            me.node.call(node, frame, CALL_TIMEOUT).await.is_ok()
+        })
+    }
+
     fn peers_known(&self) -> BoxFuture<'static, ()> {
         let peers: Vec<(u64, watch::Receiver<Known>)> = (self.peer_ids().into_iter())
             .map(|id| (id, self.peer(id).known.subscribe()))
@@ -584,4 +683,13 @@ impl RelayPort for Relay {
             let _ = tokio::time::timeout(ROUTES_WAIT, all).await;
         })
     }
+}
+
+/// Bytes as a CBOR byte string inside a tuple.
+mod serde_bytes_vec {
+    use bytes::Bytes;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Serialize, Deserialize)]
+    pub(crate) struct Held(#[serde(with = "crate::raft::types::as_bytes")] pub(crate) Bytes);
 }

@@ -35,6 +35,15 @@ pub trait Relay: Send + Sync + 'static {
     /// acknowledged only then, so what is published anywhere after it reaches it.
     fn routes_known(&self, seq: u64) -> BoxFuture<'static, ()>;
 
+    /// This node's lasting session `client` now holds these subscriptions (the broker's
+    /// encoding), or (`None`) has ended: shared with the other nodes, so that the client
+    /// finds its subscriptions on another node while this one is down.
+    fn set_session(&self, client: &str, held: Option<bytes::Bytes>);
+
+    /// Another node's lasting session of `client`, as that node last shared it: the node,
+    /// whether it is known not to answer, and its subscriptions.
+    fn session_elsewhere(&self, client: &str) -> Option<(u64, bool, bytes::Bytes)>;
+
     /// Queues `message` for the nodes `to` (in the order of the calls, per node); it is sent
     /// once [`Relaying::go`] says it is stored.
     fn send(&self, to: &[u64], message: bytes::Bytes) -> Relaying;
@@ -55,6 +64,10 @@ pub trait Relay: Send + Sync + 'static {
     /// (its connection is taken over) and, unless `clean`, hands over what the session
     /// held ([`RelaySink::hand_over`]); returns those hand-overs.
     fn take_session(&self, client: &str, clean: bool) -> BoxFuture<'static, Vec<bytes::Bytes>>;
+
+    /// Hands what this node's session `client` held to node `node`, where the client went
+    /// while this node was down ([`RelaySink::take_given`]); true once it took it.
+    fn give(&self, node: u64, client: &str, held: bytes::Bytes) -> BoxFuture<'static, bool>;
 }
 
 /// The broker's side of the relay.
@@ -69,6 +82,10 @@ pub trait RelaySink: Send + Sync + 'static {
     /// Another node took client `client` over: its session here ends (its connection
     /// told so); unless `clean`, returns what it held, for that node to go on with.
     fn hand_over(&self, client: String, clean: bool) -> BoxFuture<'static, Option<bytes::Bytes>>;
+
+    /// Another node gives what its session `client` held (the client came here while that
+    /// node was down); true once taken into this node's session of it.
+    fn take_given(&self, client: String, held: bytes::Bytes) -> BoxFuture<'static, bool>;
 }
 
 /// A message queued for other nodes: it leaves once its publisher says it is stored.

@@ -216,12 +216,25 @@ pub(crate) async fn one_broker_across_nodes(c: &mut Cluster) {
     session_moves(c, (a, b, z)).await;
 
     // A lasting session on node z: z is killed, messages are published on node a meanwhile,
-    // and it gets them once z is back.
+    // and it gets them once z is back. Another goes to node a while z is down: its
+    // subscriptions resume there at once, and what z held (or was sent while down) follows
+    // once z is back (QoS 1: copies allowed).
     let (lasting, mut first) = subscriber(port(c, z), "z-lasting", false, &["later/#"]).await;
     lasting.disconnect().await.unwrap();
     while first.recv().await.is_some() {}
+    let (away, mut first) = subscriber(port(c, z), "z-away", false, &["away/#"]).await;
+    away.disconnect().await.unwrap();
+    while first.recv().await.is_some() {}
     c.nodes.remove(&z).unwrap().kill9();
     publish(port(c, a), "pub-later", &["later/x".to_string()], N, false).await;
+    publish(port(c, a), "pub-away", &["away/x".to_string()], N, false).await;
+    let (_w, mut moved) = subscriber(port(c, a), "z-away", false, &[]).await;
+    publish(port(c, b), "pub-away2", &["away/x".to_string()], N, false).await;
+    let mut seen = HashSet::new();
+    while seen.len() < N as usize {
+        let m = tokio::time::timeout(Duration::from_secs(30), moved.recv()).await;
+        seen.insert(m.expect("a moved session's new messages").unwrap());
+    }
     c.restart(z);
     c.node(z).login(Some(("root", "r")));
     c.settled().await;
@@ -233,4 +246,21 @@ pub(crate) async fn one_broker_across_nodes(c: &mut Cluster) {
     )
     .await;
     once_in_order(&got, "a lasting session whose node was killed");
+    while seen.len() < 2 * N as usize {
+        let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(30), moved.recv()).await else {
+            for id in [a, z] {
+                let log = c.node(id).log_text();
+                let lines: Vec<&str> = (log.lines())
+                    .filter(|l| l.contains("took") || l.contains("session") || l.contains("WARN"))
+                    .collect();
+                eprintln!("node {id}:\n{}", lines.join("\n"));
+            }
+            panic!(
+                "what z held for a moved session: {} of {}",
+                seen.len(),
+                2 * N
+            );
+        };
+        seen.insert(m);
+    }
 }

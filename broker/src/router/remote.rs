@@ -112,6 +112,18 @@ impl Remote {
         }
     }
 
+    /// The other nodes keep what a lasting `session` subscribes (for its client, should
+    /// this node be down when it comes back).
+    pub(crate) fn share_session(&self, session: &crate::session::Session) {
+        let held = crate::takeover::subscriptions(session);
+        self.relay.set_session(&session.client_id, held);
+    }
+
+    /// The session `client` ended here.
+    pub(crate) fn session_ended(&self, client: &str) {
+        self.relay.set_session(client, None);
+    }
+
     /// Returns once the other nodes know this node's routes as they are now (or do not
     /// answer).
     pub(crate) async fn known(&self) {

@@ -69,6 +69,8 @@ pub(crate) const ROUTES: u8 = 19;
 pub(crate) const RELAY: u8 = 20;
 /// A client connected to another node: its session moves there (`crate::relay`).
 pub(crate) const TAKE: u8 = 21;
+/// What a session held, for the node its client went to (`crate::relay`).
+pub(crate) const GIVE: u8 = 22;
 
 const PIPELINE: usize = 64;
 /// Largest frame accepted (a snapshot is one frame).
