@@ -61,7 +61,12 @@ impl RelaySink for Inbox {
         }
     }
 
-    fn receive(&self, from: u64, messages: Vec<bytes::Bytes>) -> BoxFuture<'static, ()> {
+    fn receive(
+        &self,
+        from: u64,
+        (incarnation, last): (u64, u64),
+        messages: Vec<bytes::Bytes>,
+    ) -> BoxFuture<'static, ()> {
         let shared = self.0.upgrade();
         Box::pin(async move {
             let Some(shared) = shared else {
@@ -80,6 +85,19 @@ impl RelaySink for Inbox {
                 let logged = journal.is_some();
                 entries.extend(journal);
                 planned.push((message, targets, logged));
+            }
+            // Logged with them: a copy of this batch sent again after a restart here is
+            // skipped (its sessions have it).
+            if !entries.is_empty() {
+                let mark = Record::Relayed {
+                    from,
+                    incarnation,
+                    last,
+                };
+                let state = shared.clone();
+                let then: sluice_engine::Then =
+                    Box::new(move |_| state.router.relayed(from, incarnation, last));
+                entries.push(journal::entry(&mark, Some(then)));
             }
             if !entries.is_empty()
                 && let Err(e) = shared.db.journal(entries, true).await

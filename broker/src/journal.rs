@@ -91,6 +91,13 @@ pub(crate) enum Record {
         client: Arc<str>,
         pkid: u16,
     },
+    /// Relayed messages from node `from` (its run `incarnation`) up to number `last` are
+    /// logged here: a copy sent again after a restart is not delivered twice.
+    Relayed {
+        from: u64,
+        incarnation: u64,
+        last: u64,
+    },
     /// A message queued for one session: what it held on another node, which handed it
     /// over when the client connected here.
     Queued {
@@ -204,6 +211,16 @@ impl Record {
                 o.str(client);
                 o.u16(*pkid);
             }
+            Record::Relayed {
+                from,
+                incarnation,
+                last,
+            } => {
+                o.u8(12);
+                o.u64(*from);
+                o.u64(*incarnation);
+                o.u64(*last);
+            }
             Record::Queued {
                 client,
                 qos,
@@ -299,6 +316,11 @@ impl Record {
             10 => Record::Released {
                 client: i.arc()?,
                 pkid: i.u16()?,
+            },
+            12 => Record::Relayed {
+                from: i.u64()?,
+                incarnation: i.u64()?,
+                last: i.u64()?,
             },
             11 => {
                 let client = i.arc()?;
@@ -565,6 +587,11 @@ mod tests {
                 will_pending: true,
             },
             Record::End { client: c.clone() },
+            Record::Relayed {
+                from: 2,
+                incarnation: 77,
+                last: 1024,
+            },
             Record::Queued {
                 client: c.clone(),
                 qos: QoS::ExactlyOnce,

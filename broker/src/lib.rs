@@ -129,6 +129,7 @@ impl Broker {
             saved_lsn: AtomicU64::new(0),
         });
         if let Some(relay) = relay {
+            relay.received_before(shared.router.relayed_marks());
             relay.set_sink(Arc::new(ingest::Inbox(Arc::downgrade(&shared))));
         }
         for (client, message, delay) in wills {

@@ -29,6 +29,9 @@ pub(crate) struct State {
     /// The messages in the journal that sessions hold, once each, by LSN.
     #[serde(default)]
     messages: Vec<(u64, StoredMessage)>,
+    /// Relayed messages logged, per sending node: (node, its run, last number).
+    #[serde(default)]
+    relayed: Vec<(u64, u64, u64)>,
 }
 
 /// Messages by LSN: saved once however many sessions hold them, and shared again when
@@ -259,6 +262,9 @@ impl Store {
             Some(state) if state.format == FORMAT => {
                 let (s, r) = (state.sessions.len(), state.retained.len());
                 router.restore(state.sessions, state.retained, state.messages);
+                for (from, incarnation, last) in state.relayed {
+                    router.relayed(from, incarnation, last);
+                }
                 tracing::info!(
                     sessions = s,
                     retained = r,
@@ -286,12 +292,12 @@ impl Store {
         let mut same = false;
         db.journal_checkpoint(&mut |lsn| match unless == Some(lsn) {
             true => same = true,
-            false => taken = Some((lsn, router.lasting_copy())),
+            false => taken = Some((lsn, router.lasting_copy(), router.relayed_marks())),
         });
         if same {
             return Ok(None);
         }
-        let Some((lsn, copy)) = taken else {
+        let Some((lsn, copy, relayed)) = taken else {
             return Err(std::io::Error::other("no checkpoint"));
         };
         let (sessions, retained, messages) = Router::lasting_state(copy);
@@ -301,6 +307,7 @@ impl Store {
             sessions,
             retained,
             messages: messages.into_iter().collect(),
+            relayed,
         };
         let text = serde_json::to_vec(&state).map_err(std::io::Error::other)?;
         sluice_engine::replace_file(&self.path, &text)?;

@@ -60,6 +60,8 @@ pub(crate) struct Router {
     pub(crate) node: Option<u64>,
     /// The cluster's routes (`None` on a single node).
     remote: Option<remote::Remote>,
+    /// Per node relaying to this one: its run and the last message logged here.
+    relayed: Mutex<std::collections::BTreeMap<u64, (u64, u64)>>,
 }
 
 impl Router {
@@ -72,6 +74,7 @@ impl Router {
             sessions: Mutex::new(HashMap::new()),
             next_shared: AtomicUsize::new(0),
             max_queued,
+            relayed: Mutex::new(std::collections::BTreeMap::new()),
         }
     }
 

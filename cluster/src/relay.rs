@@ -513,7 +513,8 @@ impl Relay {
             return Ok(());
         }
         let last = first + messages.len() as u64 - 1;
-        sink.receive(from, messages.split_off(skip)).await;
+        sink.receive(from, (incarnation, last), messages.split_off(skip))
+            .await;
         state.1 = last;
         Ok(())
     }
@@ -663,6 +664,13 @@ impl RelayPort for Relay {
             };
             me.node.call(node, frame, CALL_TIMEOUT).await.is_ok()
         })
+    }
+
+    fn received_before(&self, marks: Vec<(u64, u64, u64)>) {
+        let mut received = self.received.lock();
+        for (from, incarnation, last) in marks {
+            received.insert(from, Arc::new(tokio::sync::Mutex::new((incarnation, last))));
+        }
     }
 
     fn peers_known(&self) -> BoxFuture<'static, ()> {

@@ -60,6 +60,10 @@ pub trait Relay: Send + Sync + 'static {
     /// send them to the other nodes' subscribers.
     fn peers_known(&self) -> BoxFuture<'static, ()>;
 
+    /// What this node had durably taken from each sender before it stopped: (sender, run,
+    /// number of the last message), as the broker's journal kept it.
+    fn received_before(&self, marks: Vec<(u64, u64, u64)>);
+
     /// A client connects here: every other node that answers ends its session `client`
     /// (its connection is taken over) and, unless `clean`, hands over what the session
     /// held ([`RelaySink::hand_over`]); returns those hand-overs.
@@ -76,8 +80,16 @@ pub trait RelaySink: Send + Sync + 'static {
     fn routes(&self, node: u64, change: RouteChange);
 
     /// Delivers messages node `from` sent, in order; resolves once each is queued for its
-    /// subscribers (durably, for those whose sessions outlive their connection).
-    fn receive(&self, from: u64, messages: Vec<bytes::Bytes>) -> BoxFuture<'static, ()>;
+    /// subscribers (durably, for those whose sessions outlive their connection). `mark`
+    /// (the sender's run and the number of the last message) is logged with them when any
+    /// is logged, and given back at start ([`Relay::received_before`]), so that a batch
+    /// sent again after a restart is not delivered twice.
+    fn receive(
+        &self,
+        from: u64,
+        mark: (u64, u64),
+        messages: Vec<bytes::Bytes>,
+    ) -> BoxFuture<'static, ()>;
 
     /// Another node took client `client` over: its session here ends (its connection
     /// told so); unless `clean`, returns what it held, for that node to go on with.

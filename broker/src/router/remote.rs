@@ -213,4 +213,20 @@ impl Router {
     pub(crate) fn remote(&self) -> Option<&Remote> {
         self.remote.as_ref()
     }
+
+    /// Relayed messages from node `from`'s run `incarnation` up to `last` are logged.
+    pub(crate) fn relayed(&self, from: u64, incarnation: u64, last: u64) {
+        let mut marks = self.relayed.lock();
+        let m = marks.entry(from).or_insert((incarnation, last));
+        if m.0 != incarnation || m.1 < last {
+            *m = (incarnation, last);
+        }
+    }
+
+    /// What [`Router::relayed`] keeps: (sender, run, last).
+    pub(crate) fn relayed_marks(&self) -> Vec<(u64, u64, u64)> {
+        (self.relayed.lock().iter())
+            .map(|(from, (i, l))| (*from, *i, *l))
+            .collect()
+    }
 }

@@ -104,6 +104,11 @@ impl Router {
             Record::Released { client, pkid } => self.with_state(&client, |st| {
                 st.incoming_qos2.remove(&pkid);
             }),
+            Record::Relayed {
+                from,
+                incarnation,
+                last,
+            } => self.relayed(from, incarnation, last),
             Record::Queued {
                 client,
                 qos,
