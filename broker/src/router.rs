@@ -232,7 +232,9 @@ impl Router {
             options,
         };
         let replaced = self.tree.write().insert(plain, key, entry).is_some();
-        if let Some(r) = &self.remote {
+        if let Some(r) = &self.remote
+            && !session.withdrawn.load(Ordering::Acquire)
+        {
             if !replaced {
                 r.added(filter);
             }
@@ -275,7 +277,9 @@ impl Router {
             group,
         };
         let removed = self.tree.write().remove(plain, &key).is_some();
-        if let Some(r) = &self.remote {
+        if let Some(r) = &self.remote
+            && !session.withdrawn.load(Ordering::Acquire)
+        {
             if removed {
                 r.removed(filter);
             }

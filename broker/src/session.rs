@@ -200,6 +200,9 @@ pub(crate) struct Session {
     /// Notified when the session ends (discarded, expired or replaced by a clean start): a
     /// will waiting for its delay is published then (MQTT 5 §3.1.3.2.2).
     pub(crate) ended: Notify,
+    /// Its client went to another node of a cluster: its subscriptions no longer count as
+    /// this node's routes (only what is already on its way here still reaches it).
+    pub(crate) withdrawn: std::sync::atomic::AtomicBool,
 }
 
 impl Session {
@@ -215,6 +218,7 @@ impl Session {
             user: Mutex::new(None),
             will: Mutex::new(None),
             ended: Notify::new(),
+            withdrawn: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

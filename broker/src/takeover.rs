@@ -219,6 +219,8 @@ pub(crate) async fn give_back(shared: Arc<BrokerState>) {
                 continue;
             };
             if !moved.iter().any(|m| Arc::ptr_eq(m, &s)) {
+                // New messages go to the node it went to; what is on its way here follows.
+                shared.router.withdraw(&s);
                 moved.push(s.clone());
             }
             let (held, lsns) = messages(&s);

@@ -62,6 +62,10 @@ struct Args {
     /// Lasting subscribers of the devices' topic, one per node in turn.
     #[arg(long, default_value_t = 3)]
     subscribers: usize,
+    /// A subscriber whose connection breaks connects to the next node (its session follows
+    /// it), not to its own node again.
+    #[arg(long)]
+    roam: bool,
     /// The sluice binary (default: next to this runner).
     #[arg(long)]
     sluice: Option<PathBuf>,
@@ -186,7 +190,8 @@ async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
     let (mut subs, mut listening) = (Vec::new(), Vec::new());
     let unsubscribe = CancellationToken::new();
     for i in 0..args.subscribers {
-        let (got, task) = subscribers::start(i, addrs.clone(), unsubscribe.clone()).await?;
+        let (got, task) =
+            subscribers::start(i, addrs.clone(), unsubscribe.clone(), args.roam).await?;
         subs.push(got);
         listening.push(task);
     }

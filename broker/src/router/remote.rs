@@ -223,6 +223,22 @@ impl Router {
         }
     }
 
+    /// `session`'s client went to another node: its subscriptions stop counting as this
+    /// node's routes, and the other nodes forget it is here (once).
+    pub(crate) fn withdraw(&self, session: &crate::session::Session) {
+        let Some(r) = &self.remote else {
+            return;
+        };
+        if session.withdrawn.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
+        for f in filters {
+            r.removed(&f);
+        }
+        r.session_ended(&session.client_id);
+    }
+
     /// What [`Router::relayed`] keeps: (sender, run, last).
     pub(crate) fn relayed_marks(&self) -> Vec<(u64, u64, u64)> {
         (self.relayed.lock().iter())

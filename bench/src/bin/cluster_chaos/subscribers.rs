@@ -1,7 +1,7 @@
 //! Lasting subscribers for the chaos runner (`--subscribers N`): MQTT 5 sessions with a
 //! session expiry of an hour, subscribed at QoS 1 to the devices' topic, one on each node
-//! in turn. A subscriber whose connection breaks connects to its own node again (its
-//! session lives there) until it is back. At the end each must have every message the
+//! in turn. A subscriber whose connection breaks connects to its own node again until it
+//! is back, or with `--roam` to the next node (its session follows it there). At the end each must have every message the
 //! devices had acknowledged; duplicates (QoS 1 allows them) are counted, and so is each
 //! subscriber's longest gap between two deliveries while the devices published.
 
@@ -42,6 +42,7 @@ pub(crate) async fn start(
     i: usize,
     addrs: Arc<Mutex<Vec<String>>>,
     stop: CancellationToken,
+    roam: bool,
 ) -> Result<(Shared, tokio::task::JoinHandle<()>)> {
     let node = i % NODES;
     let got: Shared = Arc::new(Mutex::new(Received {
@@ -54,11 +55,16 @@ pub(crate) async fn start(
     let (g, s) = (got.clone(), stop.clone());
     let task = tokio::spawn(async move {
         let mut conn = Some(first);
+        // The node it connects to: its own, or with `roam` the next one each time.
+        let mut at = node;
         while !s.is_cancelled() {
             let stream = match conn.take() {
                 Some(c) => c,
                 None => {
-                    let addr = addrs.lock()[node].clone();
+                    if roam {
+                        at = (at + 1) % NODES;
+                    }
+                    let addr = addrs.lock()[at].clone();
                     match tokio::time::timeout(Duration::from_secs(2), connect(&addr, &id, false))
                         .await
                     {
