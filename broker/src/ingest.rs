@@ -45,7 +45,12 @@ pub(crate) async fn store(
 /// member another node chose (this node's members skip it).
 pub(crate) fn relay(shared: &BrokerState, message: &Message) -> (Relaying, Vec<Group>) {
     match shared.router.remote() {
-        Some(r) if !message.origin.starts_with("$SYS") => r.relay(message),
+        Some(r) if !message.origin.starts_with("$SYS") => {
+            let (relaying, elsewhere) = r.relay(message);
+            let n = relaying.len() as u64;
+            shared.metrics.relayed_out.fetch_add(n, Ordering::Relaxed);
+            (relaying, elsewhere)
+        }
         _ => (Relaying::none(), Vec::new()),
     }
 }
@@ -75,6 +80,8 @@ impl RelaySink for Inbox {
             // The batch's records go in one group commit, in order; then the receivers that
             // are not lasting get theirs, in order.
             let (mut entries, mut planned) = (Vec::new(), Vec::with_capacity(messages.len()));
+            let n = messages.len() as u64;
+            shared.metrics.relayed_in.fetch_add(n, Ordering::Relaxed);
             for b in messages {
                 let Some((message, groups)) = journal::read_relayed(&b) else {
                     tracing::warn!(from, "a relayed message that does not decode; dropped");

@@ -22,6 +22,10 @@ pub(crate) struct Metrics {
     pub(crate) bytes_out: AtomicU64,
     pub(crate) rows_stored: AtomicU64,
     pub(crate) dead_letters: AtomicU64,
+    /// Copies of messages queued for other nodes of a cluster (one per node).
+    pub(crate) relayed_out: AtomicU64,
+    /// Messages other nodes relayed here.
+    pub(crate) relayed_in: AtomicU64,
     ack_buckets: [AtomicU64; BUCKETS.len() + 1],
     ack_sum_nanos: AtomicU64,
     ack_count: AtomicU64,
@@ -167,6 +171,21 @@ impl Metrics {
                 "sluice_mqtt_dead_letters_total",
                 "Messages refused and kept in system.dead_letters",
                 g(&self.dead_letters),
+            ),
+            (
+                "sluice_mqtt_relayed_out_total",
+                "Copies of messages sent to other cluster nodes' subscribers (one per node)",
+                g(&self.relayed_out),
+            ),
+            (
+                "sluice_mqtt_relayed_in_total",
+                "Messages other cluster nodes sent to this node's subscribers",
+                g(&self.relayed_in),
+            ),
+            (
+                "sluice_mqtt_relay_dropped_total",
+                "Messages for a cluster node dropped while it did not answer (its queue full)",
+                state.relay_dropped,
             ),
         ]
     }

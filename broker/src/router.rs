@@ -45,6 +45,8 @@ pub(crate) struct Gauges {
     pub(crate) queued: u64,
     pub(crate) inflight: u64,
     pub(crate) dropped: u64,
+    /// Messages for other nodes of a cluster dropped while they did not answer.
+    pub(crate) relay_dropped: u64,
 }
 
 /// See the module docs.
@@ -182,6 +184,7 @@ impl Router {
     pub(crate) fn gauges(&self) -> Gauges {
         let mut g = Gauges {
             retained: self.retained_count() as u64,
+            relay_dropped: self.remote.as_ref().map_or(0, |r| r.dropped()),
             ..Gauges::default()
         };
         for s in self.sessions() {

@@ -617,6 +617,10 @@ impl RelayPort for Relay {
         self.peer_ids()
     }
 
+    fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
     fn set_sink(&self, sink: Arc<dyn RelaySink>) {
         let remote = self.remote.lock();
         for (node, r) in remote.iter() {

@@ -51,6 +51,9 @@ pub trait Relay: Send + Sync + 'static {
     /// The other nodes of the cluster (retained messages go to all of them).
     fn peers(&self) -> Vec<u64>;
 
+    /// Messages dropped for nodes that did not answer while their queue was full.
+    fn dropped(&self) -> u64;
+
     /// Where the routes of the other nodes and the messages they send go (the broker, once
     /// its sessions are loaded: this node's routes are sent to the others from then on).
     fn set_sink(&self, sink: Arc<dyn RelaySink>);
@@ -137,6 +140,11 @@ impl Relaying {
     /// Whether the message goes to no other node.
     pub fn is_empty(&self) -> bool {
         self.go.is_empty()
+    }
+
+    /// How many nodes it goes to.
+    pub fn len(&self) -> usize {
+        self.go.len()
     }
 
     /// Releases the message (`stored`), or withdraws it; with `stored`, resolves once every

@@ -119,6 +119,11 @@ impl Remote {
         self.relay.set_session(&session.client_id, held);
     }
 
+    /// Messages dropped for nodes that did not answer.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.relay.dropped()
+    }
+
     /// The session `client` ended here.
     pub(crate) fn session_ended(&self, client: &str) {
         self.relay.set_session(client, None);
