@@ -217,9 +217,11 @@ impl Cluster {
     /// Writes the due rows of the shards this node leads as Parquet on the shared store and
     /// commits the files through the metadata group; every node then installs them, drops
     /// those rows from its buffers and snapshots the shards ([`MetaStateMachine`]). On the metadata
-    /// group's leader, also merges small files now and then (`[compaction]`).
+    /// group's leader, also merges small files now and then (`[compaction]`) and drops the
+    /// partitions tables' TTLs expired (`[retention]`).
     async fn flush_led_shards(self: Arc<Self>, cancel: CancellationToken) {
         let mut last_compact = tokio::time::Instant::now();
+        let mut last_retain = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -248,6 +250,14 @@ impl Cluster {
                     Ok(m) => self.commit_files(&engine, FileChange::Merged(m)).await,
                     Err(e) => tracing::warn!(error = %e, "compaction failed"),
                 }
+            }
+            // Retention: the metadata group's leader commits the expired partitions, every
+            // node drops them, and the leader deletes their files.
+            if last_retain.elapsed() >= engine.retention_every() && leads(GroupId::Meta) {
+                last_retain = tokio::time::Instant::now();
+                let expired = engine.expired_shared();
+                self.commit_files(&engine, FileChange::Expired(expired))
+                    .await;
             }
         }
     }

@@ -32,7 +32,7 @@ const ROOM_WAITERS: usize = 64;
 mod maintenance;
 mod replicated;
 
-pub use replicated::{FileChange, MergedFiles, ShardFile};
+pub use replicated::{ExpiredPartition, FileChange, MergedFiles, ShardFile};
 
 /// The engine. Cheap to share behind an `Arc`.
 pub struct Engine {

@@ -61,6 +61,21 @@ pub struct MergedFiles {
     pub file: FileMeta,
 }
 
+/// A partition its table's TTL expired, as the metadata group commits it: its files and,
+/// per shard, the rows up to a log index leave it on every node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExpiredPartition {
+    /// The table.
+    pub table_id: u64,
+    /// The partition key.
+    pub partition: u64,
+    /// Per shard: its rows in the partition up to this log index are dropped (later ones,
+    /// late data, stay).
+    pub through: std::collections::BTreeMap<u32, u64>,
+    /// The partition's files (deleted from the store by the node that committed this).
+    pub files: Vec<String>,
+}
+
 /// A change to the files on the shared store, committed through the metadata group and
 /// installed by every node in that group's order ([`Engine::install_file_change`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -69,6 +84,8 @@ pub enum FileChange {
     Flushed(Vec<ShardFile>),
     /// Files the metadata group's leader merged ([`Engine::compact_shared`]).
     Merged(Vec<MergedFiles>),
+    /// Partitions the metadata group's leader found expired ([`Engine::expired_shared`]).
+    Expired(Vec<ExpiredPartition>),
 }
 
 impl FileChange {
@@ -77,6 +94,7 @@ impl FileChange {
         match self {
             Self::Flushed(f) => f.iter().map(|f| f.file.path.clone()).collect(),
             Self::Merged(m) => m.iter().map(|m| m.file.path.clone()).collect(),
+            Self::Expired(_) => Vec::new(),
         }
     }
 
@@ -84,7 +102,7 @@ impl FileChange {
     pub fn shards(&self) -> Vec<u32> {
         match self {
             Self::Flushed(f) => f.iter().map(|f| f.shard).collect(),
-            Self::Merged(_) => Vec::new(),
+            Self::Merged(_) | Self::Expired(_) => Vec::new(),
         }
     }
 
@@ -93,6 +111,7 @@ impl FileChange {
         match self {
             Self::Flushed(f) => f.is_empty(),
             Self::Merged(m) => m.is_empty(),
+            Self::Expired(e) => e.is_empty(),
         }
     }
 }
@@ -322,9 +341,50 @@ impl Engine {
     /// queries on any node that may still read them are done. Called on the node that
     /// merged them only.
     pub fn retire_replaced(&self, change: &FileChange) {
-        if let FileChange::Merged(merged) = change {
-            self.retire(merged.iter().flat_map(|m| m.replaced.clone()).collect());
+        match change {
+            FileChange::Merged(merged) => {
+                self.retire(merged.iter().flat_map(|m| m.replaced.clone()).collect())
+            }
+            FileChange::Expired(expired) => {
+                self.retire(expired.iter().flat_map(|e| e.files.clone()).collect())
+            }
+            FileChange::Flushed(_) => {}
         }
+    }
+
+    /// How often the metadata group's leader looks for expired partitions.
+    pub fn retention_every(&self) -> Duration {
+        sluice_conf::Config::duration(&self.config.retention.interval)
+    }
+
+    /// The partitions whose newest row is older than their table's TTL (on the metadata
+    /// group's leader, as this node sees them): their files, and per shard the last log
+    /// index of the rows this node holds in them.
+    pub fn expired_shared(&self) -> Vec<ExpiredPartition> {
+        let now = super::now_micros();
+        let mut out = Vec::new();
+        for t in self.store.tables.all() {
+            let def = t.def();
+            let Some(ttl) = def.ttl_secs else {
+                continue;
+            };
+            let cutoff = now - (ttl as i64).saturating_mul(1_000_000);
+            for (key, p) in t.parts.read().iter() {
+                if p.time_range().is_none_or(|(_, hi)| hi >= cutoff) {
+                    continue;
+                }
+                let through = (p.shards.iter())
+                    .map(|(s, r)| (*s, r.buffer.max_lsn.max(r.flushed)))
+                    .collect();
+                out.push(ExpiredPartition {
+                    table_id: def.id,
+                    partition: *key,
+                    through,
+                    files: p.files.iter().map(|f| f.path.clone()).collect(),
+                });
+            }
+        }
+        out
     }
 
     /// Installs a file change committed at `raft_index` of the metadata group, and returns
@@ -365,6 +425,21 @@ impl Engine {
                     (f.replaced.iter()).all(|r| files.iter().any(|x| x.path == *r))
                 })
             }),
+            // The partition's files are still those the leader saw (a flush or merge
+            // installed since: the leader looks again later).
+            FileChange::Expired(expired) => expired.iter().all(|e| {
+                live(e.table_id).is_none_or(|t| {
+                    let parts = t.parts.read();
+                    let files = parts.get(&e.partition).map_or(&[][..], |p| &p.files[..]);
+                    files.len() == e.files.len() && files.iter().all(|x| e.files.contains(&x.path))
+                })
+            }),
+        };
+        let expired: Vec<&ExpiredPartition> = match change {
+            FileChange::Expired(e) if fits => {
+                e.iter().filter(|e| live(e.table_id).is_some()).collect()
+            }
+            _ => Vec::new(),
         };
         let (flushed, merged): (Vec<&ShardFile>, Vec<&MergedFiles>) = match change {
             _ if !fits => Default::default(),
@@ -376,6 +451,7 @@ impl Engine {
                 vec![],
                 m.iter().filter(|f| live(f.table_id).is_some()).collect(),
             ),
+            FileChange::Expired(_) => Default::default(),
         };
         self.change_manifest(&mut m, |next| {
             next.raft_index = raft_index;
@@ -389,8 +465,38 @@ impl Engine {
                 pm.files.retain(|x| !f.replaced.contains(&x.path));
                 pm.files.push(f.file.clone());
             }
+            for e in &expired {
+                let pm = next.partition(e.table_id, e.partition);
+                pm.files.clear();
+                for (s, through) in &e.through {
+                    let at = pm.shards.entry(*s).or_default();
+                    *at = (*at).max(*through);
+                }
+            }
         })
         .await?;
+        for e in expired {
+            let Some(t) = live(e.table_id) else { continue };
+            let mut parts = t.parts.write();
+            let p = t.partition_mut(&mut parts, e.partition);
+            p.files.clear();
+            let mut released = 0;
+            for (s, through) in &e.through {
+                let rows = t.shard_rows(p, *s);
+                rows.flushed = rows.flushed.max(*through);
+                released += rows.buffer.drop_through(*through);
+            }
+            drop(parts);
+            self.store.tables.release(released);
+            self.store.hot.remove(&e.files);
+            t.changed();
+            tracing::info!(
+                table = t.def().name,
+                partition = e.partition,
+                files = e.files.len(),
+                "partition expired"
+            );
+        }
         self.manifest_index.store(raft_index, Ordering::Release);
         for f in flushed {
             let Some(t) = live(f.table_id) else { continue };

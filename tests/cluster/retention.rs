@@ -1,0 +1,77 @@
+//! Retention in a cluster: a table's TTL drops its expired partitions (files on the shared
+//! store and rows still in the shards' buffers) on every node, and keeps the others.
+//! (Set after the rows are in, so that they are seen stored first.)
+
+use super::{Cluster, eventually_eq};
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use std::time::Duration;
+
+/// Publishes `rows` (JSON readings) to `/iot/ttl` on `port` at QoS 1; returns once all
+/// are PUBACKed.
+async fn publish(port: u16, rows: Vec<String>) {
+    let mut o = MqttOptions::new("ttl-pub", "127.0.0.1", port);
+    o.set_credentials("root", "r");
+    o.set_inflight(64);
+    let (client, mut el) = AsyncClient::new(o, 100);
+    let n = rows.len();
+    tokio::spawn(async move {
+        for r in rows {
+            client
+                .publish("/iot/ttl", QoS::AtLeastOnce, false, r)
+                .await
+                .unwrap();
+        }
+    });
+    let mut acked = 0;
+    while acked < n {
+        let ev = tokio::time::timeout(Duration::from_secs(30), el.poll())
+            .await
+            .expect("a PUBACK within 30 s")
+            .unwrap();
+        if let Event::Incoming(Packet::PubAck(_)) = ev {
+            acked += 1;
+        }
+    }
+}
+
+pub(crate) async fn ttl_expires_on_every_node(c: &Cluster) {
+    let ids: Vec<u64> = c.nodes.keys().copied().collect();
+    c.node(ids[0])
+        .sql_ok(
+            "CREATE TABLE iot.ttl (ts TIMESTAMP, device VARCHAR, seq BIGINT) \
+             PARTITION BY ymdh(ts)",
+        )
+        .await;
+    for id in &ids {
+        super::eventually("the TTL table reaches every node", 20, || async {
+            c.node(*id).sql("DESCRIBE iot.ttl").await.status == 200
+        })
+        .await;
+    }
+    let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let row = |ts: &str, i: usize| format!(r#"{{"ts": "{ts}", "device": "d{i}", "seq": {i}}}"#);
+    let mut rows: Vec<String> = (0..30).map(|i| row("2020-01-01T00:00:00Z", i)).collect();
+    rows.extend((30..35).map(|i| row(&now, i)));
+    publish(c.node(ids[1]).mqtt_port(), rows).await;
+    let q = "SELECT count(*) FILTER (WHERE seq < 30) AS old, count(*) FILTER (WHERE seq >= 30) \
+             AS new FROM iot.ttl";
+    let count = |id: u64| async move {
+        let r = c.node(id).rows(q).await;
+        (r[0]["old"].as_u64(), r[0]["new"].as_u64())
+    };
+    assert_eq!(count(ids[2]).await, (Some(30), Some(5)));
+    // With a TTL the old partition goes on every node (its rows, whether in files or
+    // buffers); the current one stays.
+    c.node(ids[2])
+        .sql_ok("ALTER TABLE iot.ttl SET (ttl = '1 hour')")
+        .await;
+    for id in &ids {
+        eventually_eq(
+            &format!("node {id} drops the expired partition"),
+            30,
+            &(Some(0), Some(5)),
+            || count(*id),
+        )
+        .await;
+    }
+}
