@@ -170,6 +170,16 @@ impl Cluster {
             preferred,
             relay,
         });
+        let flusher = Arc::downgrade(&cluster);
+        let _ = cluster.relay.flusher.set(Arc::new(move |table| {
+            let c = flusher.upgrade();
+            Box::pin(async move {
+                match c {
+                    Some(c) => c.flush_led_table(table).await,
+                    None => Err("the node is stopping".into()),
+                }
+            })
+        }));
         engine.join_cluster(
             cluster.clone(),
             Arc::new(MetaLog {
@@ -236,7 +246,9 @@ impl Cluster {
                 .collect();
             if !led.is_empty() {
                 match engine.flush_shards(&led).await {
-                    Ok(f) => self.commit_files(&engine, FileChange::Flushed(f)).await,
+                    Ok(f) => {
+                        self.commit_files(&engine, FileChange::Flushed(f)).await;
+                    }
                     Err(e) => tracing::warn!(
                         error = %e,
                         "flush failed; rows stay in the log and will be retried"
@@ -247,7 +259,9 @@ impl Cluster {
             if due && leads(GroupId::Meta) {
                 last_compact = tokio::time::Instant::now();
                 match engine.compact_shared().await {
-                    Ok(m) => self.commit_files(&engine, FileChange::Merged(m)).await,
+                    Ok(m) => {
+                        self.commit_files(&engine, FileChange::Merged(m)).await;
+                    }
                     Err(e) => tracing::warn!(error = %e, "compaction failed"),
                 }
             }
@@ -262,17 +276,34 @@ impl Cluster {
         }
     }
 
-    /// Commits a file change through the metadata group. Refused (alike on every node), its
-    /// new files are removed; committed, the files a merge replaced are retired.
-    async fn commit_files(&self, engine: &Engine, change: FileChange) {
+    /// `FLUSH TABLE` here: table `table`'s buffered rows of the shards this node leads,
+    /// written as files and committed; the files installed.
+    pub(crate) async fn flush_led_table(&self, table: u64) -> std::result::Result<u64, String> {
+        let engine = self.engine.upgrade().ok_or("the node is stopping")?;
+        let led: Vec<u32> = (0..self.shards)
+            .filter(|s| (self.node.group(GroupId::Shard(*s))).is_some_and(|r| self.leads(&r)))
+            .collect();
+        let files = (engine.flush_table_shards(table, &led).await).map_err(|e| e.to_string())?;
+        let n = files.len() as u64;
+        match self.commit_files(&engine, FileChange::Flushed(files)).await {
+            true => Ok(n),
+            false => Err("the files written were not committed; run FLUSH TABLE again".into()),
+        }
+    }
+
+    /// Commits a file change through the metadata group (returns whether it was: nothing
+    /// to commit counts). Refused (alike on every node), its new files are removed;
+    /// committed, the files a merge replaced are retired.
+    async fn commit_files(&self, engine: &Engine, change: FileChange) -> bool {
         if change.is_empty() {
-            return;
+            return true;
         }
         let text = match serde_json::to_string(&change) {
             Ok(t) => t,
             Err(e) => {
                 tracing::error!(error = %e, "a file change does not serialize");
-                return engine.discard_files(&change).await;
+                engine.discard_files(&change).await;
+                return false;
             }
         };
         let all = self.node_ids();
@@ -280,14 +311,21 @@ impl Cluster {
             .write(GroupId::Meta, Command::Files(text), &all)
             .await
         {
-            Ok(Response { error: None, .. }) => engine.retire_replaced(&change),
+            Ok(Response { error: None, .. }) => {
+                engine.retire_replaced(&change);
+                true
+            }
             Ok(Response { error: Some(e), .. }) => {
                 // Refused alike on every node: no manifest names them.
                 tracing::info!(reason = %e, "new files not installed; removing them");
                 engine.discard_files(&change).await;
+                false
             }
             // The outcome is unknown (the entry may yet commit): the files stay.
-            Err(e) => tracing::warn!(error = %e, "committing a file change failed"),
+            Err(e) => {
+                tracing::warn!(error = %e, "committing a file change failed");
+                false
+            }
         }
     }
 

@@ -31,7 +31,11 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use net::{GIVE, RELAY, ROUTES, TAKE};
+pub(crate) use net::{FLUSH, GIVE, RELAY, ROUTES, TAKE};
+
+/// What a [`FLUSH`] call runs on this node: writes table `.0`'s rows of the shards led here
+/// as files and commits them; the files written.
+pub(crate) type Flusher = Arc<dyn Fn(u64) -> BoxFuture<'static, Result<u64, String>> + Send + Sync>;
 
 /// How long a peer has to answer a call before it counts as not answering.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -159,6 +163,8 @@ pub(crate) struct Relay {
     received: Mutex<HashMap<u64, Arc<Received>>>,
     /// Messages dropped for peers that did not answer long enough.
     pub(crate) dropped: AtomicU64,
+    /// Answers [`FLUSH`] calls (set by the cluster).
+    pub(crate) flusher: OnceLock<Flusher>,
     cancel: CancellationToken,
     me: Weak<Relay>,
 }
@@ -193,6 +199,7 @@ impl Relay {
             learned: watch::channel(BTreeSet::new()).0,
             received: Mutex::new(HashMap::new()),
             dropped: AtomicU64::new(0),
+            flusher: OnceLock::new(),
             cancel,
             me: me.clone(),
         });
@@ -228,6 +235,17 @@ impl Relay {
             tokio::spawn(me.forward(id, rx));
         }
         peer
+    }
+
+    /// Asks node `to` to flush table `table` ([`FLUSH`]); the files it wrote.
+    pub(crate) async fn flush_on(&self, to: u64, table: u64) -> Result<u64, String> {
+        let frame = Frame::cbor(FLUSH, &table, 16).map_err(|e| e.to_string())?;
+        let b = self
+            .node
+            .call(to, frame, crate::WRITE_DEADLINE)
+            .await
+            .map_err(|e| e.to_string())?;
+        crate::from_cbor(&b).map_err(|e| e.to_string())
     }
 
     async fn call(&self, to: u64, frame: Frame) -> Result<Bytes, String> {
@@ -400,6 +418,14 @@ impl Relay {
                     Some(b) => std::iter::once(1).chain(b).collect(),
                     None => Vec::new(),
                 })
+            }
+            FLUSH => {
+                let table: u64 = crate::from_cbor(&body).map_err(|e| e.to_string())?;
+                let Some(flush) = self.flusher.get().cloned() else {
+                    return Err(format!("node {} has not started", self.node.id()));
+                };
+                let files = flush(table).await?;
+                crate::to_cbor(&files).map_err(|e| e.to_string())
             }
             GIVE => {
                 let (client, held): (String, serde_bytes_vec::Held) =

@@ -135,6 +135,23 @@ impl WriteLog for Cluster {
         Some(self.relay.clone())
     }
 
+    async fn flush_table(&self, table_id: u64) -> sluice_engine::Result<u64> {
+        // Every node writes the shards it leads, here and through FLUSH calls.
+        let me = self.node.id();
+        let calls = self.node_ids().into_iter().map(|n| async move {
+            match n == me {
+                true => self.flush_led_table(table_id).await,
+                false => self.relay.flush_on(n, table_id).await,
+            }
+            .map_err(|e| format!("node {n}: {e}"))
+        });
+        let mut files = 0;
+        for r in futures::future::join_all(calls).await {
+            files += r.map_err(crate::cluster::replication)?;
+        }
+        Ok(files)
+    }
+
     fn singletons_node(&self) -> Option<u64> {
         (self.node.group(GroupId::Meta)).and_then(|m| m.metrics().borrow_watched().current_leader)
     }

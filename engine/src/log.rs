@@ -47,6 +47,14 @@ pub trait WriteLog: Send + Sync + 'static {
     fn relay(&self) -> Option<Arc<dyn crate::Relay>> {
         None
     }
+
+    /// `FLUSH TABLE` on a cluster: every node writes the buffered rows of table `table_id`
+    /// in the shards it leads as files and commits them; returns the files written.
+    async fn flush_table(&self, _table_id: u64) -> Result<u64> {
+        Err(crate::Error::invalid(
+            "FLUSH TABLE through the log is a cluster's",
+        ))
+    }
 }
 
 impl std::fmt::Debug for dyn WriteLog {

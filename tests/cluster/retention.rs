@@ -1,5 +1,6 @@
-//! Retention in a cluster: a table's TTL drops its expired partitions (files on the shared
-//! store and rows still in the shards' buffers) on every node, and keeps the others.
+//! Files in a cluster: `FLUSH TABLE` writes a table's buffered rows on every shard's
+//! leader; a table's TTL drops its expired partitions (files on the shared store and rows
+//! still in the shards' buffers) on every node, and keeps the others.
 //! (Set after the rows are in, so that they are seen stored first.)
 
 use super::{Cluster, eventually_eq};
@@ -60,6 +61,20 @@ pub(crate) async fn ttl_expires_on_every_node(c: &Cluster) {
         (r[0]["old"].as_u64(), r[0]["new"].as_u64())
     };
     assert_eq!(count(ids[2]).await, (Some(30), Some(5)));
+    // FLUSH TABLE: each shard's leader writes what it buffers and commits the files (with
+    // buffers written after a second here, it may find them written already).
+    let r = c.node(ids[0]).rows("FLUSH TABLE iot.ttl").await;
+    assert!(r[0]["files_written"].as_u64().is_some(), "{r:?}");
+    let q2 = "SELECT sum(buffered_rows) AS n FROM system.partitions WHERE table_name = 'ttl'";
+    for id in &ids {
+        eventually_eq(
+            &format!("node {id} holds the table in files"),
+            10,
+            &Some(0),
+            || async { c.node(*id).rows(q2).await[0]["n"].as_u64() },
+        )
+        .await;
+    }
     // With a TTL the old partition goes on every node (its rows, whether in files or
     // buffers); the current one stays.
     c.node(ids[2])

@@ -71,6 +71,8 @@ pub(crate) const RELAY: u8 = 20;
 pub(crate) const TAKE: u8 = 21;
 /// What a session held, for the node its client went to (`crate::relay`).
 pub(crate) const GIVE: u8 = 22;
+/// Write a table's buffered rows of the shards led here as files (`FLUSH TABLE`).
+pub(crate) const FLUSH: u8 = 23;
 
 const PIPELINE: usize = 64;
 /// Largest frame accepted (a snapshot is one frame).

@@ -270,6 +270,27 @@ impl Engine {
         Ok(out)
     }
 
+    /// Every buffered row of table `table_id` in the shards this node leads (`led`),
+    /// written as files now (`FLUSH TABLE` on a cluster); the first failure is returned.
+    pub async fn flush_table_shards(&self, table_id: u64, led: &[u32]) -> Result<Vec<ShardFile>> {
+        let Some(t) = self.store.tables.get(table_id) else {
+            return Ok(Vec::new());
+        };
+        let due: Vec<(u64, u32)> = (t.parts.read().iter())
+            .flat_map(|(k, p)| {
+                (p.shards.iter())
+                    .filter(|(s, r)| led.contains(s) && !r.buffer.is_empty())
+                    .map(|(s, _)| (*k, *s))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut out = Vec::new();
+        for (key, shard) in due {
+            out.extend(self.flush_shard_rows(&t, key, shard).await?);
+        }
+        Ok(out)
+    }
+
     /// Writes one partition's buffered rows of one shard as a Parquet file on the shared
     /// store (`None`: nothing buffered there any more).
     async fn flush_shard_rows(

@@ -273,16 +273,15 @@ impl Engine {
                 )])
             }
             Statement::Flush(name) => {
-                if self.clustered() {
-                    return Err(Error::invalid(
-                        "FLUSH TABLE is not available on a cluster node yet: replicated rows \
-                         stay in the shards' raft logs",
-                    ));
-                }
                 let def = self.table(&name.database, &name.table)?;
-                let files = match self.store.tables.get(def.id) {
-                    Some(t) => self.flush_table(&t).await?,
-                    None => 0,
+                let files = match (self.clustered(), self.log.get()) {
+                    // Each shard's leader writes its rows (`WriteLog::flush_table`).
+                    (true, Some(log)) => log.flush_table(def.id).await? as usize,
+                    (true, None) => return Err(Error::invalid("the cluster has not started")),
+                    (false, _) => match self.store.tables.get(def.id) {
+                        Some(t) => self.flush_table(&t).await?,
+                        None => 0,
+                    },
                 };
                 table_output(vec![(
                     "files_written",
