@@ -13,7 +13,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 type Got = UnboundedReceiver<(String, bytes::Bytes)>;
 
-fn options(port: u16, id: &str, clean: bool) -> MqttOptions {
+/// A client's options (users exist by now: see `page`).
+pub(crate) fn options(port: u16, id: &str, clean: bool) -> MqttOptions {
     let mut o = MqttOptions::new(id, "127.0.0.1", port);
     o.set_keep_alive(Duration::from_secs(30));
     o.set_clean_session(clean);
@@ -64,21 +65,28 @@ async fn subscriber(port: u16, id: &str, clean: bool, filters: &[&str]) -> (Asyn
 /// Publishes `n` numbered messages from `id` on `port` to each of `topics` at QoS 1 (the
 /// payload names the publisher and the number), returning once all are PUBACKed.
 async fn publish(port: u16, id: &str, topics: &[String], n: u64, retain: bool) {
+    let mut all = Vec::new();
+    for seq in 0..n {
+        let body = format!(r#"{{"ts": "2026-11-26T10:00:00Z", "device": "{id}", "seq": {seq}}}"#);
+        all.extend(topics.iter().map(|t| (t.clone(), body.clone())));
+    }
+    publish_each(port, id, all, retain).await;
+}
+
+/// Publishes each (topic, payload) from client `id` on `port` at QoS 1, in order; returns
+/// once all are PUBACKed.
+pub(crate) async fn publish_each(port: u16, id: &str, all: Vec<(String, String)>, retain: bool) {
     let (client, mut el) = AsyncClient::new(options(port, id, true), 100);
-    let (to, from) = (topics.to_vec(), id.to_string());
+    let n = all.len();
     tokio::spawn(async move {
-        for seq in 0..n {
-            let body =
-                format!(r#"{{"ts": "2026-11-26T10:00:00Z", "device": "{from}", "seq": {seq}}}"#);
-            for t in &to {
-                (client.publish(t, QoS::AtLeastOnce, retain, body.clone()))
-                    .await
-                    .unwrap();
-            }
+        for (t, body) in all {
+            (client.publish(t, QoS::AtLeastOnce, retain, body))
+                .await
+                .unwrap();
         }
     });
     let mut acked = 0;
-    while acked < n * topics.len() as u64 {
+    while acked < n {
         let ev = tokio::time::timeout(Duration::from_secs(30), el.poll())
             .await
             .expect("a PUBACK within 30 s")

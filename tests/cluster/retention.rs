@@ -4,36 +4,6 @@
 //! (Set after the rows are in, so that they are seen stored first.)
 
 use super::{Cluster, eventually_eq};
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
-use std::time::Duration;
-
-/// Publishes `rows` (JSON readings) to `/iot/ttl` on `port` at QoS 1; returns once all
-/// are PUBACKed.
-async fn publish(port: u16, rows: Vec<String>) {
-    let mut o = MqttOptions::new("ttl-pub", "127.0.0.1", port);
-    o.set_credentials("root", "r");
-    o.set_inflight(64);
-    let (client, mut el) = AsyncClient::new(o, 100);
-    let n = rows.len();
-    tokio::spawn(async move {
-        for r in rows {
-            client
-                .publish("/iot/ttl", QoS::AtLeastOnce, false, r)
-                .await
-                .unwrap();
-        }
-    });
-    let mut acked = 0;
-    while acked < n {
-        let ev = tokio::time::timeout(Duration::from_secs(30), el.poll())
-            .await
-            .expect("a PUBACK within 30 s")
-            .unwrap();
-        if let Event::Incoming(Packet::PubAck(_)) = ev {
-            acked += 1;
-        }
-    }
-}
 
 pub(crate) async fn ttl_expires_on_every_node(c: &Cluster) {
     let ids: Vec<u64> = c.nodes.keys().copied().collect();
@@ -53,7 +23,11 @@ pub(crate) async fn ttl_expires_on_every_node(c: &Cluster) {
     let row = |ts: &str, i: usize| format!(r#"{{"ts": "{ts}", "device": "d{i}", "seq": {i}}}"#);
     let mut rows: Vec<String> = (0..30).map(|i| row("2020-01-01T00:00:00Z", i)).collect();
     rows.extend((30..35).map(|i| row(&now, i)));
-    publish(c.node(ids[1]).mqtt_port(), rows).await;
+    let rows = rows
+        .into_iter()
+        .map(|r| ("/iot/ttl".to_string(), r))
+        .collect();
+    super::delivery::publish_each(c.node(ids[1]).mqtt_port(), "ttl-pub", rows, false).await;
     let q = "SELECT count(*) FILTER (WHERE seq < 30) AS old, count(*) FILTER (WHERE seq >= 30) \
              AS new FROM iot.ttl";
     let count = |id: u64| async move {

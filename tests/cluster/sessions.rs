@@ -3,19 +3,10 @@
 //! log; the rows themselves are in the shards' raft logs).
 
 use super::Cluster;
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use super::delivery::options;
+use rumqttc::{AsyncClient, Event, Packet, QoS};
 use std::collections::HashSet;
 use std::time::Duration;
-
-fn options(port: u16, id: &str, clean: bool) -> MqttOptions {
-    let mut o = MqttOptions::new(id, "127.0.0.1", port);
-    o.set_keep_alive(Duration::from_secs(30));
-    o.set_clean_session(clean);
-    o.set_inflight(64);
-    // Users exist by now (see `page`).
-    o.set_credentials("root", "r");
-    o
-}
 
 /// Subscribes the lasting session `lasting` to `/iot/s` and `alarms/#` on `port`, then
 /// leaves.
@@ -38,29 +29,13 @@ async fn subscribe_and_leave(port: u16) {
 
 /// Publishes `n` messages to each topic at QoS 1 and returns once all are PUBACKed.
 async fn publish(port: u16, n: u64) {
-    let (client, mut el) = AsyncClient::new(options(port, "lasting-pub", true), 100);
-    tokio::spawn(async move {
-        for i in 0..n {
-            let seq = 4_000_000 + i;
-            let body = format!(r#"{{"ts": "2026-11-23T14:00:00Z", "device": "s", "seq": {seq}}}"#);
-            for t in ["/iot/s", "alarms/x"] {
-                client
-                    .publish(t, QoS::AtLeastOnce, false, body.clone())
-                    .await
-                    .unwrap();
-            }
-        }
-    });
-    let mut acked = 0;
-    while acked < 2 * n {
-        let ev = tokio::time::timeout(Duration::from_secs(30), el.poll())
-            .await
-            .expect("a PUBACK within 30 s")
-            .unwrap();
-        if let Event::Incoming(Packet::PubAck(_)) = ev {
-            acked += 1;
-        }
+    let mut all = Vec::new();
+    for i in 0..n {
+        let seq = 4_000_000 + i;
+        let body = format!(r#"{{"ts": "2026-11-23T14:00:00Z", "device": "s", "seq": {seq}}}"#);
+        all.extend(["/iot/s", "alarms/x"].map(|t| (t.to_string(), body.clone())));
     }
+    super::delivery::publish_each(port, "lasting-pub", all, false).await;
 }
 
 pub(crate) async fn lasting_session_survives_its_node(c: &mut Cluster) {
