@@ -33,12 +33,27 @@ struct Cluster {
     extra: String,
 }
 
+/// A free port for a node-to-node listener, below Linux's ephemeral range (32768 on): a port
+/// the OS picked from that range could be taken, before the node binds it, by one of the
+/// many connections the nodes already started open to each other.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // One start per test process, then distinct ports (7919 is prime to 12,000).
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let seed = *SEED.get_or_init(|| u64::from(std::process::id()) ^ sluice_now_nanos());
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = 20_000 + (seed.wrapping_add(n.wrapping_mul(7919)) % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+fn sluice_now_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos().into())
 }
 
 impl Cluster {
