@@ -40,7 +40,8 @@ fn free_port() -> u16 {
     // One start per test process, then distinct ports (7919 is prime to 12,000).
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let seed = *SEED.get_or_init(|| u64::from(std::process::id()) ^ sluice_now_nanos());
+    let seed =
+        *SEED.get_or_init(|| u64::from(std::process::id()) ^ sluice_engine::now_micros() as u64);
     loop {
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let port = 20_000 + (seed.wrapping_add(n.wrapping_mul(7919)) % 12_000) as u16;
@@ -48,12 +49,6 @@ fn free_port() -> u16 {
             return port;
         }
     }
-}
-
-fn sluice_now_nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos().into())
 }
 
 impl Cluster {

@@ -71,11 +71,11 @@ impl RelaySink for Inbox {
         from: u64,
         (incarnation, last): (u64, u64),
         messages: Vec<bytes::Bytes>,
-    ) -> BoxFuture<'static, ()> {
+    ) -> BoxFuture<'static, Result<(), String>> {
         let shared = self.0.upgrade();
         Box::pin(async move {
             let Some(shared) = shared else {
-                return;
+                return Err("the broker has stopped".into());
             };
             // The batch's records go in one group commit, in order; then the receivers that
             // are not lasting get theirs, in order.
@@ -109,12 +109,14 @@ impl RelaySink for Inbox {
             if !entries.is_empty()
                 && let Err(e) = shared.db.journal(entries, true).await
             {
+                // Not answered: the sender keeps them and sends them again.
                 tracing::error!(from, error = %e, "relayed messages not logged for their lasting subscribers; not delivered");
-                return;
+                return Err(format!("relayed messages from node {from} not logged: {e}"));
             }
             for (message, targets, logged) in planned {
                 deliver_now(&shared, &message, targets, logged).await;
             }
+            Ok(())
         })
     }
 

@@ -135,6 +135,8 @@ impl Broker {
         for (client, message, delay) in wills {
             publish_replayed_will(&shared, client, message, delay);
         }
+        // In a cluster: sessions whose clients went elsewhere while this node was down.
+        tokio::spawn(takeover::give_back(shared.clone()));
         let bridges = Arc::new(Bridges::new(shared.clone(), &config.data_dir));
         let status = Arc::downgrade(&bridges);
         for (name, rows) in tables::TABLES {
@@ -175,7 +177,6 @@ impl Broker {
     /// Accepts MQTT connections on `listener` until shutdown, then waits for them to end.
     pub async fn serve_tcp(&self, listener: TcpListener) -> Result<()> {
         self.peers_known().await;
-        tokio::spawn(takeover::give_back(self.shared.clone()));
         let shutdown = self.shared.shutdown.clone();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut ticks = 0u64;

@@ -270,6 +270,12 @@ impl Router {
 
     /// Removes `session`'s subscription to `filter`; returns whether there was one.
     pub(crate) fn unsubscribe(&self, session: &Arc<Session>, filter: &str) -> bool {
+        self.remove_subscription(session, filter, true)
+    }
+
+    /// [`Router::unsubscribe`]; `share`: tell the other nodes of a cluster what the lasting
+    /// session subscribes now (not when it ends: that is said once).
+    fn remove_subscription(&self, session: &Arc<Session>, filter: &str, share: bool) -> bool {
         let (group, plain) = match topic::parse_shared(filter) {
             Some((g, f)) => (Some(Arc::from(g)), f),
             None => (None, filter),
@@ -286,7 +292,9 @@ impl Router {
             if removed {
                 r.removed(filter);
             }
-            r.share_session(session);
+            if share {
+                r.share_session(session);
+            }
         }
         removed
     }
@@ -296,7 +304,7 @@ impl Router {
         session.ended.notify_waiters();
         let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
         for f in filters {
-            self.unsubscribe(session, &f);
+            self.remove_subscription(session, &f, false);
         }
         if let Some(r) = &self.remote {
             r.session_ended(&session.client_id);

@@ -350,7 +350,24 @@ impl Relay {
             let n = waiting.len().min(BATCH);
             let last = waiting.get(n.saturating_sub(1)).map_or(0, |w| w.0);
             let frame = batch_frame(self.node.id(), self.incarnation, waiting.iter().take(n));
-            match self.call(id, frame).await {
+            // While the peer is down, publishers do not wait for it, not even during a call
+            // that may take CALL_TIMEOUT (a frozen peer): what they queue meanwhile is taken.
+            let call = self.call(id, frame);
+            tokio::pin!(call);
+            let answer = loop {
+                tokio::select! {
+                    biased;
+                    a = &mut call => break a,
+                    s = rx.recv(), if down => match s {
+                        Some(s) => {
+                            self.take(s, &mut next, &mut waiting, &mut waiters).await;
+                            waiters.clear();
+                        }
+                        None => return,
+                    },
+                }
+            };
+            match answer {
                 Ok(_) => {
                     if down {
                         tracing::info!(peer = id, "a node answers again; its messages are sent");
@@ -410,8 +427,9 @@ impl Relay {
             TAKE => {
                 let (client, clean): (String, bool) =
                     crate::from_cbor(&body).map_err(|e| e.to_string())?;
+                // Not started: its sessions may not be loaded yet, so it cannot say.
                 let Some(sink) = self.sink.get().cloned() else {
-                    return Ok(Vec::new());
+                    return Err(format!("node {}'s broker has not started", self.node.id()));
                 };
                 // An empty answer: nothing to hand over; else a 1 and the session.
                 Ok(match sink.hand_over(client, clean).await {
@@ -433,9 +451,9 @@ impl Relay {
                 let Some(sink) = self.sink.get().cloned() else {
                     return Err(format!("node {}'s broker has not started", self.node.id()));
                 };
-                match sink.take_given(client, held.0).await {
+                match sink.take_given(client.clone(), held.0).await {
                     true => Ok(Vec::new()),
-                    false => Err("no lasting session of that client here".into()),
+                    false => Err(format!("no lasting session of client {client:?} here")),
                 }
             }
             _ => self.receive(body).await.map(|()| Vec::new()),
@@ -540,7 +558,7 @@ impl Relay {
         }
         let last = first + messages.len() as u64 - 1;
         sink.receive(from, (incarnation, last), messages.split_off(skip))
-            .await;
+            .await?;
         state.1 = last;
         Ok(())
     }

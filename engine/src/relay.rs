@@ -83,7 +83,8 @@ pub trait RelaySink: Send + Sync + 'static {
     fn routes(&self, node: u64, change: RouteChange);
 
     /// Delivers messages node `from` sent, in order; resolves once each is queued for its
-    /// subscribers (durably, for those whose sessions outlive their connection). `mark`
+    /// subscribers (durably, for those whose sessions outlive their connection); an error
+    /// (they could not be logged) has the sender send them again. `mark`
     /// (the sender's run and the number of the last message) is logged with them when any
     /// is logged, and given back at start ([`Relay::received_before`]), so that a batch
     /// sent again after a restart is not delivered twice.
@@ -92,7 +93,7 @@ pub trait RelaySink: Send + Sync + 'static {
         from: u64,
         mark: (u64, u64),
         messages: Vec<bytes::Bytes>,
-    ) -> BoxFuture<'static, ()>;
+    ) -> BoxFuture<'static, Result<(), String>>;
 
     /// Another node took client `client` over: its session here ends (its connection
     /// told so); unless `clean`, returns what it held, for that node to go on with.

@@ -188,11 +188,12 @@ pub(crate) async fn one_broker_across_nodes(c: &mut Cluster) {
 
     // The shared group's two members share the plain messages, each once.
     let (mut ga, mut gz) = (Vec::new(), Vec::new());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while ga.len() + gz.len() < 2 * N as usize {
         tokio::select! {
             Some(m) = group_a.recv() => ga.push(m),
             Some(m) = group_z.recv() => gz.push(m),
-            _ = tokio::time::sleep(Duration::from_secs(30)) => {
+            _ = tokio::time::sleep_until(deadline) => {
                 panic!("the shared group got {} of {} after 30 s", ga.len() + gz.len(), 2 * N)
             }
         }

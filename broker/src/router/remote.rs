@@ -205,9 +205,15 @@ impl Remote {
                 to.entry(p).or_default();
             }
         }
+        // Encoded once for the nodes that serve no shared group (most of them).
+        let mut plain: Option<bytes::Bytes> = None;
         let mut out = Relaying::none();
         for (node, groups) in to {
-            out.join(self.relay.send(&[node], journal::relayed(message, &groups)));
+            let bytes = match groups.is_empty() {
+                true => (plain.get_or_insert_with(|| journal::relayed(message, &[]))).clone(),
+                false => journal::relayed(message, &groups),
+            };
+            out.join(self.relay.send(&[node], bytes));
         }
         (out, elsewhere)
     }

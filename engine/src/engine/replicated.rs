@@ -271,7 +271,8 @@ impl Engine {
     }
 
     /// Every buffered row of table `table_id` in the shards this node leads (`led`),
-    /// written as files now (`FLUSH TABLE` on a cluster); the first failure is returned.
+    /// written as files now (`FLUSH TABLE` on a cluster). On a failure the files written
+    /// before it are removed (no commit will name them) and the failure is returned.
     pub async fn flush_table_shards(&self, table_id: u64, led: &[u32]) -> Result<Vec<ShardFile>> {
         let Some(t) = self.store.tables.get(table_id) else {
             return Ok(Vec::new());
@@ -286,7 +287,13 @@ impl Engine {
             .collect();
         let mut out = Vec::new();
         for (key, shard) in due {
-            out.extend(self.flush_shard_rows(&t, key, shard).await?);
+            match self.flush_shard_rows(&t, key, shard).await {
+                Ok(f) => out.extend(f),
+                Err(e) => {
+                    self.discard_files(&FileChange::Flushed(out)).await;
+                    return Err(e);
+                }
+            }
         }
         Ok(out)
     }
