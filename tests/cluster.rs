@@ -113,7 +113,7 @@ impl Cluster {
 fn node_config(id: u64, port: u16, shared: &Path, peers: &str, extra: &str) -> String {
     format!(
         "[buffer]\nmax_age = \"1s\"\n[compaction]\nmin_files = 3\ninterval = \"2s\"\n\
-         [retention]\ninterval = \"1s\"\n\
+         [retention]\ninterval = \"1s\"\norphan_grace = \"2s\"\n\
          [cluster]\nnode_id = {id}\nlisten = \"127.0.0.1:{port}\"\n{extra}\
          shared_store = \"file://{}\"\npeers = {{ {peers} }}\n",
         shared.display(),
@@ -357,6 +357,7 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     sessions::lasting_session_survives_its_node(&mut c).await;
     delivery::one_broker_across_nodes(&mut c).await;
     retention::ttl_expires_on_every_node(&c).await;
+    retention::dropped_and_orphaned_files_go(&c, &root.path().join("shared")).await;
 
     for (_, s) in std::mem::take(&mut c.nodes) {
         assert_eq!(s.terminate(), 0);

@@ -227,11 +227,13 @@ impl Cluster {
     /// Writes the due rows of the shards this node leads as Parquet on the shared store and
     /// commits the files through the metadata group; every node then installs them, drops
     /// those rows from its buffers and snapshots the shards ([`MetaStateMachine`]). On the metadata
-    /// group's leader, also merges small files now and then (`[compaction]`) and drops the
-    /// partitions tables' TTLs expired (`[retention]`).
+    /// group's leader, also merges small files now and then (`[compaction]`), drops the
+    /// partitions tables' TTLs expired and deletes files no live table names once past
+    /// their grace (`[retention]`).
     async fn flush_led_shards(self: Arc<Self>, cancel: CancellationToken) {
         let mut last_compact = tokio::time::Instant::now();
         let mut last_retain = tokio::time::Instant::now();
+        let mut last_orphans = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -272,6 +274,13 @@ impl Cluster {
                 let expired = engine.expired_shared();
                 self.commit_files(&engine, FileChange::Expired(expired))
                     .await;
+            }
+            // Files no live table names (dropped tables', failed commits'), past their grace.
+            if last_orphans.elapsed() >= engine.orphan_grace().1 && leads(GroupId::Meta) {
+                last_orphans = tokio::time::Instant::now();
+                if let Err(e) = engine.collect_shared_orphans().await {
+                    tracing::warn!(error = %e, "could not collect orphaned files");
+                }
             }
         }
     }

@@ -127,12 +127,16 @@ impl Default for CompactionConfig {
 pub struct RetentionConfig {
     /// How often partitions are checked against their table's TTL.
     pub interval: String,
+    /// In a cluster: a file on the shared store that no live table's manifest names (a
+    /// dropped table's, or a flush whose commit failed) is deleted once it is this old.
+    pub orphan_grace: String,
 }
 
 impl Default for RetentionConfig {
     fn default() -> Self {
         Self {
             interval: "1m".into(),
+            orphan_grace: "1h".into(),
         }
     }
 }

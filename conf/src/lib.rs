@@ -187,6 +187,7 @@ impl Config {
             ("buffer.check_interval", &self.buffer.check_interval),
             ("compaction.interval", &self.compaction.interval),
             ("retention.interval", &self.retention.interval),
+            ("retention.orphan_grace", &self.retention.orphan_grace),
             ("mqtt.max_session_expiry", &self.mqtt.max_session_expiry),
             ("query.timeout", &self.query.timeout),
         ] {

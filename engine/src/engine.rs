@@ -49,6 +49,8 @@ pub struct Engine {
     pub(crate) manifest: tokio::sync::Mutex<Manifest>,
     /// Files replaced by compaction, deleted once queries that may read them are done.
     pub(crate) graveyard: parking_lot::Mutex<Vec<(Instant, Vec<String>)>>,
+    /// In a cluster: files on the shared store no live table names, since when seen so.
+    pub(crate) orphans: parking_lot::Mutex<std::collections::HashMap<String, Instant>>,
     /// The alerts' states; the catalog holds their definitions.
     pub(crate) alerts: Arc<Alerts>,
     /// Users, roles, grants and rules: who may do what.
@@ -231,6 +233,7 @@ impl Engine {
             planner: crate::query::planner::Planner::default(),
             manifest: tokio::sync::Mutex::new(manifest),
             graveyard: parking_lot::Mutex::new(Vec::new()),
+            orphans: Default::default(),
             alerts,
             flushes: Default::default(),
             manifests,

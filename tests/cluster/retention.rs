@@ -1,9 +1,12 @@
 //! Files in a cluster: `FLUSH TABLE` writes a table's buffered rows on every shard's
 //! leader; a table's TTL drops its expired partitions (files on the shared store and rows
 //! still in the shards' buffers) on every node, and keeps the others.
-//! (Set after the rows are in, so that they are seen stored first.)
+//! (Set after the rows are in, so that they are seen stored first.) Then the table is
+//! dropped: its files leave the shared store, as does a file no table names (a flush whose
+//! commit never came), while a live table's files stay.
 
 use super::{Cluster, eventually_eq};
+use std::path::Path;
 
 pub(crate) async fn ttl_expires_on_every_node(c: &Cluster) {
     let ids: Vec<u64> = c.nodes.keys().copied().collect();
@@ -60,6 +63,57 @@ pub(crate) async fn ttl_expires_on_every_node(c: &Cluster) {
             30,
             &(Some(0), Some(5)),
             || count(*id),
+        )
+        .await;
+    }
+}
+
+/// Files under `dir`, at any depth.
+fn files_under(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    (entries.flatten())
+        .map(|e| match e.path().is_dir() {
+            true => files_under(&e.path()),
+            false => 1,
+        })
+        .sum()
+}
+
+pub(crate) async fn dropped_and_orphaned_files_go(c: &Cluster, shared: &Path) {
+    let ids: Vec<u64> = c.nodes.keys().copied().collect();
+    let first = ids[0];
+    let id_of = |table: &'static str| async move {
+        let q = format!(
+            "SELECT table_id FROM system.tables WHERE database_name = 'iot' AND table_name = '{table}'"
+        );
+        c.node(first).rows(&q).await[0]["table_id"]
+            .as_u64()
+            .unwrap()
+    };
+    let (dropped, kept) = (id_of("ttl").await, id_of("r").await);
+    let dir = |id: u64| shared.join(format!("tables/{id}"));
+    assert!(files_under(&dir(dropped)) > 0, "FLUSH TABLE wrote no file");
+    assert!(files_under(&dir(kept)) > 0, "iot.r has no file");
+    let kept_rows = c.node(ids[2]).count("SELECT count(*) FROM iot.r").await;
+    let stray = shared.join("tables/999999/7/stray-1.parquet");
+    std::fs::create_dir_all(stray.parent().unwrap()).unwrap();
+    std::fs::write(&stray, b"not a parquet file").unwrap();
+    c.node(ids[1]).sql_ok("DROP TABLE iot.ttl").await;
+    super::eventually(
+        "the dropped table's files and the stray file go",
+        30,
+        || async { files_under(&dir(dropped)) == 0 && !stray.exists() },
+    )
+    .await;
+    assert!(files_under(&dir(kept)) > 0, "a live table lost its files");
+    for id in &ids {
+        eventually_eq(
+            &format!("node {id} reads iot.r whole"),
+            10,
+            &kept_rows,
+            || c.node(*id).count("SELECT count(*) FROM iot.r"),
         )
         .await;
     }

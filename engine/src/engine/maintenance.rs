@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// How long replaced files stay readable for queries that started before the swap.
-const GRAVE_TIME: Duration = Duration::from_secs(60);
+pub(crate) const GRAVE_TIME: Duration = Duration::from_secs(60);
 
 impl Engine {
     /// The figures of [`crate::QueryPort::health`].

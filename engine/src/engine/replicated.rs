@@ -380,6 +380,68 @@ impl Engine {
         }
     }
 
+    /// How long a file on the shared store that no live table names is kept, and how often
+    /// the metadata group's leader looks for such files (a quarter of that, at least every
+    /// retention interval).
+    pub fn orphan_grace(&self) -> (Duration, Duration) {
+        let grace = sluice_conf::Config::duration(&self.config.retention.orphan_grace);
+        (grace, (grace / 4).max(self.retention_every()))
+    }
+
+    /// On the metadata group's leader: deletes the files on the shared store that no live
+    /// table's manifest names (a dropped table's, a flush or merge whose commit failed or
+    /// never came). A file goes once it is older than the grace (no write still on its way
+    /// to a commit loses its file) and was seen unnamed by an earlier look at least a
+    /// minute before (or the grace, if shorter), so that queries on any node that planned
+    /// it are done. Returns how many were deleted.
+    pub async fn collect_shared_orphans(&self) -> Result<usize> {
+        let (grace, _) = self.orphan_grace();
+        let listed = self.store.storage.list_aged("tables").await?;
+        let unnamed: Vec<String> = {
+            let m = self.manifest.lock().await;
+            let live: std::collections::HashSet<&str> = (m.tables.iter())
+                .filter(|(id, _)| self.store.tables.get(**id).is_some())
+                .flat_map(|(_, t)| t.values())
+                .flat_map(|p| p.files.iter().map(|f| f.path.as_str()))
+                .collect();
+            (listed.into_iter())
+                .filter(|(path, age)| {
+                    *age >= grace && !live.contains(path.strip_suffix(".groups").unwrap_or(path))
+                })
+                .map(|(path, _)| path)
+                .collect()
+        };
+        let due: Vec<String> = {
+            let mut seen = self.orphans.lock();
+            let now = Instant::now();
+            let mut next = std::collections::HashMap::with_capacity(unnamed.len());
+            for path in unnamed {
+                let since = seen.get(&path).copied().unwrap_or(now);
+                next.insert(path, since);
+            }
+            *seen = next;
+            let settle = grace.min(super::maintenance::GRAVE_TIME);
+            (seen.iter())
+                .filter(|(_, since)| since.elapsed() >= settle)
+                .map(|(path, _)| path.clone())
+                .collect()
+        };
+        if due.is_empty() {
+            return Ok(0);
+        }
+        self.store.hot.remove(&due);
+        self.store.storage.delete(&due).await?;
+        let mut seen = self.orphans.lock();
+        for path in &due {
+            seen.remove(path);
+        }
+        tracing::info!(
+            files = due.len(),
+            "removed files on the shared store that no live table names"
+        );
+        Ok(due.len())
+    }
+
     /// How often the metadata group's leader looks for expired partitions.
     pub fn retention_every(&self) -> Duration {
         sluice_conf::Config::duration(&self.config.retention.interval)

@@ -454,7 +454,9 @@ impl Engine {
     async fn drop_table(&self, name: &TableRef, if_exists: bool) -> Result<()> {
         // In a cluster the catalog change waits for the metadata group, whose apply takes
         // the manifest lock to install files: not held across it there. The dropped table's
-        // files stay on the shared store (each node only forgets them).
+        // files this node knows go to the graveyard (deleted once queries on any node are
+        // done with them); any the table gained meanwhile, the metadata group's leader
+        // deletes as orphans (`Engine::collect_shared_orphans`).
         let m = match self.clustered() {
             true => None,
             false => Some(self.manifest.lock().await),
@@ -483,6 +485,12 @@ impl Engine {
         };
         self.store.tables.remove(def.id);
         let Some(mut m) = m else {
+            let m = self.manifest.lock().await;
+            let files = (m.tables.get(&def.id).into_iter())
+                .flat_map(|parts| parts.values())
+                .flat_map(|p| p.files.iter().map(|f| f.path.clone()))
+                .collect();
+            self.retire(files);
             return Ok(());
         };
         if let Some(parts) = m.tables.get(&def.id) {

@@ -29,6 +29,7 @@ use sluice_conf::StorageConfig;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 /// Format number of manifest documents.
 const MANIFEST_FORMAT: u32 = 1;
@@ -294,6 +295,19 @@ impl Storage {
         let prefix = ObjPath::from(prefix);
         let metas: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
         Ok(metas.into_iter().map(|m| m.location.to_string()).collect())
+    }
+
+    /// Lists object paths under a prefix with how long ago each was last written.
+    pub(crate) async fn list_aged(&self, prefix: &str) -> Result<Vec<(String, Duration)>> {
+        let prefix = ObjPath::from(prefix);
+        let metas: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
+        let now = chrono::Utc::now();
+        Ok((metas.into_iter())
+            .map(|m| {
+                let age = (now - m.last_modified).to_std().unwrap_or_default();
+                (m.location.to_string(), age)
+            })
+            .collect())
     }
 
     /// Loads the newest manifest, or an empty one for a new store.
