@@ -114,7 +114,7 @@ fn node_config(id: u64, port: u16, shared: &Path, peers: &str, extra: &str) -> S
     format!(
         "[buffer]\nmax_age = \"1s\"\n[compaction]\nmin_files = 3\ninterval = \"2s\"\n\
          [retention]\ninterval = \"1s\"\norphan_grace = \"2s\"\n\
-         [cluster]\nnode_id = {id}\nlisten = \"127.0.0.1:{port}\"\n{extra}\
+         [cluster]\nnode_id = {id}\nlisten = \"127.0.0.1:{port}\"\nmeta_snapshot_entries = 10\n{extra}\
          shared_store = \"file://{}\"\npeers = {{ {peers} }}\n",
         shared.display(),
     )
@@ -663,6 +663,15 @@ async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
         .unwrap();
     c.nodes.insert(4, s4);
     until_acked(&mut rx, &mut acked, 60).await;
+    // The metadata log was purged behind its snapshots (one every 10 entries here), so
+    // node 4 started from the snapshot: the catalog and the manifest installed at once.
+    let q = "SELECT purged_index AS p FROM system.shards WHERE shard = 'meta'";
+    assert!(c.node(1).rows(q).await[0]["p"].as_u64() > Some(0));
+    let log = c.node(4).log_text();
+    assert!(
+        log.contains("installed the metadata group's snapshot"),
+        "{log}"
+    );
 
     // Every node knows four members; node 4 is a voter of 4 or 5 shards (of 18 voters),
     // each shard has 3 voters, and node 4 is the preferred leader of one or two shards and

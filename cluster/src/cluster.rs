@@ -112,9 +112,14 @@ impl Cluster {
             node: Arc::downgrade(&node),
             preferred: preferred.clone(),
             topology: topology.clone(),
+            applied: Default::default(),
         };
         let meta = node
-            .open_group(GroupId::Meta, Arc::new(meta_state))
+            .open_group(
+                GroupId::Meta,
+                Arc::new(meta_state),
+                Some(cfg.meta_snapshot_entries),
+            )
             .await
             .map_err(|e| Error::io("opening the metadata group", e))?;
         if !cfg.join && cfg.node_id == ids[0] {
@@ -221,7 +226,9 @@ impl Cluster {
     /// Opens this node's replica of `shard`.
     pub(crate) async fn open_shard(&self, shard: u32) -> io::Result<GroupRaft> {
         let apply = Arc::new(ShardStateMachine::new(shard, self.engine.clone()));
-        self.node.open_group(GroupId::Shard(shard), apply).await
+        self.node
+            .open_group(GroupId::Shard(shard), apply, None)
+            .await
     }
 
     /// Writes the due rows of the shards this node leads as Parquet on the shared store and

@@ -1,6 +1,8 @@
 //! The metadata group's state machine ([`MetaStateMachine`]: the catalog, the manifest of
 //! Parquet files, the topology and the preferred leaders) and catalog changes committed
-//! through it ([`MetaLog`]).
+//! through it ([`MetaLog`]). Snapshotted every `[cluster] meta_snapshot_entries` entries
+//! ([`MetaSnapshot`]), so its log is purged; a node whose log starts after a snapshot
+//! installs it (`Engine::install_meta_state`).
 
 use crate::cluster::{Cluster, block_on, replication};
 use crate::raft::node::Node;
@@ -9,9 +11,11 @@ use crate::raft::types::{Command, GroupId, Response};
 use crate::topology::{SharedTopology, Topology};
 use bytes::Bytes;
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 use sluice_engine::{CatalogData, CatalogLog, Engine, Error, FileChange};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -58,6 +62,19 @@ pub(crate) struct MetaStateMachine {
     pub(crate) node: Weak<Node>,
     pub(crate) preferred: Arc<Mutex<BTreeMap<u32, u64>>>,
     pub(crate) topology: SharedTopology,
+    /// The index of the last entry applied.
+    pub(crate) applied: AtomicU64,
+}
+
+/// The metadata group's snapshot: everything its entries built, at entry `index`.
+#[derive(Serialize, Deserialize)]
+struct MetaSnapshot {
+    index: u64,
+    /// The engine's catalog and manifest (JSON).
+    catalog: String,
+    manifest: String,
+    topology: Option<Topology>,
+    preferred: BTreeMap<u32, u64>,
 }
 
 fn refused(e: impl std::fmt::Display) -> Response {
@@ -69,6 +86,7 @@ fn refused(e: impl std::fmt::Display) -> Response {
 
 impl GroupState for MetaStateMachine {
     fn apply(&self, index: u64, command: &Command) -> Response {
+        self.applied.store(index, Ordering::Release);
         let Some(engine) = self.engine.upgrade() else {
             return Response::default();
         };
@@ -142,16 +160,36 @@ impl GroupState for MetaStateMachine {
         }
     }
     fn snapshot(&self) -> io::Result<(Option<u64>, Bytes)> {
-        // Never asked: the metadata group is not snapshotted (its log is small and kept
-        // whole), and an error here would stop the group.
-        Ok((Some(0), Bytes::new()))
+        let engine = self.engine.upgrade().ok_or_else(stopping)?;
+        let (catalog, manifest) = engine.meta_state().map_err(io::Error::other)?;
+        let snap = MetaSnapshot {
+            index: self.applied.load(Ordering::Acquire),
+            catalog,
+            manifest,
+            topology: self.topology.lock().clone(),
+            preferred: self.preferred.lock().clone(),
+        };
+        Ok((None, Bytes::from(serde_json::to_vec(&snap)?)))
     }
-    fn restore(&self, _: &[u8]) -> io::Result<()> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "the metadata group has no snapshots; its log is kept whole",
-        ))
+
+    fn restore(&self, data: &[u8]) -> io::Result<()> {
+        let snap: MetaSnapshot = serde_json::from_slice(data)?;
+        let engine = self.engine.upgrade().ok_or_else(stopping)?;
+        engine
+            .install_meta_state(snap.index, &snap.catalog, &snap.manifest)
+            .map_err(io::Error::other)?;
+        if let (Some(t), Some(node)) = (&snap.topology, self.node.upgrade()) {
+            node.add_peers(&t.nodes);
+        }
+        *self.topology.lock() = snap.topology;
+        *self.preferred.lock() = snap.preferred;
+        self.applied.store(snap.index, Ordering::Release);
+        Ok(())
     }
+}
+
+fn stopping() -> io::Error {
+    io::Error::other("the node is stopping")
 }
 
 impl MetaStateMachine {

@@ -30,10 +30,19 @@ pub struct ClusterConfig {
     /// the metadata group. `peers` must name at least one member.
     #[serde(default)]
     pub join: bool,
+    /// The metadata group (catalog, manifest, topology) is snapshotted every this many
+    /// entries, and its log behind the snapshot purged (but for the last 256 entries, or
+    /// this many if fewer).
+    #[serde(default = "thousand")]
+    pub meta_snapshot_entries: u64,
 }
 
 fn three() -> usize {
     3
+}
+
+fn thousand() -> u64 {
+    1000
 }
 
 impl ClusterConfig {

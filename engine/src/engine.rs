@@ -30,6 +30,7 @@ const BUFFERS_FULL_WAIT: std::time::Duration = std::time::Duration::from_secs(10
 const ROOM_WAITERS: usize = 64;
 
 mod maintenance;
+mod meta_state;
 mod replicated;
 
 pub use replicated::{ExpiredPartition, FileChange, MergedFiles, ShardFile};

@@ -471,11 +471,13 @@ impl Node {
     }
 
     /// Opens `group` (its log and snapshot from disk, if any), applying to `apply`, and
-    /// starts its raft.
+    /// starts its raft; snapshotted every `snapshot_every` entries when given (else when
+    /// asked: `trigger().snapshot()`).
     pub async fn open_group(
         &self,
         group: GroupId,
         apply: Arc<dyn GroupState>,
+        snapshot_every: Option<u64>,
     ) -> io::Result<GroupRaft> {
         let dir = self.dir.join(group.to_string());
         // A log of the old layout (a file per group) moves into the node's file.
@@ -486,7 +488,12 @@ impl Node {
         }
         let log = LogStore::open(group, &self.writer);
         let sm = StateMachine::open(&dir.join("sm"), DynGroupState(apply))?;
-        let config = Arc::new(raft_config(&group.to_string())?);
+        let mut config = raft_config(&group.to_string())?;
+        if let Some(n) = snapshot_every {
+            config.snapshot_policy = SnapshotPolicy::LogsSinceLast(n.max(1));
+            config.max_in_snapshot_log_to_keep = LOG_KEPT_BEHIND_SNAPSHOT.min(n);
+        }
+        let config = Arc::new(config);
         let network = GroupNetwork::new(self.pool.clone(), group);
         let raft = Raft::new(self.id, config, network, log, sm)
             .await

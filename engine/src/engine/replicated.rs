@@ -664,6 +664,12 @@ impl Engine {
         if !self.store.catalog.install(raft_index, next)? {
             return Ok(false);
         }
+        self.follow_catalog();
+        Ok(true)
+    }
+
+    /// Brings the live table states and the alerts in line with the catalog.
+    pub(super) fn follow_catalog(&self) {
         let cat = self.store.catalog.snapshot();
         let mut live: std::collections::HashSet<u64> = std::collections::HashSet::new();
         for def in cat.tables() {
@@ -684,6 +690,5 @@ impl Engine {
             }
         }
         self.alerts.sync(cat.alerts.values());
-        Ok(true)
     }
 }

@@ -315,6 +315,21 @@ impl Catalog {
         Ok(true)
     }
 
+    /// Replaces the catalog with `next` (the metadata group's snapshot at `raft_index`),
+    /// whatever its version; `Ok(false)`: this node has it already.
+    pub(crate) fn replace(&self, raft_index: u64, mut next: CatalogData) -> Result<bool> {
+        if raft_index <= self.snapshot().raft_index {
+            return Ok(false);
+        }
+        next.raft_index = raft_index;
+        write_atomic(
+            &self.path,
+            &serde_json::to_vec_pretty(&next).expect("serialisable"),
+        )?;
+        *self.data.write() = Arc::new(next);
+        Ok(true)
+    }
+
     /// Allocates a table id inside a change.
     pub(crate) fn allocate_id(data: &mut CatalogData) -> u64 {
         let id = data.next_table_id;
