@@ -249,7 +249,9 @@ async fn three_nodes(
     let counts: Vec<Arc<Count>> = (0..3).map(|_| Arc::new(Count::default())).collect();
     for ((id, l), count) in listeners.into_iter().zip(&counts) {
         let node = Node::new(id, &dir.join(format!("n{id}")))?;
-        let raft = node.open_group(GroupId::Shard(0), count.clone(), None).await?;
+        let raft = node
+            .open_group(GroupId::Shard(0), count.clone(), None)
+            .await?;
         let stop = CancellationToken::new();
         tokio::spawn(serve(l, node.clone(), stop.clone()));
         nodes.insert(id, Running { node, raft, stop });
