@@ -66,7 +66,7 @@ async fn start(id: u64, dir: &std::path::Path, listener: TcpListener) -> Running
     let node = Node::new(id, &dir.join(format!("n{id}"))).unwrap();
     let applied = Arc::new(Applied::default());
     let raft = node
-        .open_group(GroupId::Meta, applied.clone())
+        .open_group(GroupId::Meta, applied.clone(), None)
         .await
         .unwrap();
     let stop = CancellationToken::new();
