@@ -235,6 +235,13 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             let broker = broker.clone();
             Arc::new(move || broker.live())
         },
+        publish: Some({
+            let broker = broker.clone();
+            Arc::new(move |topic: String, payload| {
+                let broker = broker.clone();
+                Box::pin(async move { broker.publish(&topic, payload, "$http").await })
+            })
+        }),
     };
     let alerts = engine.start_alerts(broker.alert_sink(), cancel.clone());
     let https = certificates.http.clone();

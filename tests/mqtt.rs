@@ -380,6 +380,17 @@ async fn subscribers_receive_table_messages_as_stored_and_wills_on_abnormal_clos
         sub.receive(1).await,
         vec![("/iot/t".to_string(), r#"{"dev":"d7","v":7}"#.to_string())]
     );
+    // Rows written over HTTP reach the table topic's subscribers too; refused ones do not.
+    let rows = "{\"dev\":\"d9\",\"v\":9}\n{\"dev\":\"d9\",\"v\":10}";
+    s.write_ok("iot", "t", "application/json", rows).await;
+    assert_eq!(
+        sub.receive(1).await,
+        vec![("/iot/t".to_string(), rows.to_string())]
+    );
+    let r = s
+        .write("iot", "t", "application/json", r#"{"v":"bad"}"#)
+        .await;
+    assert_eq!(r.status, 400, "{}", r.body);
     // The connection drops without DISCONNECT: the will goes out.
     dev.task.abort();
     drop(dev);

@@ -291,6 +291,22 @@ impl Broker {
 
     /// Where alerts publish their changes: `$alerts/<name>` to local subscribers (and through
     /// bridges forwarding it), in the order they happen.
+    /// Delivers `payload` on `topic` to the matching subscriptions here and on the other
+    /// nodes of a cluster (QoS 1, not retained, not stored: what made it stored it), as
+    /// published by `origin`; returns once it is queued for them.
+    pub async fn publish(&self, topic: &str, payload: bytes::Bytes, origin: &str) {
+        let m = Arc::new(session::Message {
+            topic: Arc::from(topic),
+            payload,
+            qos: rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+            retain: false,
+            properties: None,
+            expires: None,
+            origin: Arc::from(origin),
+        });
+        ingest::route(&self.shared, &m).await;
+    }
+
     pub fn alert_sink(&self) -> Arc<dyn sluice_engine::AlertSink> {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Arc<session::Message>>();
         let shared = self.shared.clone();

@@ -222,6 +222,14 @@ pub(crate) async fn one_broker_across_nodes(c: &mut Cluster) {
         _ = group_z.recv() => take(&mut group_a, 0, "the shared group").await,
     };
 
+    // Rows written over HTTP on one node reach the table topic's subscriber on another.
+    let rows = r#"{"ts": "2026-01-01T00:00:00Z", "device": "http", "seq": 0}"#;
+    c.node(a)
+        .write_ok("iot", "d", "application/json", rows)
+        .await;
+    let got = take(&mut all, 1, "a subscriber to a table written over HTTP").await;
+    assert_eq!(got, vec![("/iot/d".to_string(), bytes::Bytes::from(rows))]);
+
     session_moves(c, (a, b, z)).await;
 
     // A lasting session on node z: z is killed, messages are published on node a meanwhile,

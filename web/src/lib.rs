@@ -44,7 +44,13 @@ use tokio_util::sync::CancellationToken;
 struct AppState {
     db: Arc<dyn QueryPort>,
     max_body: usize,
+    publish: Option<Publish>,
 }
+
+/// Delivers a message (topic, payload) to MQTT subscribers: the broker's, on every node of
+/// a cluster; resolves once it is queued for them.
+pub type Publish =
+    Arc<dyn Fn(String, bytes::Bytes) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
 /// What other layers add to the HTTP server.
 #[derive(Clone)]
@@ -55,6 +61,9 @@ pub struct Extras {
     pub auth: Arc<dyn Authenticator>,
     /// Their figures for `/v1/live`.
     pub live: LiveSource,
+    /// Where rows written to `/v1/write/{db}/{table}` are delivered, as a message on the
+    /// table's topic `/{db}/{table}`.
+    pub publish: Option<Publish>,
 }
 
 impl std::fmt::Debug for Extras {
@@ -92,6 +101,7 @@ pub fn router(
         .with_state(AppState {
             db: db.clone(),
             max_body: config.max_body_bytes,
+            publish: extras.publish.clone(),
         })
         .route("/v1/live", get(live::live).with_state(live))
         .merge(influx::routes(db.clone(), config.max_body_bytes))
@@ -365,6 +375,10 @@ async fn write(
     let user = caller.and_then(|c| c.0.0);
     s.db.write(user.as_deref(), &db, &table, format, &body)
         .await?;
+    // Stored: its subscribers get it as if it had been published on the table's topic.
+    if let Some(publish) = &s.publish {
+        publish(format!("/{db}/{table}"), body).await;
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 
