@@ -27,6 +27,7 @@ fn api_error(e: BridgeError) -> ApiError {
         BridgeError::Exists(_) => (StatusCode::CONFLICT, "already_exists"),
         BridgeError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_bridge"),
         BridgeError::Save { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        BridgeError::Cluster(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
     };
     ApiError::new(status, code, e.to_string())
 }

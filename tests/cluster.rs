@@ -354,6 +354,7 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     page::cluster_page(&c).await;
     page::users_and_grants_everywhere(&c).await;
     bridge::once_per_cluster(&mut c, &mosquitto).await;
+    bridge::added_through_the_api_runs_once(&c, &mosquitto).await;
     sessions::lasting_session_survives_its_node(&mut c).await;
     delivery::one_broker_across_nodes(&mut c).await;
     retention::ttl_expires_on_every_node(&c).await;

@@ -117,6 +117,8 @@ impl Bridges {
                 if here && !b.active.swap(true, Ordering::AcqRel) {
                     tracing::info!("this node runs the cluster's bridges now");
                     b.start_wanted().await;
+                } else if here {
+                    b.follow().await;
                 } else if !here && b.active.swap(false, Ordering::AcqRel) {
                     tracing::info!(
                         "another node runs the cluster's bridges now: stopping them here"
@@ -127,11 +129,15 @@ impl Bridges {
         });
     }
 
-    /// The bridges there should be: the configured ones less those removed, and those added.
+    /// The bridges there should be: the configured ones less those removed, and those added
+    /// (in a cluster, as the metadata group holds them).
     fn wanted(&self) -> BTreeMap<String, BridgeConfig> {
-        let (added, removed) = {
-            let s = self.saved.saved.lock();
-            (s.added.clone(), s.removed.clone())
+        let (added, removed) = match self.shared.db.api_bridges() {
+            Some(b) => (b.added, b.removed),
+            None => {
+                let s = self.saved.saved.lock();
+                (s.added.clone(), s.removed.clone())
+            }
         };
         let mut all: BTreeMap<String, BridgeConfig> = (self.configured.lock().iter())
             .filter(|b| !removed.contains(&b.name))
@@ -150,6 +156,55 @@ impl Bridges {
             if let std::collections::btree_map::Entry::Vacant(e) = running.entry(name) {
                 e.insert(self.spawn(cfg));
             }
+        }
+    }
+
+    /// In a cluster, on the node running the bridges: starts those added and stops those
+    /// removed through another node.
+    async fn follow(&self) {
+        let wanted = self.wanted();
+        let mut running = self.running.lock().await;
+        let gone: Vec<String> = (running.keys())
+            .filter(|n| !wanted.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(r) = running.remove(&name) {
+                r.stop.cancel();
+                let _ = r.task.await;
+                self.forget(&name);
+            }
+        }
+        for (name, cfg) in wanted {
+            if let std::collections::btree_map::Entry::Vacant(e) = running.entry(name) {
+                tracing::info!(bridge = %cfg.name, "bridge added on another node: starting it here");
+                e.insert(self.spawn(cfg));
+            }
+        }
+    }
+
+    /// Keeps a change of the bridges added and removed: through the metadata group in a
+    /// cluster (so the node running the bridges follows it), else in `bridges.json`.
+    fn keep(
+        &self,
+        change: impl Fn(&mut Vec<BridgeConfig>, &mut Vec<String>),
+    ) -> Result<(), BridgeError> {
+        if self.shared.router.node.is_some() {
+            return (self.shared.db)
+                .change_api_bridges(&mut |b| change(&mut b.added, &mut b.removed))
+                .map_err(|e| BridgeError::Cluster(e.to_string()));
+        }
+        self.saved.change(|s| change(&mut s.added, &mut s.removed))
+    }
+
+    /// Forgets a removed bridge's packet ids and its forwarding session here.
+    fn forget(&self, name: &str) {
+        if let Err(e) = self.shared.db.forget_origins(name) {
+            tracing::error!(bridge = name, error = %e, "forgetting a removed bridge's packet ids failed");
+        }
+        let key = forward_session(name);
+        if let Some(s) = self.shared.router.session(&key) {
+            self.shared.router.discard(&s);
         }
     }
 
@@ -217,13 +272,13 @@ impl Bridges {
             .validate("bridge")
             .map_err(|e| BridgeError::Invalid(e.to_string()))?;
         let mut running = self.running.lock().await;
-        if running.contains_key(&config.name) {
+        if running.contains_key(&config.name) || self.wanted().contains_key(&config.name) {
             return Err(BridgeError::Exists(config.name));
         }
-        self.saved.change(|s| {
-            s.removed.retain(|n| *n != config.name);
-            s.added.retain(|b| b.name != config.name);
-            s.added.push(config.clone());
+        self.keep(|added, removed| {
+            removed.retain(|n| *n != config.name);
+            added.retain(|b| b.name != config.name);
+            added.push(config.clone());
         })?;
         tracing::info!(bridge = %config.name, address = %config.address, "bridge added");
         if self.active.load(Ordering::Acquire) {
@@ -236,25 +291,25 @@ impl Bridges {
     /// stored, and keeps it removed across restarts.
     pub async fn remove(&self, name: &str) -> Result<(), BridgeError> {
         let mut running = self.running.lock().await;
-        let r = running
-            .remove(name)
-            .ok_or_else(|| BridgeError::NotFound(name.into()))?;
-        r.stop.cancel();
-        let _ = r.task.await;
+        // In a cluster it may run on another node, which stops it once the change reaches it.
+        let r = running.remove(name);
+        if r.is_none() && !(self.shared.router.node.is_some() && self.wanted().contains_key(name)) {
+            return Err(BridgeError::NotFound(name.into()));
+        }
+        if let Some(r) = r {
+            r.stop.cancel();
+            let _ = r.task.await;
+        }
         self.saved.change(|s| {
             s.subscribed.remove(name);
-            s.added.retain(|b| b.name != name);
-            if !s.removed.iter().any(|n| n == name) {
-                s.removed.push(name.to_string());
+        })?;
+        self.keep(|added, removed| {
+            added.retain(|b| b.name != name);
+            if !removed.iter().any(|n| n == name) {
+                removed.push(name.to_string());
             }
         })?;
-        if let Err(e) = self.shared.db.forget_origins(name) {
-            tracing::error!(bridge = name, error = %e, "forgetting a removed bridge's packet ids failed");
-        }
-        let key = forward_session(name);
-        if let Some(s) = self.shared.router.session(&key) {
-            self.shared.router.discard(&s);
-        }
+        self.forget(name);
         tracing::info!(bridge = name, "bridge removed");
         Ok(())
     }

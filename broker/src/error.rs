@@ -60,6 +60,9 @@ pub enum BridgeError {
     /// The configuration is not valid.
     #[error("{0}")]
     Invalid(String),
+    /// The cluster's metadata group did not take the change.
+    #[error("the cluster did not take the change: {0}")]
+    Cluster(String),
     /// The saved bridges could not be written.
     #[error("saving {path}: {source}")]
     Save {

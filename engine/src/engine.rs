@@ -770,6 +770,18 @@ impl IngestPort for Engine {
         self.store.origins.is_stored(origin)
     }
 
+    fn api_bridges(&self) -> Option<crate::ApiBridges> {
+        self.clustered()
+            .then(|| self.store.catalog.snapshot().bridges.clone())
+    }
+
+    fn change_api_bridges(&self, change: &mut dyn FnMut(&mut crate::ApiBridges)) -> Result<()> {
+        self.store.catalog.change(|d| {
+            change(&mut d.bridges);
+            Ok(())
+        })
+    }
+
     fn forget_origins(&self, source: &str) -> Result<()> {
         self.store.origins.forget(source)
     }

@@ -46,7 +46,7 @@ pub use ports::{
     WriteReceipt,
 };
 pub use relay::{Relay, RelaySink, Relaying, RouteChange};
-pub use store::catalog::{CatalogData, CatalogLog, DEFAULT_DATABASE, TableDef};
+pub use store::catalog::{ApiBridges, CatalogData, CatalogLog, DEFAULT_DATABASE, TableDef};
 pub use store::files::{read_state, replace_file};
 
 /// Engine parts that the criterion benches and `raft_load` measure directly (the

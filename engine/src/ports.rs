@@ -251,6 +251,13 @@ pub trait IngestPort: Logins {
     /// Forgets what a removed bridge stored (its packet ids mean nothing any more).
     fn forget_origins(&self, source: &str) -> Result<()>;
 
+    /// In a cluster: the bridges the admin API added and removed, as the metadata group
+    /// holds them (`None` on a single node, whose broker keeps its own).
+    fn api_bridges(&self) -> Option<crate::ApiBridges>;
+
+    /// Changes them, through the metadata group (a catalog change).
+    fn change_api_bridges(&self, change: &mut dyn FnMut(&mut crate::ApiBridges)) -> Result<()>;
+
     /// Serves `system.<name>` from `rows` (replacing an earlier one of that name): the
     /// broker's own tables (bridges, sessions).
     fn add_system_table(&self, name: &str, rows: SystemRows);

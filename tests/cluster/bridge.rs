@@ -64,9 +64,14 @@ impl Mosquitto {
 
     /// Publishes readings of device `b` numbered `seqs` to `plant/r` at QoS 1.
     fn publish(&self, seqs: std::ops::Range<u64>) {
+        self.publish_to("plant/r", "b", seqs)
+    }
+
+    /// Publishes readings of `device` numbered `seqs` to `topic` at QoS 1.
+    fn publish_to(&self, topic: &str, device: &str, seqs: std::ops::Range<u64>) {
         let mut child = Command::new("mosquitto_pub")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(["-q", "1", "-t", "plant/r", "-l"])
+            .args(["-q", "1", "-t", topic, "-l"])
             .stdin(Stdio::piped())
             .spawn()
             .expect("mosquitto_pub");
@@ -74,7 +79,7 @@ impl Mosquitto {
         for seq in seqs {
             writeln!(
                 stdin,
-                r#"{{"ts": "2026-11-23T13:00:00Z", "device": "b", "seq": {seq}}}"#
+                r#"{{"ts": "2026-11-23T13:00:00Z", "device": "{device}", "seq": {seq}}}"#
             )
             .unwrap();
         }
@@ -165,4 +170,77 @@ async fn rows_once_where(c: &Cluster, id: u64, q: &str, want: u64) {
         },
     )
     .await;
+}
+
+/// A bridge added through the admin API of a node that does not run the cluster's bridges
+/// runs on the one that does (the metadata group carries it), stores each message once,
+/// and is stopped there when it is removed through yet another node.
+pub(crate) async fn added_through_the_api_runs_once(c: &Cluster, m: &Mosquitto) {
+    let runner = running_on(c).await;
+    let others: Vec<u64> = c.nodes.keys().copied().filter(|id| *id != runner).collect();
+    let bridge = serde_json::json!({
+        "name": "line",
+        "address": format!("127.0.0.1:{}", m.port),
+        "topics": [{"filter": "line/#", "qos": 1}],
+        "strip_prefix": "line/",
+        "add_prefix": "/iot/",
+    });
+    let post = |id: u64, method: reqwest::Method, path: &'static str, body: String| async move {
+        let s = c.node(id);
+        let r = s.authorized(s.client().request(method, s.url(path)));
+        let r = r.body(body).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    let (status, text) = post(
+        others[0],
+        reqwest::Method::POST,
+        "/v1/bridges",
+        bridge.to_string(),
+    )
+    .await;
+    assert_eq!(status, 201, "{text}");
+    let (status, _) = post(
+        others[1],
+        reqwest::Method::POST,
+        "/v1/bridges",
+        bridge.to_string(),
+    )
+    .await;
+    assert_eq!(status, 409, "added once for the whole cluster");
+    let q = "SELECT node, connected FROM system.bridges WHERE name = 'line'";
+    for id in c.nodes.keys() {
+        eventually_eq(
+            &format!("node {id} says where `line` runs"),
+            30,
+            &(Some(runner), Some(true)),
+            || async {
+                let r = c.node(*id).rows(q).await;
+                let connected = c.node(runner).rows(q).await;
+                (
+                    r.first().and_then(|r| r["node"].as_u64()),
+                    connected.first().and_then(|r| r["connected"].as_bool()),
+                )
+            },
+        )
+        .await;
+    }
+    m.publish_to("line/r", "l", 0..100);
+    let q = "SELECT count(*) AS n, count(DISTINCT seq) AS d FROM iot.r WHERE device = 'l'";
+    rows_once_where(c, others[1], q, 100).await;
+    let (status, text) = post(
+        others[1],
+        reqwest::Method::DELETE,
+        "/v1/bridges/line",
+        String::new(),
+    )
+    .await;
+    assert_eq!(status, 204, "{text}");
+    let q = "SELECT count(*) AS n FROM system.bridges WHERE name = 'line'";
+    for id in c.nodes.keys() {
+        eventually_eq(&format!("node {id} forgets `line`"), 30, &1, || async {
+            let r = c.node(*id).rows(q).await;
+            (r[0]["n"].as_u64() == Some(0)) as u64
+        })
+        .await;
+    }
 }

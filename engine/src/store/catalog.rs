@@ -143,10 +143,27 @@ pub struct CatalogData {
     /// Alert name -> definition, from `CREATE ALERT` and the HTTP API.
     #[serde(default)]
     pub alerts: BTreeMap<String, crate::alerts::AlertDef>,
+    /// In a cluster: the bridges the admin API added and removed (a single node keeps its
+    /// own, in `broker/bridges.json`).
+    #[serde(default, skip_serializing_if = "ApiBridges::is_empty")]
+    pub bridges: ApiBridges,
     /// In a cluster: the metadata group's log index of the change this is (0 on a single
     /// node). Entries at or below it are already here when the log is replayed.
     #[serde(default)]
     pub raft_index: u64,
+}
+
+/// Bridges the admin API added (`POST /v1/bridges`), and configured ones it removed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApiBridges {
+    pub added: Vec<sluice_conf::BridgeConfig>,
+    pub removed: Vec<String>,
+}
+
+impl ApiBridges {
+    fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty()
+    }
 }
 
 impl Default for CatalogData {
@@ -160,6 +177,7 @@ impl Default for CatalogData {
             admins: Default::default(),
             grants: BTreeMap::new(),
             alerts: BTreeMap::new(),
+            bridges: ApiBridges::default(),
             raft_index: 0,
         }
     }
