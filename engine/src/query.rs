@@ -9,6 +9,7 @@
 pub(crate) mod ddl;
 pub(crate) mod dialect;
 pub(crate) mod functions;
+pub(crate) mod gapfill;
 pub(crate) mod groups;
 pub(crate) mod optimizer;
 pub(crate) mod parts;

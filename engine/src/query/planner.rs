@@ -558,7 +558,8 @@ impl Engine {
                 statements.len()
             )));
         }
-        let stmt = DfStatement::Statement(Box::new(statements.remove(0)));
+        let stmt = crate::query::gapfill::rewrite(statements.remove(0))?;
+        let stmt = DfStatement::Statement(Box::new(stmt));
         let mut cacheable = true;
         let mut tables = Vec::new();
         let mut reads = Vec::new();
