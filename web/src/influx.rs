@@ -19,6 +19,7 @@ use std::sync::Arc;
 struct Influx {
     db: Arc<dyn QueryPort>,
     max_body: usize,
+    publish: Option<crate::Publish>,
 }
 
 #[derive(serde::Deserialize)]
@@ -34,11 +35,51 @@ struct Params {
     accept_partial: Option<bool>,
 }
 
-pub(crate) fn routes(db: Arc<dyn QueryPort>, max_body: usize) -> Router {
+pub(crate) fn routes(
+    db: Arc<dyn QueryPort>,
+    max_body: usize,
+    publish: Option<crate::Publish>,
+) -> Router {
     Router::new()
         .route("/api/v2/write", post(write))
         .route("/write", post(write))
-        .with_state(Influx { db, max_body })
+        .with_state(Influx {
+            db,
+            max_body,
+            publish,
+        })
+}
+
+/// The stored lines of `text` (all but `rejected`, blank lines and comments) by measurement,
+/// in the order each measurement first came.
+fn stored_lines<'a>(text: &'a str, rejected: &[usize]) -> Vec<(String, Vec<&'a str>)> {
+    let mut out: Vec<(String, Vec<&str>)> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || rejected.contains(&(n + 1)) {
+            continue;
+        }
+        // The measurement ends at the first comma or space not escaped by a backslash.
+        let mut end = line.len();
+        let mut escaped = false;
+        for (i, c) in line.char_indices() {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                ',' | ' ' => {
+                    end = i;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let name = line[..end].replace("\\,", ",").replace("\\ ", " ");
+        match out.iter_mut().find(|(m, _)| *m == name) {
+            Some((_, lines)) => lines.push(line),
+            None => out.push((name, vec![line])),
+        }
+    }
+    out
 }
 
 /// An error as InfluxDB answers it.
@@ -131,8 +172,21 @@ async fn write(
         .write_line_protocol(user.as_deref(), &database, &text, ns, partial)
         .await
     {
-        Ok(w) if w.rejected.is_empty() => StatusCode::NO_CONTENT.into_response(),
-        Ok(w) => partial_write(&w),
+        Ok(w) => {
+            // Stored: each measurement's lines go to the subscribers of its table's topic,
+            // as sent.
+            if let Some(publish) = &s.publish {
+                let rejected: Vec<usize> = w.rejected.iter().map(|r| r.line).collect();
+                for (table, lines) in stored_lines(&text, &rejected) {
+                    let topic = format!("/{database}/{table}");
+                    publish(topic, bytes::Bytes::from(lines.join("\n"))).await;
+                }
+            }
+            match w.rejected.is_empty() {
+                true => StatusCode::NO_CONTENT.into_response(),
+                false => partial_write(&w),
+            }
+        }
         Err(e) => {
             let api = crate::ApiError::from(e);
             let code = match api.status {

@@ -104,7 +104,11 @@ pub fn router(
             publish: extras.publish.clone(),
         })
         .route("/v1/live", get(live::live).with_state(live))
-        .merge(influx::routes(db.clone(), config.max_body_bytes))
+        .merge(influx::routes(
+            db.clone(),
+            config.max_body_bytes,
+            extras.publish.clone(),
+        ))
         .merge(alerts::routes(db))
         .merge(session)
         .merge(console::routes())
