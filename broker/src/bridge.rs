@@ -98,6 +98,19 @@ impl Bridges {
     /// origins, which every node applies with the rows.
     pub(crate) async fn start(self: &Arc<Self>, configured: &[BridgeConfig]) {
         *self.configured.lock() = configured.to_vec();
+        let local = {
+            let s = self.saved.saved.lock();
+            s.added.len() + s.removed.len()
+        };
+        if self.shared.router.node.is_some() && local > 0 {
+            tracing::warn!(
+                file = %self.saved.path.display(),
+                changes = local,
+                "in a cluster the bridges added or removed over the admin API are the \
+                 catalog's; those this file keeps from single-node runs are not used \
+                 (add them again through /v1/bridges)"
+            );
+        }
         if self.shared.router.node.is_none() {
             self.active.store(true, Ordering::Release);
             self.start_wanted().await;
@@ -162,11 +175,12 @@ impl Bridges {
     /// In a cluster, on the node running the bridges: starts those added and stops those
     /// removed through another node.
     async fn follow(&self) {
-        let wanted = self.wanted();
         let mut running = self.running.lock().await;
-        let gone: Vec<String> = (running.keys())
-            .filter(|n| !wanted.contains_key(*n))
-            .cloned()
+        let wanted = self.wanted();
+        // Removed, or removed and added again with another configuration.
+        let gone: Vec<String> = (running.iter())
+            .filter(|(n, r)| wanted.get(*n) != Some(&r.config))
+            .map(|(n, _)| n.clone())
             .collect();
         for name in gone {
             if let Some(r) = running.remove(&name) {

@@ -241,6 +241,7 @@ impl Cluster {
         let mut last_compact = tokio::time::Instant::now();
         let mut last_retain = tokio::time::Instant::now();
         let mut last_orphans = tokio::time::Instant::now();
+        let collecting = Arc::new(std::sync::atomic::AtomicBool::new(false));
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -282,12 +283,29 @@ impl Cluster {
                 self.commit_files(&engine, FileChange::Expired(expired))
                     .await;
             }
-            // Files no live table names (dropped tables', failed commits'), past their grace.
-            if last_orphans.elapsed() >= engine.orphan_grace().1 && leads(GroupId::Meta) {
+            // Files no live table names (dropped tables', failed commits'), past their grace:
+            // on a task of its own (listing a large store takes a while), and only once a
+            // read barrier proved this node leads a quorum and has applied every file change
+            // committed before it.
+            if !leads(GroupId::Meta) {
+                engine.forget_orphans();
+            } else if last_orphans.elapsed() >= engine.orphan_grace().1
+                && !collecting.swap(true, std::sync::atomic::Ordering::AcqRel)
+            {
                 last_orphans = tokio::time::Instant::now();
-                if let Err(e) = engine.collect_shared_orphans().await {
-                    tracing::warn!(error = %e, "could not collect orphaned files");
-                }
+                let (node, collecting) = (self.node.clone(), collecting.clone());
+                tokio::spawn(async move {
+                    let r = match node.read_barrier(GroupId::Meta).await {
+                        Ok(()) => engine.collect_shared_orphans().await.map(|_| ()),
+                        Err(e) => Err(sluice_engine::Error::Replication {
+                            reason: e.to_string(),
+                        }),
+                    };
+                    if let Err(e) = r {
+                        tracing::warn!(error = %e, "could not collect orphaned files");
+                    }
+                    collecting.store(false, std::sync::atomic::Ordering::Release);
+                });
             }
         }
     }

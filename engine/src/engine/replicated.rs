@@ -388,6 +388,12 @@ impl Engine {
         (grace, (grace / 4).max(self.retention_every()))
     }
 
+    /// Forgets which files were seen unnamed (this node no longer leads the metadata
+    /// group: a later look starts afresh).
+    pub fn forget_orphans(&self) {
+        self.orphans.lock().clear();
+    }
+
     /// On the metadata group's leader: deletes the files on the shared store that no live
     /// table's manifest names (a dropped table's, a flush or merge whose commit failed or
     /// never came). A file goes once it is older than the grace (no write still on its way

@@ -52,6 +52,9 @@ pub(crate) fn rewrite(statement: Statement) -> Result<Statement> {
     if items.len() != select.projection.len() {
         return Err(bad("a gap-filling query cannot select `*`"));
     }
+    if select.distinct.is_some() {
+        return Err(bad("a gap-filling query cannot be SELECT DISTINCT"));
+    }
     let (plain, args) = bucket_call(items[bucket_at].0).expect("found above");
     let [interval, time, origin @ ..] = args.as_slice() else {
         return Err(bad("date_bin_gapfill takes (interval, time[, origin])"));
@@ -111,7 +114,10 @@ pub(crate) fn rewrite(statement: Statement) -> Result<Statement> {
     };
     let mut values = 0;
     for (i, (expr, alias)) in items.iter().enumerate() {
-        let name = quote(alias.clone().unwrap_or_else(|| expr.to_string()));
+        let name = quote(match alias {
+            Some(a) => a.clone(),
+            None => column_name(expr),
+        });
         if i == bucket_at {
             outer.push(format!("__b AS {name}"));
             continue;
@@ -137,7 +143,9 @@ pub(crate) fn rewrite(statement: Statement) -> Result<Statement> {
             None => format!("{v} AS {name}"),
             Some(Fill::Locf) => format!("last_value({v}) IGNORE NULLS {before} AS {name}"),
             Some(Fill::Interpolate) => {
-                let at = |b: &str| format!("CAST({b} AS BIGINT)");
+                // The fraction of the gap in DOUBLE (nanosecond differences times values
+                // overflow BIGINT); an interpolated integer comes back as DOUBLE.
+                let at = |b: &str| format!("CAST(CAST({b} AS BIGINT) AS DOUBLE)");
                 let pv = format!("last_value({v}) IGNORE NULLS {before}");
                 let pb = format!("last_value(CASE WHEN {v} IS NULL THEN NULL ELSE __b END) IGNORE NULLS {before}");
                 let nv = format!("first_value({v}) IGNORE NULLS {after}");
@@ -165,10 +173,6 @@ pub(crate) fn rewrite(statement: Statement) -> Result<Statement> {
         agg.push_str(&format!(" HAVING {h}"));
     }
     let (upper, upper_op) = upper;
-    let (lower, upper) = (
-        format!("CAST({lower} AS TIMESTAMP)"),
-        format!("CAST({upper} AS TIMESTAMP)"),
-    );
     let series = format!(
         "SELECT unnest(generate_series({plain}({interval}, {lower}{origin}), {upper}, {interval})) AS __b"
     );
@@ -208,8 +212,16 @@ pub(crate) fn rewrite(statement: Statement) -> Result<Statement> {
         }
     };
     let limit = (query.limit_clause.as_ref()).map_or(String::new(), |l| format!(" {l}"));
+    let with = match &query.with {
+        Some(w) if w.recursive => return Err(bad("a gap-filling query cannot be WITH RECURSIVE")),
+        Some(w) => {
+            let ctes: Vec<String> = w.cte_tables.iter().map(|c| c.to_string()).collect();
+            format!("{}, ", ctes.join(", "))
+        }
+        None => String::new(),
+    };
     let sql = format!(
-        "WITH __agg AS ({agg}), __grid AS ({grid}), \
+        "WITH {with}__agg AS ({agg}), __grid AS ({grid}), \
          __filled AS (SELECT {} FROM __grid LEFT JOIN __agg ON {}) \
          SELECT {} FROM __filled{order}{limit}",
         filled_cols.join(", "),
@@ -223,6 +235,18 @@ pub(crate) fn rewrite(statement: Statement) -> Result<Statement> {
 
 fn bad(message: &str) -> Error {
     Error::sql(message.to_string())
+}
+
+/// The name an unaliased column gets: a column's name as written (without its quotes;
+/// identifiers are case-sensitive here), else the expression's text.
+fn column_name(e: &Expr) -> String {
+    match e {
+        Expr::Identifier(i) => i.value.clone(),
+        Expr::CompoundIdentifier(parts) if !parts.is_empty() => {
+            parts[parts.len() - 1].value.clone()
+        }
+        _ => e.to_string(),
+    }
 }
 
 /// A double-quoted identifier.
@@ -281,7 +305,7 @@ fn bounds(selection: Option<&Expr>, time: &str) -> Result<(String, (String, &'st
         let text = e.to_string();
         text == time || text.rsplit('.').next() == time.rsplit('.').next()
     };
-    let (mut lower, mut upper) = (None, None);
+    let (mut lower, mut upper): (Vec<String>, Vec<(String, &'static str)>) = Default::default();
     for c in conjuncts {
         match c {
             Expr::BinaryOp { left, op, right } => {
@@ -291,9 +315,9 @@ fn bounds(selection: Option<&Expr>, time: &str) -> Result<(String, (String, &'st
                     _ => continue,
                 };
                 match op {
-                    BinaryOperator::GtEq | BinaryOperator::Gt => lower = Some(other.to_string()),
-                    BinaryOperator::Lt => upper = Some((other.to_string(), "<")),
-                    BinaryOperator::LtEq => upper = Some((other.to_string(), "<=")),
+                    BinaryOperator::GtEq | BinaryOperator::Gt => lower.push(other.to_string()),
+                    BinaryOperator::Lt => upper.push((other.to_string(), "<")),
+                    BinaryOperator::LtEq => upper.push((other.to_string(), "<=")),
                     _ => {}
                 }
             }
@@ -303,18 +327,37 @@ fn bounds(selection: Option<&Expr>, time: &str) -> Result<(String, (String, &'st
                 low,
                 high,
             } if is_time(expr) => {
-                lower = Some(low.to_string());
-                upper = Some((high.to_string(), "<="));
+                lower.push(low.to_string());
+                upper.push((high.to_string(), "<="));
             }
             _ => {}
         }
     }
-    let lower = lower.ok_or_else(|| {
-        bad(&format!(
+    if lower.is_empty() {
+        return Err(bad(&format!(
             "gap filling needs a lower bound on {time} in WHERE (e.g. {time} >= '2024-01-01T00:00:00Z')"
-        ))
-    })?;
-    Ok((lower, upper.unwrap_or(("now()".to_string(), "<="))))
+        )));
+    }
+    // Several bounds: the narrowest range (the latest lower bound, the earliest upper one;
+    // an upper bound written twice, with < and <=, counts as <).
+    let ts = |e: &String| format!("CAST({e} AS TIMESTAMP)");
+    let lower = format!(
+        "greatest({})",
+        lower.iter().map(ts).collect::<Vec<_>>().join(", ")
+    );
+    let upper = match upper.as_slice() {
+        [] => ("now()".to_string(), "<="),
+        [(e, op)] => (ts(e), *op),
+        many => {
+            let op = match many.iter().any(|(_, op)| *op == "<") {
+                true => "<",
+                false => "<=",
+            };
+            let all: Vec<String> = many.iter().map(|(e, _)| ts(e)).collect();
+            (format!("least({})", all.join(", ")), op)
+        }
+    };
+    Ok((lower, upper))
 }
 
 fn split_and<'a>(e: &'a Expr, out: &mut Vec<&'a Expr>) {
