@@ -295,6 +295,9 @@ impl Broker {
     /// nodes of a cluster (QoS 1, not retained, not stored: what made it stored it), as
     /// published by `origin`; returns once it is queued for them.
     pub async fn publish(&self, topic: &str, payload: bytes::Bytes, origin: &str) {
+        if !self.shared.router.listened(topic) {
+            return;
+        }
         let m = Arc::new(session::Message {
             topic: Arc::from(topic),
             payload,

@@ -220,6 +220,19 @@ impl Remote {
 }
 
 impl Router {
+    /// Whether any subscription here or on another node matches `topic` (a subscription
+    /// made meanwhile may or may not get a message published at the same time).
+    pub(crate) fn listened(&self, topic: &str) -> bool {
+        let mut any = false;
+        self.tree.read().for_each_match(topic, |_, _| any = true);
+        if let Some(r) = &self.remote
+            && !any
+        {
+            r.tree.read().for_each_match(topic, |_, _| any = true);
+        }
+        any
+    }
+
     /// The cluster's routes, in a cluster.
     pub(crate) fn remote(&self) -> Option<&Remote> {
         self.remote.as_ref()
