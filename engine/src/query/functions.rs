@@ -122,6 +122,67 @@ impl ScalarUDFImpl for TimeBucket {
     }
 }
 
+/// The most buckets one gap-filling query may fill.
+pub(crate) const MAX_GAPFILL_BUCKETS: i64 = 1_000_000;
+
+/// `sluice_gapfill_buckets(span_ns, step_ns)`: how many buckets of `step_ns` nanoseconds a
+/// gap-filling query's range of `span_ns` holds; an error when the step is not positive or
+/// there would be more than [`MAX_GAPFILL_BUCKETS`] (written by the gap-filling rewrite,
+/// `crate::query::gapfill`, so that a wide range is refused before its grid is made).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct GapfillBuckets {
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for GapfillBuckets {
+    fn name(&self) -> &str {
+        "sluice_gapfill_buckets"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Int64)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        use datafusion::common::ScalarValue;
+        let rows = args.number_rows;
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let [span, step] = arrays.as_slice() else {
+            return Err(datafusion::error::DataFusionError::Plan(
+                "sluice_gapfill_buckets takes two arguments".into(),
+            ));
+        };
+        let (span, step) = (cast(span, &DataType::Int64)?, cast(step, &DataType::Int64)?);
+        let span = span.as_any().downcast_ref::<Int64Array>().expect("cast");
+        let step = step.as_any().downcast_ref::<Int64Array>().expect("cast");
+        let mut most = 0;
+        for i in 0..rows.min(span.len()) {
+            if span.is_null(i) || step.is_null(i) {
+                continue;
+            }
+            let (span, step) = (span.value(i), step.value(i));
+            if step <= 0 {
+                return Err(datafusion::error::DataFusionError::Execution(
+                    "gap filling needs a positive interval".into(),
+                ));
+            }
+            let n = span.max(0) / step + 1;
+            if n > MAX_GAPFILL_BUCKETS {
+                return Err(datafusion::error::DataFusionError::Execution(format!(
+                    "gap filling would make {n} buckets per group (at most \
+                     {MAX_GAPFILL_BUCKETS}): narrow the time range or widen the interval"
+                )));
+            }
+            most = most.max(n);
+        }
+        Ok(ColumnarValue::Scalar(ScalarValue::Int64(Some(most))))
+    }
+}
+
 /// Every function Sluice adds to DataFusion's.
 pub(crate) fn all() -> Vec<ScalarUDF> {
     vec![
@@ -131,6 +192,9 @@ pub(crate) fn all() -> Vec<ScalarUDF> {
         }),
         ScalarUDF::new_from_impl(TimeBucket {
             inner: Default::default(),
+        }),
+        ScalarUDF::new_from_impl(GapfillBuckets {
+            signature: Signature::new(TypeSignature::Any(2), Volatility::Immutable),
         }),
     ]
 }

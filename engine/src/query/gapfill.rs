@@ -27,6 +27,28 @@ const BUCKETS: [(&str, &str); 2] = [
 
 /// `statement` with its gap filling written out as plain SQL; unchanged when it has none.
 pub(crate) fn rewrite(statement: Statement) -> Result<Statement> {
+    if let Statement::Explain {
+        describe_alias,
+        analyze,
+        verbose,
+        query_plan,
+        estimate,
+        statement: inner,
+        format,
+        options,
+    } = statement
+    {
+        return Ok(Statement::Explain {
+            describe_alias,
+            analyze,
+            verbose,
+            query_plan,
+            estimate,
+            statement: Box::new(rewrite(*inner)?),
+            format,
+            options,
+        });
+    }
     let Statement::Query(query) = &statement else {
         return Ok(statement);
     };
@@ -173,9 +195,15 @@ pub(crate) fn rewrite(statement: Statement) -> Result<Statement> {
         agg.push_str(&format!(" HAVING {h}"));
     }
     let (upper, upper_op) = upper;
-    let series = format!(
-        "SELECT unnest(generate_series({plain}({interval}, {lower}{origin}), {upper}, {interval})) AS __b"
-    );
+    // The number of buckets is checked first (at most `MAX_GAPFILL_BUCKETS`): inside the
+    // series' end, so that the check runs (or is folded, when constant) before the series is
+    // made.
+    let start = format!("{plain}({interval}, {lower}{origin})");
+    let nanos = |t: &str| format!("CAST(CAST({t} AS TIMESTAMP) AS BIGINT)");
+    let span = format!("{} - {}", nanos(&upper), nanos(&start));
+    let step = nanos(&format!("TIMESTAMP '1970-01-01T00:00:00' + {interval}"));
+    let end = format!("CASE WHEN sluice_gapfill_buckets({span}, {step}) >= 0 THEN {upper} END");
+    let series = format!("SELECT unnest(generate_series({start}, {end}, {interval})) AS __b");
     let grid = match keys_cols.is_empty() {
         true => format!("SELECT __b FROM ({series}) __s WHERE __b {upper_op} {upper}"),
         false => format!(
