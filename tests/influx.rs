@@ -105,7 +105,8 @@ async fn line_protocol_over_influxdbs_write_api_makes_and_fills_tables() {
     assert_eq!(s.count(q).await, 0);
     // Lines are numbered as sent, whichever measurement they belong to. The stored ones
     // reach MQTT subscribers of their tables' topics, one message per measurement.
-    let mut got = lines_on(&s, "/telegraf/#").await;
+    let text = |p: &[u8]| String::from_utf8_lossy(p).into_owned();
+    let (_watch, mut got) = s.subscriber_as("/telegraf/#", text).await;
     let mixed = "mem,host=f free=1u\ncpu,host=f usage=1\nmem,host=g free=\"lots\"";
     let (status, body) = post(&s, "/api/v2/write?bucket=telegraf", mixed, false).await;
     assert_eq!(status, 400, "{body}");
@@ -199,42 +200,4 @@ with InfluxDBClient(url=sys.argv[1], token="writer:pw", org="sluice") as client:
     assert_eq!(v1("nope").send().await.unwrap().status().as_u16(), 401);
     assert_eq!(v1("pw").send().await.unwrap().status().as_u16(), 204);
     assert_eq!(s.count("SELECT count(*) FROM lab.power").await, 2);
-}
-
-/// What an MQTT subscriber of `filter` receives from now on: (topic, payload as text).
-async fn lines_on(
-    s: &Server,
-    filter: &str,
-) -> tokio::sync::mpsc::UnboundedReceiver<(String, String)> {
-    use rumqttc::{Event, Packet};
-    let o = rumqttc::MqttOptions::new("lp-watch", "127.0.0.1", s.mqtt_port());
-    let (client, mut el) = rumqttc::AsyncClient::new(o, 100);
-    client
-        .subscribe(filter, rumqttc::QoS::AtLeastOnce)
-        .await
-        .unwrap();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let (subscribed, wait) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let _client = client;
-        let mut subscribed = Some(subscribed);
-        while let Ok(ev) = el.poll().await {
-            match ev {
-                Event::Incoming(Packet::SubAck(_)) => {
-                    if let Some(t) = subscribed.take() {
-                        let _ = t.send(());
-                    }
-                }
-                Event::Incoming(Packet::Publish(p)) => {
-                    let text = String::from_utf8_lossy(&p.payload).into_owned();
-                    if tx.send((p.topic, text)).is_err() {
-                        return;
-                    }
-                }
-                _ => {}
-            }
-        }
-    });
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(20), wait).await;
-    rx
 }

@@ -273,6 +273,19 @@ impl Server {
         rumqttc::AsyncClient,
         tokio::sync::mpsc::UnboundedReceiver<(String, serde_json::Value)>,
     ) {
+        self.subscriber_as(filter, |p| serde_json::from_slice(p).unwrap_or_default())
+            .await
+    }
+
+    /// Like [`Server::subscriber`], each payload as `decode` makes it.
+    pub async fn subscriber_as<T: Send + 'static>(
+        &self,
+        filter: &str,
+        decode: fn(&[u8]) -> T,
+    ) -> (
+        rumqttc::AsyncClient,
+        tokio::sync::mpsc::UnboundedReceiver<(String, T)>,
+    ) {
         use rumqttc::{Event, Packet};
         let id = format!(
             "watch-{}",
@@ -297,11 +310,10 @@ impl Server {
                             let _ = t.send(());
                         }
                     }
-                    Event::Incoming(Packet::Publish(p)) => {
-                        let body = serde_json::from_slice(&p.payload).unwrap_or_default();
-                        if tx.send((p.topic, body)).is_err() {
-                            break;
-                        }
+                    Event::Incoming(Packet::Publish(p))
+                        if tx.send((p.topic.clone(), decode(&p.payload))).is_err() =>
+                    {
+                        break;
                     }
                     _ => {}
                 }

@@ -308,7 +308,7 @@ impl Catalog {
     /// change made from an older version than the current one (another node changed the
     /// catalog meanwhile) is refused, on every node alike.
     pub(crate) fn install(&self, raft_index: u64, next: &[u8]) -> Result<bool> {
-        let mut next: CatalogData = serde_json::from_slice(next).map_err(|e| Error::Corrupt {
+        let next: CatalogData = serde_json::from_slice(next).map_err(|e| Error::Corrupt {
             what: "catalog change from the metadata group".into(),
             reason: e.to_string(),
         })?;
@@ -324,13 +324,7 @@ impl Catalog {
                 cur.version
             )));
         }
-        next.raft_index = raft_index;
-        write_atomic(
-            &self.path,
-            &serde_json::to_vec_pretty(&next).expect("serialisable"),
-        )?;
-        *self.data.write() = Arc::new(next);
-        Ok(true)
+        self.replace(raft_index, next)
     }
 
     /// Replaces the catalog with `next` (the metadata group's snapshot at `raft_index`),
