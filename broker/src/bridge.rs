@@ -49,6 +49,8 @@ use tokio_util::sync::CancellationToken;
 
 struct Running {
     config: BridgeConfig,
+    /// In a cluster: the restarts asked when it started (see `ApiBridges::restarts`).
+    restarts: u64,
     status: Arc<Status>,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
@@ -189,6 +191,19 @@ impl Bridges {
                 self.forget(&name);
             }
         }
+        // Restarts asked through another node.
+        let restart: Vec<String> = (running.iter())
+            .filter(|(n, r)| self.restarts_of(n) != r.restarts)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in restart {
+            if let Some(r) = running.remove(&name) {
+                r.stop.cancel();
+                let _ = r.task.await;
+                tracing::info!(bridge = %name, "bridge restarted, as asked on another node");
+                running.insert(name, self.spawn(r.config));
+            }
+        }
         for (name, cfg) in wanted {
             if let std::collections::btree_map::Entry::Vacant(e) = running.entry(name) {
                 tracing::info!(bridge = %cfg.name, "bridge added on another node: starting it here");
@@ -242,11 +257,19 @@ impl Bridges {
             self.saved.clone(),
         ));
         Running {
+            restarts: self.restarts_of(&config.name),
             config,
             status,
             stop,
             task,
         }
+    }
+
+    /// In a cluster: how many restarts of `name` were asked (0 on a single node).
+    fn restarts_of(&self, name: &str) -> u64 {
+        (self.shared.db.api_bridges())
+            .and_then(|b| b.restarts.get(name).copied())
+            .unwrap_or(0)
     }
 
     /// Every bridge's figures, by name.
@@ -331,6 +354,19 @@ impl Bridges {
     /// Stops a bridge and starts it again (a new connection, figures reset).
     pub async fn restart(&self, name: &str) -> Result<(), BridgeError> {
         let mut running = self.running.lock().await;
+        if self.shared.router.node.is_some() {
+            // Counted in the catalog, so the node running it (this one or another) restarts
+            // it; here at once.
+            if !self.wanted().contains_key(name) {
+                return Err(BridgeError::NotFound(name.into()));
+            }
+            (self.shared.db)
+                .change_api_bridges(&mut |b| *b.restarts.entry(name.to_string()).or_default() += 1)
+                .map_err(|e| BridgeError::Cluster(e.to_string()))?;
+            if !running.contains_key(name) {
+                return Ok(());
+            }
+        }
         let r = running
             .remove(name)
             .ok_or_else(|| BridgeError::NotFound(name.into()))?;

@@ -227,6 +227,27 @@ pub(crate) async fn added_through_the_api_runs_once(c: &Cluster, m: &Mosquitto) 
     m.publish_to("line/r", "l", 0..100);
     let q = "SELECT count(*) AS n, count(DISTINCT seq) AS d FROM iot.r WHERE device = 'l'";
     rows_once_where(c, others[1], q, 100).await;
+    // A restart asked through a node that does not run it restarts it where it runs (a new
+    // connection: its figures start again).
+    let (status, text) = post(
+        others[1],
+        reqwest::Method::POST,
+        "/v1/bridges/line/restart",
+        String::new(),
+    )
+    .await;
+    assert_eq!(status, 204, "{text}");
+    let q2 = "SELECT stored FROM system.bridges WHERE name = 'line'";
+    eventually_eq("`line` restarted where it runs", 30, &Some(0), || async {
+        c.node(runner)
+            .rows(q2)
+            .await
+            .first()
+            .and_then(|r| r["stored"].as_u64())
+    })
+    .await;
+    m.publish_to("line/r", "l", 100..150);
+    rows_once_where(c, others[1], q, 150).await;
     let (status, text) = post(
         others[1],
         reqwest::Method::DELETE,

@@ -158,11 +158,15 @@ pub struct CatalogData {
 pub struct ApiBridges {
     pub added: Vec<sluice_conf::BridgeConfig>,
     pub removed: Vec<String>,
+    /// Bridge -> how many times it was asked to restart (`POST /v1/bridges/{name}/restart`
+    /// through any node): the node running it restarts it when this moves.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub restarts: BTreeMap<String, u64>,
 }
 
 impl ApiBridges {
     fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.removed.is_empty()
+        self.added.is_empty() && self.removed.is_empty() && self.restarts.is_empty()
     }
 }
 
