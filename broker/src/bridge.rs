@@ -56,6 +56,16 @@ struct Running {
     task: tokio::task::JoinHandle<()>,
 }
 
+impl Running {
+    /// Stops the bridge (its stores in flight finish and are acknowledged); returns its
+    /// configuration.
+    async fn stop(self) -> BridgeConfig {
+        self.stop.cancel();
+        let _ = self.task.await;
+        self.config
+    }
+}
+
 /// The running bridges.
 pub struct Bridges {
     shared: Arc<BrokerState>,
@@ -179,29 +189,25 @@ impl Bridges {
     async fn follow(&self) {
         let mut running = self.running.lock().await;
         let wanted = self.wanted();
-        // Removed, or removed and added again with another configuration.
-        let gone: Vec<String> = (running.iter())
-            .filter(|(n, r)| wanted.get(*n) != Some(&r.config))
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in gone {
-            if let Some(r) = running.remove(&name) {
-                r.stop.cancel();
-                let _ = r.task.await;
-                self.forget(&name);
+        let names: Vec<String> = running.keys().cloned().collect();
+        for name in names {
+            let r = &running[&name];
+            // Removed, or removed and added again with another configuration.
+            let gone = wanted.get(&name) != Some(&r.config);
+            // A restart asked through another node.
+            let again = !gone && self.restarts_of(&name) != r.restarts;
+            if !(gone || again) {
+                continue;
             }
-        }
-        // Restarts asked through another node.
-        let restart: Vec<String> = (running.iter())
-            .filter(|(n, r)| self.restarts_of(n) != r.restarts)
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in restart {
-            if let Some(r) = running.remove(&name) {
-                r.stop.cancel();
-                let _ = r.task.await;
+            let Some(r) = running.remove(&name) else {
+                continue;
+            };
+            let config = r.stop().await;
+            if gone {
+                self.forget(&name);
+            } else {
                 tracing::info!(bridge = %name, "bridge restarted, as asked on another node");
-                running.insert(name, self.spawn(r.config));
+                running.insert(name, self.spawn(config));
             }
         }
         for (name, cfg) in wanted {
@@ -241,8 +247,7 @@ impl Bridges {
     async fn stop_all(&self) {
         let mut running = self.running.lock().await;
         for (_, r) in std::mem::take(&mut *running) {
-            r.stop.cancel();
-            let _ = r.task.await;
+            r.stop().await;
         }
     }
 
@@ -334,8 +339,7 @@ impl Bridges {
             return Err(BridgeError::NotFound(name.into()));
         }
         if let Some(r) = r {
-            r.stop.cancel();
-            let _ = r.task.await;
+            r.stop().await;
         }
         self.saved.change(|s| {
             s.subscribed.remove(name);
@@ -370,19 +374,14 @@ impl Bridges {
         let r = running
             .remove(name)
             .ok_or_else(|| BridgeError::NotFound(name.into()))?;
-        r.stop.cancel();
-        let _ = r.task.await;
+        let config = r.stop().await;
         tracing::info!(bridge = name, "bridge restarted");
-        running.insert(name.to_string(), self.spawn(r.config));
+        running.insert(name.to_string(), self.spawn(config));
         Ok(())
     }
 
     /// Waits for every bridge to stop (after shutdown was signalled).
     pub(crate) async fn stopped(&self) {
-        let mut running = self.running.lock().await;
-        for (_, r) in std::mem::take(&mut *running) {
-            r.stop.cancel();
-            let _ = r.task.await;
-        }
+        self.stop_all().await;
     }
 }

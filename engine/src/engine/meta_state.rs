@@ -74,11 +74,7 @@ impl Engine {
                 );
                 p.files = pm.files.clone();
                 for (shard, through) in &pm.shards {
-                    let rows = t.shard_rows(p, *shard);
-                    if *through > rows.flushed {
-                        rows.flushed = *through;
-                        released += rows.buffer.drop_through(*through);
-                    }
+                    released += t.shard_rows(p, *shard).persisted(*through);
                 }
             }
             drop(parts);

@@ -578,9 +578,7 @@ impl Engine {
             p.files.clear();
             let mut released = 0;
             for (s, through) in &e.through {
-                let rows = t.shard_rows(p, *s);
-                rows.flushed = rows.flushed.max(*through);
-                released += rows.buffer.drop_through(*through);
+                released += t.shard_rows(p, *s).persisted(*through);
             }
             drop(parts);
             self.store.tables.release(released);
@@ -599,9 +597,7 @@ impl Engine {
             let mut parts = t.parts.write();
             let p = t.partition_mut(&mut parts, f.partition);
             p.files.push(f.file.clone());
-            let rows = t.shard_rows(p, f.shard);
-            rows.flushed = f.through;
-            let released = rows.buffer.drop_through(f.through);
+            let released = t.shard_rows(p, f.shard).persisted(f.through);
             drop(parts);
             self.store.tables.release(released);
             t.changed();

@@ -59,6 +59,15 @@ pub struct ShardRows {
     pub flushed: u64,
 }
 
+impl ShardRows {
+    /// The shard's entries up to `through` are in the partition's files (or dropped): moves
+    /// `flushed` up to it and drops those rows from the buffer; returns the bytes freed.
+    pub fn persisted(&mut self, through: u64) -> usize {
+        self.flushed = self.flushed.max(through);
+        self.buffer.drop_through(through)
+    }
+}
+
 impl Partition {
     /// Rows in the partition, persisted or not.
     pub fn rows(&self) -> u64 {

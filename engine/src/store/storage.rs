@@ -292,9 +292,8 @@ impl Storage {
 
     /// Lists object paths under a prefix.
     pub(crate) async fn list(&self, prefix: &str) -> Result<Vec<String>> {
-        let prefix = ObjPath::from(prefix);
-        let metas: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
-        Ok(metas.into_iter().map(|m| m.location.to_string()).collect())
+        let aged = self.list_aged(prefix).await?;
+        Ok(aged.into_iter().map(|(path, _)| path).collect())
     }
 
     /// Lists object paths under a prefix with how long ago each was last written.
