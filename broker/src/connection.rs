@@ -14,6 +14,7 @@ mod connect;
 mod inbound;
 mod outbound;
 mod will;
+pub(crate) use will::{publish_kept_will, publish_replayed_wills};
 
 use crate::BrokerState;
 use crate::codec::{self, Version};
@@ -310,6 +311,9 @@ where
         *session.user.lock() = user.clone();
         let will_message = will.as_ref().and_then(|w| will::will_message(&key, w));
         *session.will.lock() = will_message.clone();
+        if let Some(r) = shared.router.remote() {
+            r.share_will(&key, will_message.as_ref(), user.clone(), expiry);
+        }
         // A session that outlives its connection (or replaces one that did) is in the
         // journal before the CONNACK says it exists.
         if shared.db.journals() && (expiry > 0 || was_lasting) {
@@ -603,6 +607,9 @@ where
         );
     } else if still_ours {
         *session.will.lock() = None;
+        if let Some(r) = shared.router.remote() {
+            r.share_will(&session.client_id, None, None, 0);
+        }
     }
     if still_ours && session.state.lock().expiry_secs == 0 {
         shared.router.discard(&session);

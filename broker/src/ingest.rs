@@ -125,6 +125,20 @@ impl RelaySink for Inbox {
         Box::pin(async move { crate::takeover::hand_over(shared?, client, clean).await })
     }
 
+    fn publish_will(
+        &self,
+        node: u64,
+        _client: String,
+        will: bytes::Bytes,
+    ) -> BoxFuture<'static, ()> {
+        let shared = self.0.upgrade();
+        Box::pin(async move {
+            if let Some(s) = shared {
+                crate::connection::publish_kept_will(s, node, will).await;
+            }
+        })
+    }
+
     fn take_given(&self, client: String, held: bytes::Bytes) -> BoxFuture<'static, bool> {
         let shared = self.0.upgrade();
         Box::pin(async move {

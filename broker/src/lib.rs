@@ -132,9 +132,7 @@ impl Broker {
             relay.received_before(shared.router.relayed_marks());
             relay.set_sink(Arc::new(ingest::Inbox(Arc::downgrade(&shared))));
         }
-        for (client, message, delay) in wills {
-            publish_replayed_will(&shared, client, message, delay);
-        }
+        connection::publish_replayed_wills(&shared, wills);
         // In a cluster: sessions whose clients went elsewhere while this node was down.
         tokio::spawn(takeover::give_back(shared.clone()));
         let bridges = Arc::new(Bridges::new(shared.clone(), &config.data_dir));
@@ -413,34 +411,6 @@ fn replay(
         );
     }
     wills
-}
-
-/// Publishes, after its delay, the will of a connection that ended with the server, unless
-/// the client came back meanwhile.
-fn publish_replayed_will(
-    shared: &Arc<BrokerState>,
-    client: Arc<str>,
-    message: Arc<session::Message>,
-    delay: u32,
-) {
-    let shared = shared.clone();
-    let generation = shared
-        .router
-        .session(&client)
-        .map(|s| s.generation.load(std::sync::atomic::Ordering::Acquire));
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(u64::from(delay))).await;
-        let session = shared.router.session(&client);
-        let now = session
-            .as_ref()
-            .map(|s| s.generation.load(std::sync::atomic::Ordering::Acquire));
-        if now != generation {
-            return; // The client came back in time.
-        }
-        let user = session.and_then(|s| s.user.lock().clone());
-        let (reason, _) = ingest::store(shared, message, user, Some(client.clone())).await;
-        tracing::debug!(client_id = %client, reason = error::reason_code(reason), "will of a connection ended by the stop published");
-    });
 }
 
 /// The MQTT over TLS acceptor: `certs` served, client certificates verified against

@@ -96,6 +96,15 @@ pub(crate) async fn hand_over(
     clean: bool,
 ) -> Option<Bytes> {
     let session = shared.router.session(&client)?;
+    if !clean {
+        // The session goes on over there: a will waiting for its delay is not published.
+        session
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+    if let Some(r) = shared.router.remote() {
+        r.share_will(&session.client_id, None, None, 0);
+    }
     if let Some((_, token)) = session.connection.lock().take() {
         token.cancel();
     }

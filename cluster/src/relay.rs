@@ -31,7 +31,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use net::{FLUSH, GIVE, RELAY, ROUTES, TAKE};
+pub(crate) use net::{FLUSH, GIVE, RELAY, ROUTES, TAKE, WILLS};
+
+mod wills;
 
 /// What a [`FLUSH`] call runs on this node: writes table `.0`'s rows of the shards led here
 /// as files and commits them; the files written.
@@ -78,6 +80,12 @@ enum Change {
         String,
         #[serde(with = "crate::raft::types::as_bytes")] Bytes,
     ),
+    /// A connection of this client id has this will and delay (seconds), or (empty) none.
+    Will(
+        String,
+        u32,
+        #[serde(with = "crate::raft::types::as_bytes")] Bytes,
+    ),
 }
 
 /// This node's routes: the filters its sessions subscribe, numbered changes.
@@ -85,6 +93,7 @@ enum Change {
 struct LocalRoutes {
     set: BTreeSet<String>,
     sessions: BTreeMap<String, Bytes>,
+    wills: BTreeMap<String, wills::Will>,
     seq: u64,
     /// The latest changes, numbered.
     log: VecDeque<(u64, Change)>,
@@ -104,7 +113,8 @@ impl LocalRoutes {
     fn full(&self) -> Vec<Change> {
         let routes = (self.set.iter()).map(|f| Change::Route(f.clone(), true));
         let sessions = (self.sessions.iter()).map(|(c, b)| Change::Session(c.clone(), b.clone()));
-        routes.chain(sessions).collect()
+        let wills = (self.wills.iter()).map(|(c, w)| Change::Will(c.clone(), w.0, w.1.clone()));
+        routes.chain(sessions).chain(wills).collect()
     }
 }
 
@@ -115,6 +125,7 @@ struct RemoteRoutes {
     seq: u64,
     set: BTreeSet<String>,
     sessions: BTreeMap<String, Bytes>,
+    wills: BTreeMap<String, wills::Will>,
 }
 
 /// What a peer knows of this node's routes.
@@ -123,6 +134,8 @@ struct Known {
     seq: u64,
     /// The last call to it failed.
     down: bool,
+    /// When it last answered.
+    answered: Option<std::time::Instant>,
 }
 
 /// A sender's run and the last message of it taken.
@@ -152,6 +165,8 @@ pub(crate) struct Relay {
     changed: watch::Sender<u64>,
     peers: Mutex<HashMap<u64, Arc<Peer>>>,
     remote: Mutex<HashMap<u64, RemoteRoutes>>,
+    /// What became of the other nodes' wills (locked after `remote`).
+    fates: Mutex<wills::Fates>,
     sink: OnceLock<Arc<dyn RelaySink>>,
     /// The broker has loaded its sessions (its routes are complete): only then are they
     /// sent, so that a restarted node does not tell its peers it has none.
@@ -194,6 +209,7 @@ impl Relay {
             changed: watch::channel(0).0,
             peers: Mutex::new(HashMap::new()),
             remote: Mutex::new(HashMap::new()),
+            fates: Mutex::new(wills::Fates::default()),
             sink: OnceLock::new(),
             ready: watch::channel(false).0,
             learned: watch::channel(BTreeSet::new()).0,
@@ -207,6 +223,7 @@ impl Relay {
         for id in relay.peer_ids() {
             relay.peer(id);
         }
+        tokio::spawn(relay.clone().watch_wills());
         relay
     }
 
@@ -293,7 +310,12 @@ impl Relay {
             match answer.as_deref() {
                 Ok([1]) => {
                     has = Some(seq);
-                    peer.known.send_replace(Known { seq, down: false });
+                    let answered = Some(std::time::Instant::now());
+                    (peer.known).send_replace(Known {
+                        seq,
+                        down: false,
+                        answered,
+                    });
                 }
                 // The peer lost track: the whole set next.
                 Ok(_) => {
@@ -427,6 +449,7 @@ impl Relay {
             TAKE => {
                 let (client, clean): (String, bool) =
                     crate::from_cbor(&body).map_err(|e| e.to_string())?;
+                self.forget_will(&client);
                 // Not started: its sessions may not be loaded yet, so it cannot say.
                 let Some(sink) = self.sink.get().cloned() else {
                     return Err(format!("node {}'s broker has not started", self.node.id()));
@@ -456,6 +479,11 @@ impl Relay {
                     false => Err(format!("no lasting session of client {client:?} here")),
                 }
             }
+            WILLS => {
+                let (from, incarnation): (u64, u64) =
+                    crate::from_cbor(&body).map_err(|e| e.to_string())?;
+                self.claimed(from, incarnation)
+            }
             _ => self.receive(body).await.map(|()| Vec::new()),
         }
     }
@@ -467,6 +495,11 @@ impl Relay {
         let sink = self.sink.get();
         if let Some(full) = call.full {
             if r.incarnation != call.incarnation {
+                // The wills of its previous run not yet published are orphans.
+                let known = *self.peer(call.from).known.borrow();
+                let silent =
+                    (known.answered.filter(|_| known.down)).unwrap_or_else(std::time::Instant::now);
+                self.fates.lock().ended(call.from, r, silent);
                 // A new run of that node: it knows none of this node's routes.
                 self.peer(call.from).resync.notify_one();
                 self.learned.send_modify(|l| {
@@ -477,10 +510,12 @@ impl Relay {
             r.seq = call.seq;
             r.set.clear();
             r.sessions.clear();
+            r.wills.clear();
             for c in full {
                 match c {
                     Change::Route(f, _) => r.set.insert(f),
                     Change::Session(c, b) => r.sessions.insert(c, b).is_some(),
+                    Change::Will(c, d, b) => r.wills.insert(c, (d, b)).is_some(),
                 };
             }
             if let Some(s) = sink {
@@ -504,6 +539,14 @@ impl Relay {
                 }
                 Change::Session(c, b) => {
                     r.sessions.insert(c, b);
+                    continue;
+                }
+                Change::Will(c, _, b) if b.is_empty() => {
+                    r.wills.remove(&c);
+                    continue;
+                }
+                Change::Will(c, d, b) => {
+                    r.wills.insert(c, (d, b));
                     continue;
                 }
             };
@@ -680,6 +723,7 @@ impl RelayPort for Relay {
         let up: Vec<u64> = (self.peer_ids().into_iter())
             .filter(|id| !self.peer(*id).known.borrow().down)
             .collect();
+        self.forget_will(client);
         let (me, client) = (self.me.clone(), client.to_string());
         Box::pin(async move {
             let Some(me) = me.upgrade() else {
@@ -719,6 +763,20 @@ impl RelayPort for Relay {
         for (from, incarnation, last) in marks {
             received.insert(from, Arc::new(tokio::sync::Mutex::new((incarnation, last))));
         }
+    }
+
+    fn set_will(&self, client: &str, will: Option<(Bytes, u32)>) {
+        self.share_will(client, will.map(|(b, d)| (d, b)));
+    }
+
+    fn claim_wills(&self) -> BoxFuture<'static, sluice_engine::ClaimedWills> {
+        let me = self.me.clone();
+        Box::pin(async move {
+            match me.upgrade() {
+                Some(me) => me.claim().await,
+                None => Default::default(),
+            }
+        })
     }
 
     fn peers_known(&self) -> BoxFuture<'static, ()> {

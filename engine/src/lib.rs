@@ -45,7 +45,7 @@ pub use ports::{
     NodeChangeError, Publication, QueryOptions, QueryOutput, QueryPort, RejectedLine, SystemRows,
     WriteReceipt,
 };
-pub use relay::{Relay, RelaySink, Relaying, RouteChange};
+pub use relay::{ClaimedWills, Relay, RelaySink, Relaying, RouteChange};
 pub use store::catalog::{ApiBridges, CatalogData, CatalogLog, DEFAULT_DATABASE, TableDef};
 pub use store::files::{read_state, replace_file};
 

@@ -75,6 +75,27 @@ pub trait Relay: Send + Sync + 'static {
     /// Hands what this node's session `client` held to node `node`, where the client went
     /// while this node was down ([`RelaySink::take_given`]); true once it took it.
     fn give(&self, node: u64, client: &str, held: bytes::Bytes) -> BoxFuture<'static, bool>;
+
+    /// This node's connection of `client` has this will (the broker's encoding) and will
+    /// delay in seconds, or (`None`) no will to publish any more: the other nodes keep it,
+    /// and one of them publishes it ([`RelaySink::publish_will`]) once this node has not
+    /// answered for the delay (a few seconds at least), unless the client comes back
+    /// meanwhile.
+    fn set_will(&self, client: &str, will: Option<(bytes::Bytes, u32)>);
+
+    /// At start: what the other nodes did with the wills of this node's previous run. The
+    /// clients whose will one of them published, and the wills none published yet (handed
+    /// over to this node, with their delays: they are this node's to publish now).
+    fn claim_wills(&self) -> BoxFuture<'static, ClaimedWills>;
+}
+
+/// What [`Relay::claim_wills`] returns.
+#[derive(Debug, Default)]
+pub struct ClaimedWills {
+    /// Clients whose will another node published.
+    pub published: std::collections::HashSet<String>,
+    /// Wills still to publish: client, will (the broker's encoding), delay in seconds.
+    pub pending: Vec<(String, bytes::Bytes, u32)>,
 }
 
 /// The broker's side of the relay.
@@ -102,6 +123,11 @@ pub trait RelaySink: Send + Sync + 'static {
     /// Another node gives what its session `client` held (the client came here while that
     /// node was down); true once taken into this node's session of it.
     fn take_given(&self, client: String, held: bytes::Bytes) -> BoxFuture<'static, bool>;
+
+    /// Publishes the will of client `client` of node `node`, which stopped answering (or
+    /// started again without claiming it) after its delay.
+    fn publish_will(&self, node: u64, client: String, will: bytes::Bytes)
+    -> BoxFuture<'static, ()>;
 }
 
 /// A message queued for other nodes: it leaves once its publisher says it is stored.

@@ -25,7 +25,12 @@ pub(crate) fn options(port: u16, id: &str, clean: bool) -> MqttOptions {
 
 /// Connects `id` to `port`, subscribes `filters` at QoS 1 and returns once they are
 /// acknowledged, with what it receives from then on.
-async fn subscriber(port: u16, id: &str, clean: bool, filters: &[&str]) -> (AsyncClient, Got) {
+pub(crate) async fn subscriber(
+    port: u16,
+    id: &str,
+    clean: bool,
+    filters: &[&str],
+) -> (AsyncClient, Got) {
     let (client, mut el) = AsyncClient::new(options(port, id, clean), 100);
     for f in filters {
         client.subscribe(*f, QoS::AtLeastOnce).await.unwrap();

@@ -1,8 +1,10 @@
 //! A lasting session on a cluster node: what its node PUBACKed for it is delivered after
 //! that node is killed and started again (the node keeps its broker's journal in its own
-//! log; the rows themselves are in the shards' raft logs).
+//! log; the rows themselves are in the shards' raft logs). The wills of a killed node's
+//! clients are published by another node, once.
 
 use super::Cluster;
+use super::common::eventually;
 use super::delivery::options;
 use rumqttc::{AsyncClient, Event, Packet, QoS};
 use std::collections::HashSet;
@@ -72,4 +74,93 @@ pub(crate) async fn lasting_session_survives_its_node(c: &mut Cluster) {
     // The session ends (a clean session), so later messages are not queued for it.
     let (_, mut el) = AsyncClient::new(options(c.node(node).mqtt_port(), "lasting", true), 10);
     while !matches!(el.poll().await, Ok(Event::Incoming(Packet::ConnAck(_)))) {}
+}
+
+/// Connects `id` to `port` with MQTT 5, a session lasting 600 s and a QoS 1 will to
+/// `wills/<id>` delayed `delay` s; returns once connected (the event loop, left unpolled,
+/// keeps the connection).
+async fn with_will(port: u16, id: &str, delay: u32) -> rumqttc::v5::EventLoop {
+    use rumqttc::v5::mqttbytes::v5::{LastWill, LastWillProperties, Packet as P5};
+    let mut o = rumqttc::v5::MqttOptions::new(id, "127.0.0.1", port);
+    o.set_credentials("root", "r");
+    o.set_clean_start(false);
+    o.set_session_expiry_interval(Some(600));
+    o.set_keep_alive(Duration::from_secs(60));
+    let props = LastWillProperties {
+        delay_interval: Some(delay),
+        payload_format_indicator: None,
+        message_expiry_interval: None,
+        content_type: None,
+        response_topic: None,
+        correlation_data: None,
+        user_properties: Vec::new(),
+    };
+    let (topic, qos) = (
+        format!("wills/{id}"),
+        rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+    );
+    o.set_last_will(LastWill::new(topic, "{}", qos, false, Some(props)));
+    let (_, mut el) = rumqttc::v5::AsyncClient::new(o, 10);
+    while !matches!(
+        el.poll().await.unwrap(),
+        rumqttc::v5::Event::Incoming(P5::ConnAck(_))
+    ) {}
+    el
+}
+
+/// The wills of a node's clients outlive it: killed with its clients connected, another
+/// node publishes each will once after its delay (a clean session's, which no journal
+/// holds, and a lasting session's), but not the will of a client that came back on another
+/// node within its delay; started again, the node learns which wills went out and does not
+/// publish them a second time from its journal.
+pub(crate) async fn wills_outlive_their_node(c: &mut Cluster) {
+    let ids: Vec<u64> = c.nodes.keys().copied().collect();
+    let (first, middle, node) = (ids[0], ids[1], *ids.last().unwrap());
+    let port = |c: &Cluster, id: u64| c.node(id).mqtt_port();
+    let (_w, mut got) =
+        super::delivery::subscriber(port(c, first), "will-watch", true, &["wills/#"]).await;
+    let mut o = options(port(c, node), "clean", true);
+    o.set_last_will(rumqttc::LastWill::new(
+        "wills/clean",
+        "{}",
+        QoS::AtLeastOnce,
+        false,
+    ));
+    let (_clean, mut clean) = AsyncClient::new(o, 10);
+    while !matches!(clean.poll().await, Ok(Event::Incoming(Packet::ConnAck(_)))) {}
+    let lasting = with_will(port(c, node), "lasting-will", 1).await;
+    let back = with_will(port(c, node), "back", 8).await;
+
+    c.nodes.remove(&node).unwrap().kill9();
+    let killed = tokio::time::Instant::now();
+    drop((clean, lasting, back));
+    // Back within its delay, on another node: its will is not due any more.
+    let _back = with_will(port(c, middle), "back", 8).await;
+    // The two due come about 3 s after the kill; the third would come after 8 s.
+    let mut wills: Vec<String> = Vec::new();
+    let until = killed + Duration::from_secs(12);
+    while let Ok(Some((topic, _))) = tokio::time::timeout_at(until, got.recv()).await {
+        wills.push(topic);
+    }
+    wills.sort();
+    assert_eq!(wills, ["wills/clean", "wills/lasting-will"]);
+
+    c.restart(node);
+    c.node(node).login(Some(("root", "r")));
+    c.settled().await;
+    eventually("the restarted node claims its wills", 30, || async {
+        (c.node(node).log_text()).contains("published_elsewhere=2")
+    })
+    .await;
+    // Its journal's will of `lasting-will` (delay 1 s) is not published again: nothing but
+    // a message published after it (on the same node) comes within 3 s.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let marker = vec![("wills/marker".to_string(), "{}".to_string())];
+    super::delivery::publish_each(port(c, node), "will-marker", marker, false).await;
+    let mut after = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while let Ok(Some((topic, _))) = tokio::time::timeout_at(deadline, got.recv()).await {
+        after.push(topic);
+    }
+    assert_eq!(after, ["wills/marker"], "after the node's restart");
 }

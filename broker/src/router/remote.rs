@@ -119,6 +119,41 @@ impl Remote {
         self.relay.set_session(&session.client_id, held);
     }
 
+    /// The other nodes keep the will of this node's connection of `client` (for when this
+    /// node dies before publishing it), or forget it (`None`: published, or no longer due).
+    /// Kept as the journal's record of a connection with a will: message, delay (at most
+    /// the session's `expiry`) and user.
+    pub(crate) fn share_will(
+        &self,
+        client: &Arc<str>,
+        will: Option<&(Arc<Message>, u32)>,
+        user: Option<Arc<str>>,
+        expiry: u32,
+    ) {
+        let held = will.map(|(message, delay)| {
+            let delay = (*delay).min(expiry);
+            let record = journal::Record::Open {
+                client: client.clone(),
+                user,
+                expiry,
+                fresh: false,
+                will: Some((message.clone(), delay)),
+            };
+            (bytes::Bytes::from(record.encode()), delay)
+        });
+        self.relay.set_will(client, held);
+    }
+
+    /// What the other nodes did with the wills of this node's previous run.
+    pub(crate) async fn claim_wills(&self) -> sluice_engine::ClaimedWills {
+        self.relay.claim_wills().await
+    }
+
+    /// Whether a node other than this one has a lasting session of `client`.
+    pub(crate) fn session_elsewhere(&self, client: &str) -> bool {
+        self.relay.session_elsewhere(client).is_some()
+    }
+
     /// Messages dropped for nodes that did not answer.
     pub(crate) fn dropped(&self) -> u64 {
         self.relay.dropped()

@@ -73,6 +73,8 @@ pub(crate) const TAKE: u8 = 21;
 pub(crate) const GIVE: u8 = 22;
 /// Write a table's buffered rows of the shards led here as files (`FLUSH TABLE`).
 pub(crate) const FLUSH: u8 = 23;
+/// What became of a node's earlier runs' wills (`crate::relay`).
+pub(crate) const WILLS: u8 = 24;
 
 const PIPELINE: usize = 64;
 /// Largest frame accepted (a snapshot is one frame).

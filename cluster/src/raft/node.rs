@@ -596,7 +596,7 @@ impl Handler for Node {
                 };
                 to_cbor(&answer).map_err(|e| e.to_string())
             }
-            net::ROUTES | net::RELAY | net::TAKE | net::GIVE | net::FLUSH => {
+            net::ROUTES | net::RELAY | net::TAKE | net::GIVE | net::FLUSH | net::WILLS => {
                 match self.relay.get().and_then(|r| r.upgrade()) {
                     Some(relay) => relay.handle(kind, body).await,
                     None => Err(format!("node {} relays nothing yet", self.id)),
