@@ -1,0 +1,67 @@
+//! The messages a node relays to another, in numbered batches ([`RELAY`]).
+
+use super::{RELAY, Relay};
+use crate::raft::net::Frame;
+use bytes::{Buf, Bytes};
+
+impl Relay {
+    /// Delivers a peer's batch, once.
+    pub(super) async fn receive(&self, mut body: Bytes) -> Result<(), String> {
+        let bad = || "a relayed batch that does not decode".to_string();
+        if body.len() < 28 {
+            return Err(bad());
+        }
+        let (from, incarnation, first) = (body.get_u64_le(), body.get_u64_le(), body.get_u64_le());
+        let count = body.get_u32_le() as usize;
+        let mut messages = Vec::with_capacity(count);
+        for _ in 0..count {
+            if body.len() < 4 {
+                return Err(bad());
+            }
+            let len = body.get_u32_le() as usize;
+            if body.len() < len {
+                return Err(bad());
+            }
+            messages.push(body.split_to(len));
+        }
+        let Some(sink) = self.sink.get().cloned() else {
+            return Err(format!("node {}'s broker has not started", self.node.id()));
+        };
+        let state = (self.received.lock().entry(from).or_default()).clone();
+        let mut state = state.lock().await;
+        if state.0 != incarnation {
+            *state = (incarnation, 0);
+        }
+        // Those taken already (the answer to an earlier copy was lost) are skipped.
+        let skip = (state.1 + 1).saturating_sub(first) as usize;
+        if skip >= messages.len() {
+            return Ok(());
+        }
+        let last = first + messages.len() as u64 - 1;
+        sink.receive(from, (incarnation, last), messages.split_off(skip))
+            .await?;
+        state.1 = last;
+        Ok(())
+    }
+}
+
+/// A [`RELAY`] frame: sender, run, the first message's number, the count, then each message
+/// as a u32 length and its bytes (little-endian).
+pub(super) fn batch_frame<'a>(
+    from: u64,
+    incarnation: u64,
+    messages: impl Iterator<Item = &'a (u64, Bytes)> + Clone,
+) -> Frame {
+    let size: usize = messages.clone().map(|m| 4 + m.1.len()).sum();
+    let mut body = Vec::with_capacity(28 + size);
+    let first = messages.clone().next().map_or(0, |m| m.0);
+    body.extend_from_slice(&from.to_le_bytes());
+    body.extend_from_slice(&incarnation.to_le_bytes());
+    body.extend_from_slice(&first.to_le_bytes());
+    body.extend_from_slice(&(messages.clone().count() as u32).to_le_bytes());
+    for (_, m) in messages {
+        body.extend_from_slice(&(m.len() as u32).to_le_bytes());
+        body.extend_from_slice(m);
+    }
+    Frame::raw(RELAY, &body)
+}
