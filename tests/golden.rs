@@ -26,10 +26,14 @@
 //! ----
 //! <expected rows: the query is repeated until it returns them (at most 30 s)>
 //!
-//! explain
+//! explain [analyze]
 //! SELECT ...
 //! ----
-//! <lines that must each appear in EXPLAIN's output>
+//! <lines that must each appear in EXPLAIN's output; EXPLAIN ANALYZE's is asked again until
+//!  they do (at most 30 s: its figures may wait on work in the background)>
+//!
+//! restart
+//! <nothing: the server is killed (SIGKILL) and started again on its data>
 //! ```
 
 mod common;
@@ -59,8 +63,10 @@ enum Record {
     },
     Explain {
         sql: String,
+        analyze: bool,
         expected: Vec<String>,
     },
+    Restart,
 }
 
 /// Parses a file into (line number, record).
@@ -116,7 +122,12 @@ fn parse(text: &str) -> Vec<(usize, Record)> {
                 expected,
             },
             Some("eventually") => Record::Eventually { sql, expected },
-            Some("explain") => Record::Explain { sql, expected },
+            Some("explain") => Record::Explain {
+                sql,
+                analyze: words.next() == Some("analyze"),
+                expected,
+            },
+            Some("restart") => Record::Restart,
             other => panic!("line {at}: unknown record {other:?}"),
         };
         out.push((at, record));
@@ -148,7 +159,7 @@ async fn run_file(path: &Path) {
             env.push(kv.split_once('=').expect("env KEY=VALUE"));
         }
     }
-    let s = Server::start(dir.path(), &env);
+    let mut s = Server::start(dir.path(), &env);
     for (at, record) in parse(&text) {
         let place = format!("{name}:{at}");
         match record {
@@ -190,18 +201,39 @@ async fn run_file(path: &Path) {
                 let want = Ok(expected);
                 eventually_eq(&format!("{place}: {sql}"), 30, &want, || csv_rows(&s, &sql)).await;
             }
-            Record::Explain { sql, expected } => {
-                let rows = s.rows(&format!("EXPLAIN {sql}")).await;
-                let plan: String = rows
-                    .iter()
-                    .map(|r| r["plan"].as_str().unwrap_or("").to_string())
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                for want in &expected {
+            Record::Restart => {
+                s.kill9();
+                s = Server::start(dir.path(), &env);
+            }
+            Record::Explain {
+                sql,
+                analyze,
+                expected,
+            } => {
+                let how = if analyze {
+                    "EXPLAIN ANALYZE"
+                } else {
+                    "EXPLAIN"
+                };
+                let plan = || async {
+                    let rows = s.rows(&format!("{how} {sql}")).await;
+                    (rows.iter())
+                        .map(|r| r["plan"].as_str().unwrap_or("").to_string())
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                };
+                // What a run measures may wait on work in the background (a cache filling):
+                // asked again, for at most 30 s.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                loop {
+                    let plan = plan().await;
+                    let missing = expected.iter().find(|w| !plan.contains(w.as_str()));
+                    let Some(want) = missing else { break };
                     assert!(
-                        plan.contains(want.as_str()),
-                        "{place}: EXPLAIN {sql}\nshould contain {want:?}:\n{plan}"
+                        analyze && std::time::Instant::now() < deadline,
+                        "{place}: {how} {sql}\nshould contain {want:?}:\n{plan}"
                     );
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             }
         }

@@ -9,6 +9,7 @@ pub(crate) mod catalog;
 pub(crate) mod chunk;
 pub(crate) mod files;
 pub(crate) mod hot;
+pub(crate) mod latest;
 pub(crate) mod partition;
 pub(crate) mod state;
 pub(crate) mod storage;

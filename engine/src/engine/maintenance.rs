@@ -394,7 +394,7 @@ impl Engine {
                         p.flushed_lsn = lsn;
                     }
                 }
-                t.changed();
+                t.rows_removed();
                 tracing::info!(table = %def.name, partition = key, files = files.len(), "partition expired");
                 self.retire(files);
                 dropped += 1;

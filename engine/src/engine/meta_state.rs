@@ -79,7 +79,7 @@ impl Engine {
             }
             drop(parts);
             self.store.tables.release(released);
-            t.changed();
+            t.rows_removed();
         }
         self.store.hot.remove(&gone);
         self.manifest_index.store(raft_index, Ordering::Release);

@@ -583,7 +583,7 @@ impl Engine {
             drop(parts);
             self.store.tables.release(released);
             self.store.hot.remove(&e.files);
-            t.changed();
+            t.rows_removed();
             tracing::info!(
                 table = t.def().name,
                 partition = e.partition,

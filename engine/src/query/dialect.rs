@@ -1,11 +1,14 @@
 //! Sluice's query dialect on top of DataFusion's SQL: JoinBase's `WHERE PARTS` clause and its
-//! typed literals (`dt'2016-02-01 00:00:00'`, `datetime'..'`, `d'..'`, `t'..'`).
+//! typed literals (`dt'2016-02-01 00:00:00'`, `datetime'..'`, `d'..'`, `t'..'`), and
+//! QuestDB's `LATEST ON` ([`latest_on`]).
 //!
 //! The SQL is tokenized with sqlparser (the copy DataFusion re-exports); the token stream is
 //! rewritten and handed to sqlparser's parser, so strings, quoted names and comments can never
 //! be mistaken for the clause. `FROM [db.]t [[AS] a] WHERE PARTS <list>` becomes
 //! `FROM [db.]"t WHERE PARTS <list>" AS a` (alias `t` when none was written): the table's name
 //! carries the list to the table provider ([`crate::query::parts`]), each table reference its own.
+
+mod latest_on;
 
 use crate::error::{Error, Result};
 use crate::query::parts::{PartsItem, PartsSpec};
@@ -22,7 +25,7 @@ pub(crate) fn parse(sql: &str) -> Result<Vec<ast::Statement>> {
     let tokens = Tokenizer::new(&dialect, sql)
         .tokenize_with_location()
         .map_err(|e| Error::sql(e.to_string()))?;
-    let tokens = rewrite(tokens)?;
+    let tokens = latest_on::rewrite(rewrite(tokens)?)?;
     Parser::new(&dialect)
         .with_tokens_with_locations(tokens)
         .parse_statements()

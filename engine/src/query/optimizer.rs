@@ -15,6 +15,7 @@
 //! a repeated query (an alert on one device's newest partition) stays valid as rows arrive.
 
 use crate::query::groups::{Answer, GroupKey, Key};
+use crate::query::latest::{LatestNode, LatestPlanner};
 use crate::query::provider::{SluiceTable, row_filter};
 use crate::query::synopsis::{ColumnSynopsis, Num};
 use crate::store::catalog::TableDef;
@@ -84,18 +85,25 @@ impl OptimizerRule for SynopsisRule {
                 LogicalPlan::Extension(e) if e.node.as_any().is::<SynopsisNode>() => {
                     return Ok(Transformed::new(p, false, TreeNodeRecursion::Jump));
                 }
-                LogicalPlan::Aggregate(agg) => SynopsisNode::try_new(agg, &p),
+                LogicalPlan::Extension(e) if e.node.as_any().is::<LatestNode>() => {
+                    return Ok(Transformed::new(p, false, TreeNodeRecursion::Jump));
+                }
+                // The last-value cache first: what it answers, synopses would only scan.
+                LogicalPlan::Aggregate(agg) => match LatestNode::try_new(agg, &p) {
+                    Some(n) => Some(Arc::new(n) as Arc<dyn UserDefinedLogicalNode>),
+                    None => SynopsisNode::try_new(agg, &p)
+                        .map(|n| Arc::new(n) as Arc<dyn UserDefinedLogicalNode>),
+                },
+                LogicalPlan::Filter(f) => LatestNode::try_window(f, &p)
+                    .map(|n| Arc::new(n) as Arc<dyn UserDefinedLogicalNode>),
                 _ => None,
             };
             Ok(match node {
-                Some(node) => {
-                    let node = Arc::new(node);
-                    Transformed::new(
-                        LogicalPlan::Extension(Extension { node }),
-                        true,
-                        TreeNodeRecursion::Jump,
-                    )
-                }
+                Some(node) => Transformed::new(
+                    LogicalPlan::Extension(Extension { node }),
+                    true,
+                    TreeNodeRecursion::Jump,
+                ),
                 None => Transformed::no(p),
             })
         })
@@ -387,29 +395,41 @@ impl SynopsisNode {
         ctx: Arc<TaskContext>,
         now: DateTime<Utc>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let state = self.fallback_state.get_or_init(|| {
-            SessionStateBuilder::new()
-                .with_config(ctx.session_config().clone())
-                .with_runtime_env(ctx.runtime_env())
-                .with_default_features()
-                .build()
-        });
-        let plan = match self.unbound {
-            // Optimized again, to fold the clock in (and prune by it).
-            Some(_) => {
-                let clock = Clock {
-                    state,
-                    now: Some(now),
-                };
-                (state.optimizer()).optimize(self.fallback.clone(), &clock, |_, _| {})?
-            }
-            None => self.fallback.clone(),
-        };
-        let physical = (state.query_planner())
-            .create_physical_plan(&plan, state)
-            .await?;
-        datafusion::physical_plan::execute_stream(physical, ctx)
+        let now = self.unbound.is_some().then_some(now);
+        run_replaced(&self.fallback_state, &self.fallback, ctx, now).await
     }
+}
+
+/// Plans and runs `plan` (what a node of ours replaced) in DataFusion's own session state
+/// (made once, in `state`); with `now`, optimized again first to fold the clock in (and
+/// prune by it).
+pub(crate) async fn run_replaced(
+    state: &OnceLock<SessionState>,
+    plan: &LogicalPlan,
+    ctx: Arc<TaskContext>,
+    now: Option<DateTime<Utc>>,
+) -> DfResult<SendableRecordBatchStream> {
+    let state = state.get_or_init(|| {
+        SessionStateBuilder::new()
+            .with_config(ctx.session_config().clone())
+            .with_runtime_env(ctx.runtime_env())
+            .with_default_features()
+            .build()
+    });
+    let plan = match now {
+        Some(now) => {
+            let clock = Clock {
+                state,
+                now: Some(now),
+            };
+            (state.optimizer()).optimize(plan.clone(), &clock, |_, _| {})?
+        }
+        None => plan.clone(),
+    };
+    let physical = (state.query_planner())
+        .create_physical_plan(&plan, state)
+        .await?;
+    datafusion::physical_plan::execute_stream(physical, ctx)
 }
 
 /// What `want` answers from a synopsis of `rows` rows, as a value of type `ty`; `None` when
@@ -560,7 +580,9 @@ impl QueryPlanner for SluiceQueryPlanner {
         plan: &LogicalPlan,
         state: &dyn Session,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(SynopsisPlanner)])
+        let planners: Vec<Arc<dyn ExtensionPlanner + Send + Sync>> =
+            vec![Arc::new(SynopsisPlanner), Arc::new(LatestPlanner)];
+        DefaultPhysicalPlanner::with_extension_planners(planners)
             .create_physical_plan(plan, state)
             .await
     }

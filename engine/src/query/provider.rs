@@ -179,6 +179,16 @@ impl SluiceTable {
         self.def.clone()
     }
 
+    /// The table's live state.
+    pub(crate) fn state(&self) -> &Arc<TableState> {
+        &self.state
+    }
+
+    /// Whether this reference reads the whole table (no `WHERE PARTS` list).
+    pub(crate) fn whole(&self) -> bool {
+        self.parts.is_none()
+    }
+
     /// The partitions that `filter` and the `WHERE PARTS` list admit, and how many there are.
     fn selected<'a>(
         &self,

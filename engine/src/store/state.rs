@@ -142,6 +142,8 @@ pub struct TableState {
     /// Grows whenever the table's rows change (apply, retention): kept query results are
     /// valid while it stands still.
     changes: AtomicU64,
+    /// The newest row of each key (device).
+    pub latest: super::latest::Latest,
 }
 
 impl TableState {
@@ -149,6 +151,7 @@ impl TableState {
     pub fn new(def: Arc<TableDef>) -> Self {
         let schema = def.arrow_schema();
         Self {
+            latest: super::latest::Latest::new(&def),
             def: RwLock::new((def, schema)),
             parts: RwLock::new(BTreeMap::new()),
             dropped: std::sync::atomic::AtomicBool::new(false),
@@ -187,7 +190,15 @@ impl TableState {
                 s.buffer.widen(schema.clone(), &types);
             }
         }
+        self.latest.redefine(&def);
         *self.def.write() = (def, schema);
+    }
+
+    /// Rows left the table (a partition expired, files replaced by a snapshot's): the
+    /// last-value cache starts over, and queries see the change.
+    pub fn rows_removed(&self) {
+        self.latest.forget();
+        self.changed();
     }
 
     fn new_partition(&self, flushed_lsn: u64) -> Partition {
@@ -379,6 +390,8 @@ impl Tables {
                 }
                 added += buffer.push(lsn, row, time_col);
             }
+            // Also the rows files already hold (a replay): they are the table's rows.
+            (table.latest).observe(run.iter().flat_map(|r| &r.rows).map(Vec::as_slice));
             self.buffered.fetch_add(added as u64, Ordering::Relaxed);
             drop(parts);
             table.changed();

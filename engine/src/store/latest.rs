@@ -1,0 +1,249 @@
+//! The last-value cache: per table, the newest row of each key (a device), kept as rows are
+//! applied, so that "the latest reading of every device" is answered without a scan
+//! ([`crate::query::latest`]).
+//!
+//! - **Key**: the columns named by the table option `last_value_key` (comma-separated), or
+//!   else the table's first text column; a table with neither keeps no cache.
+//! - **Newest**: the row with the greatest time (the table's time column); a row without
+//!   a time counts as newest, as `ORDER BY ts DESC` (NULLS FIRST) puts it first. Rows
+//!   arriving late or out of order replace a row only when newer, so the cache is a maximum
+//!   over every row applied, whatever their order; among rows of equal time, any one (as a
+//!   query's tie).
+//! - **Complete**: rows applied are only part of the table after a start (replay skips what
+//!   files hold). The first query that needs the cache then runs on the rows, and fills it
+//!   from the whole table in the background ([`Latest::fill`]); rows applied meanwhile are
+//!   kept too, and the maximum of both is exact.
+//! - **Forgotten** when rows leave the table (a partition expired or replaced by a metadata
+//!   snapshot): a key's newest row may be gone, so the cache starts over (incomplete).
+//! - **Bounded**: beyond [`MAX_KEYS`] keys the table keeps no cache (queries scan).
+
+use crate::store::buffer::PartitionBuffer;
+use crate::store::catalog::TableDef;
+use crate::types::{ColumnType, Value};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+
+/// Keys a table's cache holds at most.
+pub(crate) const MAX_KEYS: usize = 1_000_000;
+
+/// The state of a table's cache (see the module docs).
+#[derive(Debug, Default)]
+pub struct Latest {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// The key columns and the time column; `None`: the table keeps no cache.
+    shape: Option<(Vec<usize>, usize)>,
+    /// Encoded key -> (time, row); a row without a time has `i64::MAX`.
+    rows: HashMap<Box<[u8]>, (i64, Vec<Value>)>,
+    /// Every row of the table was seen (a fill finished since the last start or forget).
+    complete: bool,
+    /// A fill runs.
+    filling: bool,
+    /// Bumped by [`Latest::forget`]: a fill that began before does not count.
+    generation: u64,
+    /// Too many keys: no cache until forgotten.
+    overflow: bool,
+    scratch: Vec<u8>,
+    /// The rows as a batch, until they change.
+    built: Option<RecordBatch>,
+}
+
+/// The key and time columns of `def`'s cache, if it keeps one.
+pub(crate) fn shape(def: &TableDef) -> Option<(Vec<usize>, usize)> {
+    let time = def.time_column()?;
+    let keys: Vec<usize> = match def.options.get("last_value_key") {
+        Some(names) => (names.split(',').map(str::trim))
+            .map(|n| def.column_index(n))
+            .collect::<Option<_>>()?,
+        None => vec![(def.columns.iter()).position(|c| c.ty == ColumnType::String)?],
+    };
+    let keyable = |i: &usize| {
+        use ColumnType::*;
+        let ty = def.columns[*i].ty;
+        let keyable_type = matches!(
+            ty,
+            String | Bool | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64
+        );
+        *i != time && keyable_type
+    };
+    (!keys.is_empty() && keys.iter().all(keyable)).then_some((keys, time))
+}
+
+fn encode(out: &mut Vec<u8>, row: &[Value], keys: &[usize]) {
+    out.clear();
+    for k in keys {
+        match row.get(*k).unwrap_or(&Value::Null) {
+            Value::Str(s) => {
+                out.push(1);
+                out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                out.extend_from_slice(s.as_bytes());
+            }
+            Value::Int(i) => {
+                out.push(2);
+                out.extend_from_slice(&i.to_le_bytes());
+            }
+            Value::UInt(u) => {
+                out.push(3);
+                out.extend_from_slice(&u.to_le_bytes());
+            }
+            Value::Bool(b) => out.extend_from_slice(&[4, u8::from(*b)]),
+            _ => out.push(0),
+        }
+    }
+}
+
+impl Inner {
+    fn clear(&mut self) {
+        self.rows.clear();
+        self.built = None;
+        self.complete = false;
+        self.generation += 1;
+    }
+
+    fn observe(&mut self, row: &[Value]) {
+        let Some((keys, time)) = &self.shape else {
+            return;
+        };
+        if self.overflow {
+            return;
+        }
+        let t = row
+            .get(*time)
+            .and_then(Value::as_micros)
+            .unwrap_or(i64::MAX);
+        let mut key = std::mem::take(&mut self.scratch);
+        encode(&mut key, row, keys);
+        let full = self.rows.len() >= MAX_KEYS;
+        match self.rows.get_mut(key.as_slice()) {
+            Some((at, kept)) => {
+                if t >= *at {
+                    *at = t;
+                    kept.clone_from_slice_or_vec(row);
+                    self.built = None;
+                }
+            }
+            None if full => {
+                self.overflow = true;
+                self.rows = HashMap::new();
+                tracing::warn!(
+                    keys = MAX_KEYS,
+                    "a table's last-value cache has too many keys; latest-row queries scan"
+                );
+            }
+            None => {
+                self.rows.insert(key.as_slice().into(), (t, row.to_vec()));
+                self.built = None;
+            }
+        }
+        self.scratch = key;
+    }
+}
+
+/// Replaces a row's values, reusing its allocations when the lengths match.
+trait CloneInto {
+    fn clone_from_slice_or_vec(&mut self, row: &[Value]);
+}
+
+impl CloneInto for Vec<Value> {
+    fn clone_from_slice_or_vec(&mut self, row: &[Value]) {
+        match self.len() == row.len() {
+            true => self.clone_from_slice(row),
+            false => *self = row.to_vec(),
+        }
+    }
+}
+
+impl Latest {
+    /// The cache of a table defined by `def`.
+    pub fn new(def: &TableDef) -> Self {
+        let latest = Self::default();
+        latest.inner.lock().shape = shape(def);
+        latest
+    }
+
+    /// The table's definition changed: a cache of another shape starts over.
+    pub fn redefine(&self, def: &TableDef) {
+        let shape = shape(def);
+        let mut inner = self.inner.lock();
+        if inner.shape != shape {
+            inner.shape = shape;
+            inner.clear();
+        }
+    }
+
+    /// Rows applied to the table.
+    pub fn observe<'a>(&self, rows: impl Iterator<Item = &'a [Value]>) {
+        let mut inner = self.inner.lock();
+        if inner.shape.is_none() {
+            return;
+        }
+        for row in rows {
+            inner.observe(row);
+        }
+    }
+
+    /// Rows left the table: the cache starts over.
+    pub fn forget(&self) {
+        let mut inner = self.inner.lock();
+        inner.clear();
+        inner.overflow = false;
+    }
+
+    /// The key and time columns, when the table keeps a cache.
+    pub fn shape(&self) -> Option<(Vec<usize>, usize)> {
+        self.inner.lock().shape.clone()
+    }
+
+    /// The rows as a batch of `schema` (the table's, of column types `types`), when the
+    /// cache is complete; else an error, with the generation to fill for
+    /// ([`Latest::filled`]) for the first caller to find it incomplete.
+    pub fn snapshot(
+        &self,
+        schema: &SchemaRef,
+        types: &[ColumnType],
+    ) -> Result<RecordBatch, Option<u64>> {
+        let mut inner = self.inner.lock();
+        if inner.shape.is_none() || inner.overflow {
+            return Err(None);
+        }
+        if !inner.complete {
+            let start = !inner.filling;
+            inner.filling = true;
+            return Err(start.then_some(inner.generation));
+        }
+        if let Some(b) = inner.built.as_ref().filter(|b| b.schema() == *schema) {
+            return Ok(b.clone());
+        }
+        let mut buffer = PartitionBuffer::new(schema.clone(), types);
+        for (_, row) in inner.rows.values() {
+            buffer.push(1, row, None);
+        }
+        let batches = buffer.snapshot(schema);
+        let batch = datafusion::arrow::compute::concat_batches(schema, &batches)
+            .expect("batches of one schema");
+        inner.built = Some(batch.clone());
+        Ok(batch)
+    }
+
+    /// A fill begun at `generation` found these rows (the newest of each key in the whole
+    /// table), or failed (`None`): complete unless forgotten meanwhile.
+    pub fn filled(&self, generation: u64, rows: Option<Vec<Vec<Value>>>) {
+        let mut inner = self.inner.lock();
+        inner.filling = false;
+        let Some(rows) = rows else {
+            return;
+        };
+        if inner.generation != generation {
+            return;
+        }
+        for row in &rows {
+            inner.observe(row);
+        }
+        inner.complete = !inner.overflow;
+    }
+}
