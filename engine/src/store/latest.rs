@@ -38,8 +38,10 @@ pub struct Latest {
 struct Inner {
     /// The key columns and the time column; `None`: the table keeps no cache.
     shape: Option<(Vec<usize>, usize)>,
-    /// Encoded key -> (time, row); a row without a time has `i64::MAX`.
-    rows: HashMap<Box<[u8]>, (i64, Vec<Value>)>,
+    /// Encoded key -> its slot in `rows`.
+    index: HashMap<Box<[u8]>, usize>,
+    /// Per key: (time, row); a row without a time has `i64::MAX`.
+    rows: Vec<(i64, Vec<Value>)>,
     /// Every row of the table was seen (a fill finished since the last start or forget).
     complete: bool,
     /// A fill runs.
@@ -49,8 +51,11 @@ struct Inner {
     /// Too many keys: no cache until forgotten.
     overflow: bool,
     scratch: Vec<u8>,
-    /// The rows as a batch, until they change.
+    /// The rows as a batch, row `i` slot `i`, as they were when it was made...
     built: Option<RecordBatch>,
+    /// ... and the slots changed since (new slots are those past the batch's rows).
+    changed: Vec<usize>,
+    is_changed: Vec<bool>,
 }
 
 /// The key and time columns of `def`'s cache, if it keeps one.
@@ -99,10 +104,61 @@ fn encode(out: &mut Vec<u8>, row: &[Value], keys: &[usize]) {
 
 impl Inner {
     fn clear(&mut self) {
+        self.index.clear();
         self.rows.clear();
         self.built = None;
+        self.changed.clear();
+        self.is_changed.clear();
         self.complete = false;
         self.generation += 1;
+    }
+
+    fn touch(&mut self, slot: usize) {
+        if self.built.as_ref().is_some_and(|b| slot < b.num_rows()) && !self.is_changed[slot] {
+            self.is_changed[slot] = true;
+            self.changed.push(slot);
+        }
+    }
+
+    /// The rows as a batch of `schema`: the last one made, with the rows changed since
+    /// replaced and the new ones added.
+    fn build(&mut self, schema: &SchemaRef, types: &[ColumnType]) -> RecordBatch {
+        let fresh = |rows: &mut dyn Iterator<Item = &Vec<Value>>| {
+            let mut buffer = PartitionBuffer::new(schema.clone(), types);
+            for row in rows {
+                buffer.push(1, row, None);
+            }
+            datafusion::arrow::compute::concat_batches(schema, &buffer.snapshot(schema))
+                .expect("batches of one schema")
+        };
+        let batch = match self.built.take().filter(|b| b.schema() == *schema) {
+            None => fresh(&mut self.rows.iter().map(|r| &r.1)),
+            Some(old) if self.changed.is_empty() && old.num_rows() == self.rows.len() => old,
+            Some(old) => {
+                let n = old.num_rows();
+                let added = self.changed.iter().copied().chain(n..self.rows.len());
+                let slots: Vec<usize> = added.collect();
+                let new = fresh(&mut slots.iter().map(|s| &self.rows[*s].1));
+                let mut at: Vec<(usize, usize)> = (0..self.rows.len()).map(|i| (0, i)).collect();
+                for (j, s) in slots.iter().enumerate() {
+                    at[*s] = (1, j);
+                }
+                let columns = (0..schema.fields().len())
+                    .map(|c| {
+                        let parts = [old.column(c).as_ref(), new.column(c).as_ref()];
+                        datafusion::arrow::compute::interleave(&parts, &at)
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("columns of one type");
+                RecordBatch::try_new(schema.clone(), columns).expect("columns of the schema")
+            }
+        };
+        for s in self.changed.drain(..) {
+            self.is_changed[s] = false;
+        }
+        self.is_changed.resize(batch.num_rows(), false);
+        self.built = Some(batch.clone());
+        batch
     }
 
     fn observe(&mut self, row: &[Value]) {
@@ -119,25 +175,28 @@ impl Inner {
         let mut key = std::mem::take(&mut self.scratch);
         encode(&mut key, row, keys);
         let full = self.rows.len() >= MAX_KEYS;
-        match self.rows.get_mut(key.as_slice()) {
-            Some((at, kept)) => {
+        match self.index.get(key.as_slice()) {
+            Some(&slot) => {
+                let (at, kept) = &mut self.rows[slot];
                 if t >= *at {
                     *at = t;
                     kept.clone_from_slice_or_vec(row);
-                    self.built = None;
+                    self.touch(slot);
                 }
             }
             None if full => {
                 self.overflow = true;
-                self.rows = HashMap::new();
+                self.index = HashMap::new();
+                self.rows = Vec::new();
+                self.built = None;
                 tracing::warn!(
                     keys = MAX_KEYS,
                     "a table's last-value cache has too many keys; latest-row queries scan"
                 );
             }
             None => {
-                self.rows.insert(key.as_slice().into(), (t, row.to_vec()));
-                self.built = None;
+                self.index.insert(key.as_slice().into(), self.rows.len());
+                self.rows.push((t, row.to_vec()));
             }
         }
         self.scratch = key;
@@ -216,18 +275,7 @@ impl Latest {
             inner.filling = true;
             return Err(start.then_some(inner.generation));
         }
-        if let Some(b) = inner.built.as_ref().filter(|b| b.schema() == *schema) {
-            return Ok(b.clone());
-        }
-        let mut buffer = PartitionBuffer::new(schema.clone(), types);
-        for (_, row) in inner.rows.values() {
-            buffer.push(1, row, None);
-        }
-        let batches = buffer.snapshot(schema);
-        let batch = datafusion::arrow::compute::concat_batches(schema, &batches)
-            .expect("batches of one schema");
-        inner.built = Some(batch.clone());
-        Ok(batch)
+        Ok(inner.build(schema, types))
     }
 
     /// A fill begun at `generation` found these rows (the newest of each key in the whole
@@ -245,5 +293,89 @@ impl Latest {
             inner.observe(row);
         }
         inner.complete = !inner.overflow;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingest::decode::testutil::table_of;
+    use crate::types::ColumnType as T;
+    use datafusion::arrow::util::pretty::pretty_format_batches;
+
+    fn sorted(b: &RecordBatch) -> Vec<String> {
+        let text = pretty_format_batches(std::slice::from_ref(b))
+            .unwrap()
+            .to_string();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        lines.sort();
+        lines
+    }
+
+    /// The newest row per key whatever the order rows come in; a batch made again after
+    /// changes (replacing changed rows, adding new keys) equals one made from scratch.
+    #[test]
+    fn newest_per_key_in_any_order() {
+        let def = table_of(
+            1,
+            &[
+                ("ts", T::Timestamp, false),
+                ("device", T::String, false),
+                ("v", T::Int64, true),
+            ],
+        );
+        let schema = def.arrow_schema();
+        let types: Vec<_> = def.columns.iter().map(|c| c.ty).collect();
+        let row = |t: i64, d: &str, v: i64| {
+            vec![Value::Timestamp(t), Value::Str(d.into()), Value::Int(v)]
+        };
+        let latest = Latest::new(&def);
+        let mut rows = vec![
+            row(5, "a", 1),
+            row(3, "b", 2),
+            row(1, "a", 3),
+            row(9, "c", 4),
+        ];
+        latest.observe(rows.iter().map(Vec::as_slice));
+        // Not complete until filled: the first caller fills.
+        assert_eq!(latest.snapshot(&schema, &types).unwrap_err(), Some(0));
+        assert_eq!(latest.snapshot(&schema, &types).unwrap_err(), None);
+        latest.filled(0, Some(vec![row(7, "b", 5), row(2, "c", 6)]));
+        let first = latest.snapshot(&schema, &types).unwrap();
+        assert_eq!(first.num_rows(), 3);
+        // Late (ignored), newer (replacing) and new rows, then an incremental batch.
+        let more = vec![
+            row(4, "a", 7),
+            row(8, "b", 8),
+            row(1, "d", 9),
+            row(9, "c", 10),
+        ];
+        latest.observe(more.iter().map(Vec::as_slice));
+        let incremental = latest.snapshot(&schema, &types).unwrap();
+        rows.extend(more);
+        let fresh = Latest::new(&def);
+        fresh.observe(rows.iter().map(Vec::as_slice));
+        fresh.filled(
+            fresh.snapshot(&schema, &types).unwrap_err().unwrap(),
+            Some(vec![row(7, "b", 5), row(2, "c", 6)]),
+        );
+        let want = fresh.snapshot(&schema, &types).unwrap();
+        assert_eq!(sorted(&incremental), sorted(&want));
+        let text = sorted(&want).join("\n");
+        for newest in [
+            "| a      | 1  |",
+            "| b      | 8  |",
+            "| c      | 10 |",
+            "| d      | 9  |",
+        ] {
+            assert!(text.contains(newest), "{newest} in\n{text}");
+        }
+        // Forgotten: incomplete again, and a fill begun before does not complete it.
+        let generation = latest.snapshot(&schema, &types).map(|_| 0);
+        assert!(generation.is_ok());
+        latest.forget();
+        let g = latest.snapshot(&schema, &types).unwrap_err().unwrap();
+        latest.filled(g - 1, Some(Vec::new()));
+        assert!(latest.snapshot(&schema, &types).is_err());
     }
 }

@@ -6,7 +6,7 @@ use crate::types::ColumnType;
 
 /// A table of `columns` (name, type, nullable), partitioned by `ymdh` of column 0 when it is
 /// a time, else by its raw value.
-pub(super) fn table_of(id: u64, columns: &[(&str, ColumnType, bool)]) -> TableDef {
+pub(crate) fn table_of(id: u64, columns: &[(&str, ColumnType, bool)]) -> TableDef {
     let partition = if columns[0].1.is_time() {
         PartitionFn::Ymdh { hours: 1 }
     } else {
