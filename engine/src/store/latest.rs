@@ -2,8 +2,9 @@
 //! applied, so that "the latest reading of every device" is answered without a scan
 //! ([`crate::query::latest`]).
 //!
-//! - **Key**: the columns named by the table option `last_value_key` (comma-separated), or
-//!   else the table's first text column; a table with neither keeps no cache.
+//! - **Key**: the columns named by the table option `last_value_key` (comma-separated;
+//!   `'none'`: no cache), or else the table's first text column; a table with neither keeps
+//!   no cache.
 //! - **Newest**: the row with the greatest time (the table's time column); a row without
 //!   a time counts as newest, as `ORDER BY ts DESC` (NULLS FIRST) puts it first. Rows
 //!   arriving late or out of order replace a row only when newer, so the cache is a maximum
@@ -24,6 +25,9 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+
+/// The table option naming the key columns.
+pub(crate) const LAST_VALUE_KEY: &str = "last_value_key";
 
 /// Keys a table's cache holds at most.
 pub(crate) const MAX_KEYS: usize = 1_000_000;
@@ -60,23 +64,49 @@ struct Inner {
 
 /// The key and time columns of `def`'s cache, if it keeps one.
 pub(crate) fn shape(def: &TableDef) -> Option<(Vec<usize>, usize)> {
-    let time = def.time_column()?;
-    let keys: Vec<usize> = match def.options.get("last_value_key") {
-        Some(names) => (names.split(',').map(str::trim))
-            .map(|n| def.column_index(n))
-            .collect::<Option<_>>()?,
-        None => vec![(def.columns.iter()).position(|c| c.ty == ColumnType::String)?],
+    key_columns(def).ok().flatten()
+}
+
+/// The key and time columns of `def`'s cache (`None`: it keeps none: no time column, no
+/// text column to default to, or `last_value_key = 'none'`); an error names a declared key
+/// that is not a column of a key type (text, integer, boolean).
+pub(crate) fn key_columns(def: &TableDef) -> Result<Option<(Vec<usize>, usize)>, String> {
+    let declared = def.options.get(LAST_VALUE_KEY).map(|s| s.trim());
+    if declared.is_some_and(|d| d.is_empty() || d.eq_ignore_ascii_case("none")) {
+        return Ok(None);
+    }
+    let Some(time) = def.time_column() else {
+        return match declared {
+            Some(_) => Err(format!("{LAST_VALUE_KEY}: the table has no time column")),
+            None => Ok(None),
+        };
     };
-    let keyable = |i: &usize| {
+    let keyable = |i: usize| {
         use ColumnType::*;
-        let ty = def.columns[*i].ty;
+        let ty = def.columns[i].ty;
         let keyable_type = matches!(
             ty,
             String | Bool | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64
         );
-        *i != time && keyable_type
+        i != time && keyable_type
     };
-    (!keys.is_empty() && keys.iter().all(keyable)).then_some((keys, time))
+    let Some(names) = declared else {
+        let first = (def.columns.iter()).position(|c| c.ty == ColumnType::String);
+        return Ok(first.map(|k| (vec![k], time)));
+    };
+    let mut keys = Vec::new();
+    for name in names.split(',').map(str::trim) {
+        match def.column_index(name) {
+            Some(i) if keyable(i) && !keys.contains(&i) => keys.push(i),
+            Some(_) => {
+                return Err(format!(
+                    "{LAST_VALUE_KEY}: {name:?} is the time column, repeated, or not text, an integer or a boolean"
+                ));
+            }
+            None => return Err(format!("{LAST_VALUE_KEY}: no column {name:?}")),
+        }
+    }
+    Ok(Some((keys, time)))
 }
 
 fn encode(out: &mut Vec<u8>, row: &[Value], keys: &[usize]) {

@@ -121,12 +121,13 @@ impl JsonMapping {
 }
 
 /// Checks the options of a table being created or altered: a `json_mappings` option must
-/// parse against its columns.
+/// parse against its columns, and a `last_value_key` name key columns.
 pub(crate) fn validate_options(table: &TableDef) -> Result<()> {
     if let Some(text) = mapping_text(table) {
         JsonMapping::parse(table, text)
             .map_err(|e| Error::invalid(format!("invalid {JSON_MAPPINGS}: {e}")))?;
     }
+    crate::store::latest::key_columns(table).map_err(Error::invalid)?;
     Ok(())
 }
 
