@@ -102,6 +102,9 @@ struct ChunkIndex {
     /// the columns asked over those rows: an alert asking `temp > 90` every second sums a
     /// chunk's matching rows once.
     filtered: parking_lot::Mutex<HashMap<String, Filtered>>,
+    /// The same for `GROUP BY` answers: filter, grouping and columns (their text) -> the
+    /// groups of the rows it admits ([`Groups::by`]).
+    filtered_groups: parking_lot::Mutex<HashMap<String, Vec<crate::query::groups::Group>>>,
     /// Group synopses over the chunk's few-valued columns ([`Groups::of`]).
     groups: OnceLock<Option<Groups>>,
 }
@@ -317,6 +320,24 @@ impl Chunk {
         {
             return Some(());
         }
+        // A grouping of the whole chunk (no time bound to check) is kept: the chunk is
+        // immutable, and a dashboard asks the same again.
+        let kept = match (inside, &self.index) {
+            (true, Some(index)) => {
+                let (f, keys, columns) = (filter, &answer.keys, &answer.columns);
+                Some((
+                    index,
+                    format!("{:?} {:?} {keys:?} {columns:?}", f.value, f.equal),
+                ))
+            }
+            _ => None,
+        };
+        if let Some((index, key)) = &kept
+            && let Some(groups) = index.filtered_groups.lock().get(key)
+        {
+            answer.add_rows(groups.clone());
+            return Some(());
+        }
         let rows = self.admitted(filter)?;
         let keys = (answer.keys.iter())
             .map(|k| match *k {
@@ -327,6 +348,12 @@ impl Chunk {
             })
             .collect::<Option<Vec<_>>>()?;
         let groups = Groups::by(&self.batch, &keys, rows.as_deref(), &answer.columns)?;
+        if let Some((index, key)) = kept {
+            let mut filtered = index.filtered_groups.lock();
+            if filtered.len() < KEPT_FILTERS {
+                filtered.insert(key, groups.clone());
+            }
+        }
         answer.add_rows(groups);
         Some(())
     }
