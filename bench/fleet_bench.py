@@ -4,7 +4,7 @@ dashboard queries of the kinds IoT users write, timed computed (`cache=off`), an
 compared.
 
     python3 bench/fleet_bench.py --sluice target/release/sluice [--trucks 1000] [--hours 24]
-        [--runs 5] [--only NAME,...]
+        [--runs 5] [--only NAME,...] [--hot-cache BYTES]
 
 Data: `trucks` trucks, each a reading and a diagnostic every 10 s for `hours` hours (seed
 fixed), as InfluxDB line protocol, two measurements: `readings` (position, velocity, fuel
@@ -198,9 +198,11 @@ def read_packet(reader):
 
 
 class Sluice:
-    def __init__(self, binary, data_dir):
+    def __init__(self, binary, data_dir, hot_cache):
         self.port, self.mqtt = free_port(), free_port()
         env = dict(os.environ, SLUICE_MQTT_AUTO_CREATE_DATABASES="fleet")
+        if hot_cache:
+            env["SLUICE_QUERY_HOT_CACHE_BYTES"] = str(hot_cache)
         args = [binary, "serve", "--data-dir", data_dir, "--http-listen", f"127.0.0.1:{self.port}",
                 "--mqtt-listen", f"127.0.0.1:{self.mqtt}"]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -265,13 +267,15 @@ def main():
     ap.add_argument("--hours", type=int, default=24)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--only", default="")
+    ap.add_argument("--hot-cache", type=int, default=0,
+                    help="query.hot_cache_bytes (default: Sluice's own, 2 GiB)")
     a = ap.parse_args()
 
     t = time.perf_counter()
     lp_r, lp_d, csv_r, csv_d, end = generate(a.trucks, a.hours, 7)
     print(f"{len(lp_r):,} readings and {len(lp_d):,} diagnostics of {a.trucks:,} trucks generated in {time.perf_counter() - t:.0f} s", flush=True)
     work = tempfile.mkdtemp(prefix="fleet-bench-")
-    s = Sluice(a.sluice, os.path.join(work, "data"))
+    s = Sluice(a.sluice, os.path.join(work, "data"), a.hot_cache)
     try:
         s.sql("CREATE DATABASE IF NOT EXISTS fleet")
         t = time.perf_counter()

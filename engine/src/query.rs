@@ -11,6 +11,7 @@ pub(crate) mod dialect;
 pub(crate) mod functions;
 pub(crate) mod gapfill;
 pub(crate) mod groups;
+pub(crate) mod kept;
 pub(crate) mod latest;
 pub(crate) mod optimizer;
 pub(crate) mod parts;

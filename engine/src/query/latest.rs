@@ -15,8 +15,9 @@
 //! row is older has no row in the range. When it runs, it filters the cache's rows; when
 //! the cache is not complete (after a start, or after rows left the table), it runs the
 //! aggregate it replaced, and the first such run fills the cache from the table in the
-//! background.
+//! background ([`crate::query::kept`] runs it).
 
+use crate::query::kept::Answering;
 use crate::query::optimizer::{of_the_moment, run_replaced};
 use crate::query::provider::SluiceTable;
 use crate::store::catalog::TableDef;
@@ -27,8 +28,6 @@ use datafusion::arrow::array::AsArray;
 use datafusion::arrow::compute::{cast, filter_record_batch};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::catalog::Session;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DFSchema, DFSchemaRef, ScalarValue};
 use datafusion::datasource::{provider_as_source, source_as_provider};
 use datafusion::error::{DataFusionError, Result as DfResult};
@@ -38,25 +37,14 @@ use datafusion::functions_aggregate::expr_fn::last_value;
 use datafusion::logical_expr::expr::{
     AggregateFunction, NullTreatment, Sort, WindowFunctionDefinition,
 };
-use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::simplify::SimplifyContext;
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
 use datafusion::logical_expr::{
-    Aggregate, Expr, Filter, LogicalPlan, LogicalPlanBuilder, Operator, UserDefinedLogicalNode,
-    UserDefinedLogicalNodeCore, col,
+    Aggregate, Expr, Filter, LogicalPlan, LogicalPlanBuilder, Operator, col,
 };
 use datafusion::optimizer::simplify_expressions::ExprSimplifier;
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, create_physical_expr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{
-    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
-};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-};
-use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
-use futures::{StreamExt, TryStreamExt};
+use datafusion::physical_expr::{PhysicalExpr, create_physical_expr};
+use futures::TryStreamExt;
 use std::sync::{Arc, OnceLock};
 
 /// One output column of the aggregate, from the newest row of a key.
@@ -158,51 +146,7 @@ pub(crate) struct LatestNode {
     fallback_state: Arc<OnceLock<SessionState>>,
 }
 
-impl PartialEq for LatestNode {
-    fn eq(&self, other: &Self) -> bool {
-        self.label == other.label && self.fallback == other.fallback
-    }
-}
-
-impl Eq for LatestNode {}
-
-impl std::hash::Hash for LatestNode {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.label.hash(state);
-    }
-}
-
-impl PartialOrd for LatestNode {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        self.label.partial_cmp(&other.label)
-    }
-}
-
-impl UserDefinedLogicalNodeCore for LatestNode {
-    fn name(&self) -> &str {
-        "SluiceLatest"
-    }
-
-    fn inputs(&self) -> Vec<&LogicalPlan> {
-        Vec::new()
-    }
-
-    fn schema(&self) -> &DFSchemaRef {
-        &self.schema
-    }
-
-    fn expressions(&self) -> Vec<Expr> {
-        Vec::new()
-    }
-
-    fn fmt_for_explain(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        write!(f, "SluiceLatest: {}", self.label)
-    }
-
-    fn with_exprs_and_inputs(&self, _: Vec<Expr>, _: Vec<LogicalPlan>) -> DfResult<Self> {
-        Ok(self.clone())
-    }
-}
+crate::query::kept::answering_node!(LatestNode, "SluiceLatest");
 
 /// The column `e` names, by index in `def`.
 fn column_of(e: &Expr, def: &TableDef) -> Option<usize> {
@@ -362,7 +306,7 @@ impl LatestNode {
 
     /// The answer from `rows` (the cache's newest rows, of the table's schema), or `None`
     /// when they cannot give it.
-    fn answer(&self, rows: &RecordBatch) -> DfResult<Option<RecordBatch>> {
+    fn answer_rows(&self, rows: &RecordBatch) -> DfResult<Option<RecordBatch>> {
         if self.reads_time && rows.column(self.time).null_count() > 0 {
             return Ok(None);
         }
@@ -485,144 +429,45 @@ fn value(s: ScalarValue) -> Value {
     }
 }
 
-/// Plans [`LatestNode`]s.
-pub(crate) struct LatestPlanner;
-
 #[async_trait]
-impl ExtensionPlanner for LatestPlanner {
-    async fn plan_extension(
-        &self,
-        _planner: &dyn PhysicalPlanner,
-        node: &dyn UserDefinedLogicalNode,
-        _logical_inputs: &[&LogicalPlan],
-        _physical_inputs: &[Arc<dyn ExecutionPlan>],
-        _state: &dyn Session,
-        _planning: &PhysicalPlanningContext,
-    ) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
-        let Some(node) = node.as_any().downcast_ref::<LatestNode>() else {
-            return Ok(None);
-        };
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new(node.schema.inner().clone()),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        );
-        Ok(Some(Arc::new(LatestExec::new(
-            Arc::new(node.clone()),
-            Arc::new(properties),
-        ))))
+impl Answering for LatestNode {
+    const NAME: &'static str = "SluiceLatestExec";
+    const FROM_KEPT: &'static str = "from_cache";
+    const FROM_SCAN: &'static str = "from_scan";
+
+    fn label(&self) -> &str {
+        &self.label
     }
-}
 
-/// Runs a [`LatestNode`]: from the cache, else the aggregate it replaced. `EXPLAIN ANALYZE`
-/// counts which (`from_cache`, `from_scan`).
-#[derive(Debug)]
-pub(crate) struct LatestExec {
-    node: Arc<LatestNode>,
-    properties: Arc<PlanProperties>,
-    metrics: ExecutionPlanMetricsSet,
-    from_cache: Count,
-    from_scan: Count,
-}
+    fn output(&self) -> &DFSchemaRef {
+        &self.schema
+    }
 
-impl LatestExec {
-    fn new(node: Arc<LatestNode>, properties: Arc<PlanProperties>) -> Self {
-        let metrics = ExecutionPlanMetricsSet::new();
-        Self {
-            node,
-            properties,
-            from_cache: MetricBuilder::new(&metrics).global_counter("from_cache"),
-            from_scan: MetricBuilder::new(&metrics).global_counter("from_scan"),
-            metrics,
+    /// From the cache; when it is not complete, the first caller starts filling it.
+    async fn answer(
+        &self,
+        ctx: &Arc<TaskContext>,
+        _now: chrono::DateTime<Utc>,
+    ) -> DfResult<Option<RecordBatch>> {
+        let state = self.table.state();
+        let def = state.def();
+        let types: Vec<_> = def.columns.iter().map(|c| c.ty).collect();
+        match state.latest.snapshot(&state.schema(), &types) {
+            Ok(rows) => self.answer_rows(&rows),
+            Err(Some(generation)) => {
+                tokio::spawn(fill(self.table.clone(), generation, ctx.clone()));
+                Ok(None)
+            }
+            Err(None) => Ok(None),
         }
     }
-}
 
-impl DisplayAs for LatestExec {
-    fn fmt_as(&self, _: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        write!(f, "SluiceLatestExec: {}", self.node.label)
-    }
-}
-
-impl ExecutionPlan for LatestExec {
-    fn name(&self) -> &'static str {
-        "SluiceLatestExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        Vec::new()
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        _: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        Ok(self)
-    }
-
-    /// A run of a kept plan counts afresh.
-    fn reset_state(self: Arc<Self>) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let (node, properties) = (self.node.clone(), self.properties.clone());
-        Ok(Arc::new(Self::new(node, properties)))
-    }
-
-    fn apply_expressions(
+    async fn fallback(
         &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn execute(
-        &self,
-        _partition: usize,
         ctx: Arc<TaskContext>,
+        now: chrono::DateTime<Utc>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let node = self.node.clone();
-        let schema = self.schema();
-        let (from_cache, from_scan) = (self.from_cache.clone(), self.from_scan.clone());
-        let (out, schema_of_rows) = (schema.clone(), schema.clone());
-        let batches = futures::stream::once(async move {
-            let state = node.table.state();
-            let def = state.def();
-            let types: Vec<_> = def.columns.iter().map(|c| c.ty).collect();
-            match state.latest.snapshot(&state.schema(), &types) {
-                Ok(rows) => {
-                    if let Some(batch) = node.answer(&rows)? {
-                        from_cache.add(1);
-                        let one: SendableRecordBatchStream =
-                            Box::pin(RecordBatchStreamAdapter::new(
-                                batch.schema(),
-                                futures::stream::iter([Ok(batch)]),
-                            ));
-                        return Ok::<_, DataFusionError>(one);
-                    }
-                }
-                Err(Some(generation)) => {
-                    tokio::spawn(fill(node.table.clone(), generation, ctx.clone()));
-                }
-                Err(None) => {}
-            }
-            from_scan.add(1);
-            let now = node.filters.iter().any(of_the_moment).then(Utc::now);
-            let rows = run_replaced(&node.fallback_state, &node.fallback, ctx, now).await?;
-            let rows =
-                rows.map(move |b| Ok(RecordBatch::try_new(out.clone(), b?.columns().to_vec())?));
-            Ok(
-                Box::pin(RecordBatchStreamAdapter::new(schema_of_rows, rows))
-                    as SendableRecordBatchStream,
-            )
-        })
-        .try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+        let now = self.filters.iter().any(of_the_moment).then_some(now);
+        run_replaced(&self.fallback_state, &self.fallback, ctx, now).await
     }
 }

@@ -15,7 +15,8 @@
 //! a repeated query (an alert on one device's newest partition) stays valid as rows arrive.
 
 use crate::query::groups::{Answer, GroupKey, Key};
-use crate::query::latest::{LatestNode, LatestPlanner};
+use crate::query::kept::{Answering, AnsweringPlanner};
+use crate::query::latest::LatestNode;
 use crate::query::provider::{SluiceTable, row_filter};
 use crate::query::synopsis::{ColumnSynopsis, Num};
 use crate::store::catalog::TableDef;
@@ -29,31 +30,19 @@ use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, DFSchemaRef, ScalarValue};
 use datafusion::datasource::source_as_provider;
-use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::error::Result as DfResult;
 use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Volatility;
 use datafusion::logical_expr::expr::AggregateFunction;
-use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::simplify::SimplifyContext;
 use datafusion::logical_expr::utils::split_conjunction;
-use datafusion::logical_expr::{
-    Aggregate, Expr, Extension, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
-};
+use datafusion::logical_expr::{Aggregate, Expr, Extension, LogicalPlan, UserDefinedLogicalNode};
 use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{
-    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
-};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
-use futures::{StreamExt, TryStreamExt};
 use std::sync::{Arc, OnceLock};
 
 /// The optimizer rule. It runs last, on the plan DataFusion's rules made (filters pushed
@@ -164,51 +153,7 @@ pub(crate) struct SynopsisNode {
     fallback_state: Arc<OnceLock<SessionState>>,
 }
 
-impl PartialEq for SynopsisNode {
-    fn eq(&self, other: &Self) -> bool {
-        self.label == other.label && Arc::ptr_eq(&self.table, &other.table)
-    }
-}
-
-impl Eq for SynopsisNode {}
-
-impl std::hash::Hash for SynopsisNode {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.label.hash(state);
-    }
-}
-
-impl PartialOrd for SynopsisNode {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        self.label.partial_cmp(&other.label)
-    }
-}
-
-impl UserDefinedLogicalNodeCore for SynopsisNode {
-    fn name(&self) -> &str {
-        "SluiceSynopsis"
-    }
-
-    fn inputs(&self) -> Vec<&LogicalPlan> {
-        Vec::new()
-    }
-
-    fn schema(&self) -> &DFSchemaRef {
-        &self.schema
-    }
-
-    fn expressions(&self) -> Vec<Expr> {
-        Vec::new()
-    }
-
-    fn fmt_for_explain(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        write!(f, "SluiceSynopsis: {}", self.label)
-    }
-
-    fn with_exprs_and_inputs(&self, _: Vec<Expr>, _: Vec<LogicalPlan>) -> DfResult<Self> {
-        Ok(self.clone())
-    }
-}
+crate::query::kept::answering_node!(SynopsisNode, "SluiceSynopsis");
 
 impl SynopsisNode {
     /// The node for `agg` (the plan `plan`), when synopses can answer an aggregate of its
@@ -569,7 +514,8 @@ fn exact_filter<'a>(def: &TableDef, filters: impl Iterator<Item = &'a Expr>) -> 
     Some(out)
 }
 
-/// Plans Sluice's own nodes ([`SynopsisNode`]) and the rest as DataFusion does.
+/// Plans Sluice's own nodes ([`SynopsisNode`], [`LatestNode`]: [`crate::query::kept`]) and
+/// the rest as DataFusion does.
 #[derive(Debug)]
 pub(crate) struct SluiceQueryPlanner;
 
@@ -580,145 +526,47 @@ impl QueryPlanner for SluiceQueryPlanner {
         plan: &LogicalPlan,
         state: &dyn Session,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let planners: Vec<Arc<dyn ExtensionPlanner + Send + Sync>> =
-            vec![Arc::new(SynopsisPlanner), Arc::new(LatestPlanner)];
+        let planners: Vec<Arc<dyn ExtensionPlanner + Send + Sync>> = vec![
+            Arc::new(AnsweringPlanner::<SynopsisNode>::new()),
+            Arc::new(AnsweringPlanner::<LatestNode>::new()),
+        ];
         DefaultPhysicalPlanner::with_extension_planners(planners)
             .create_physical_plan(plan, state)
             .await
     }
 }
 
-struct SynopsisPlanner;
-
 #[async_trait]
-impl ExtensionPlanner for SynopsisPlanner {
-    async fn plan_extension(
-        &self,
-        _planner: &dyn PhysicalPlanner,
-        node: &dyn UserDefinedLogicalNode,
-        _logical_inputs: &[&LogicalPlan],
-        _physical_inputs: &[Arc<dyn ExecutionPlan>],
-        _state: &dyn Session,
-        _planning: &PhysicalPlanningContext,
-    ) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
-        let Some(node) = node.as_any().downcast_ref::<SynopsisNode>() else {
-            return Ok(None);
-        };
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new(node.schema.inner().clone()),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        );
-        Ok(Some(Arc::new(SynopsisExec::new(
-            Arc::new(node.clone()),
-            Arc::new(properties),
-        ))))
+impl Answering for SynopsisNode {
+    const NAME: &'static str = "SluiceSynopsisExec";
+    const FROM_KEPT: &'static str = "from_synopsis";
+    const FROM_SCAN: &'static str = "from_scan";
+
+    fn label(&self) -> &str {
+        &self.label
     }
-}
 
-/// Runs a [`SynopsisNode`]: its answer from synopses, else the aggregate it replaced.
-/// `EXPLAIN ANALYZE` counts which (`from_synopsis`, `from_scan`).
-#[derive(Debug)]
-pub(crate) struct SynopsisExec {
-    node: Arc<SynopsisNode>,
-    properties: Arc<PlanProperties>,
-    metrics: ExecutionPlanMetricsSet,
-    from_synopsis: Count,
-    from_scan: Count,
-}
+    fn output(&self) -> &DFSchemaRef {
+        &self.schema
+    }
 
-impl SynopsisExec {
-    fn new(node: Arc<SynopsisNode>, properties: Arc<PlanProperties>) -> Self {
-        let metrics = ExecutionPlanMetricsSet::new();
-        Self {
-            node,
-            properties,
-            from_synopsis: MetricBuilder::new(&metrics).global_counter("from_synopsis"),
-            from_scan: MetricBuilder::new(&metrics).global_counter("from_scan"),
-            metrics,
+    async fn answer(
+        &self,
+        _ctx: &Arc<TaskContext>,
+        now: DateTime<Utc>,
+    ) -> DfResult<Option<RecordBatch>> {
+        if !self.group.is_empty() {
+            self.table.load_groups(&self.filter).await;
         }
-    }
-}
-
-impl DisplayAs for SynopsisExec {
-    fn fmt_as(&self, _: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        write!(f, "SluiceSynopsisExec: {}", self.node.label)
-    }
-}
-
-impl ExecutionPlan for SynopsisExec {
-    fn name(&self) -> &'static str {
-        "SluiceSynopsisExec"
+        Ok(SynopsisNode::answer(self, now))
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        Vec::new()
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        _: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        Ok(self)
-    }
-
-    /// A run of a kept plan counts afresh.
-    fn reset_state(self: Arc<Self>) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let (node, properties) = (self.node.clone(), self.properties.clone());
-        Ok(Arc::new(Self::new(node, properties)))
-    }
-
-    fn apply_expressions(
+    async fn fallback(
         &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn execute(
-        &self,
-        _partition: usize,
         ctx: Arc<TaskContext>,
+        now: DateTime<Utc>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let node = self.node.clone();
-        let schema = self.schema();
-        let (from_synopsis, from_scan) = (self.from_synopsis.clone(), self.from_scan.clone());
-        let out = schema.clone();
-        let schema_of_rows = schema.clone();
-        let batches = futures::stream::once(async move {
-            let now = Utc::now();
-            if !node.group.is_empty() {
-                node.table.load_groups(&node.filter).await;
-            }
-            if let Some(batch) = node.answer(now) {
-                from_synopsis.add(1);
-                let one: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(
-                    batch.schema(),
-                    futures::stream::iter([Ok(batch)]),
-                ));
-                return Ok::<_, DataFusionError>(one);
-            }
-            from_scan.add(1);
-            let rows = node.fallback(ctx, now).await?;
-            // The aggregate's batches, under this node's schema.
-            let rows =
-                rows.map(move |b| Ok(RecordBatch::try_new(out.clone(), b?.columns().to_vec())?));
-            Ok(
-                Box::pin(RecordBatchStreamAdapter::new(schema_of_rows, rows))
-                    as SendableRecordBatchStream,
-            )
-        })
-        .try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+        SynopsisNode::fallback(self, ctx, now).await
     }
 }
 
