@@ -442,6 +442,11 @@ pub struct Answer {
     /// The aggregated columns.
     pub columns: Vec<usize>,
     pub groups: HashMap<Vec<Key>, (u64, Vec<ColumnSynopsis>)>,
+    /// Rows of sealed chunks that may still be grouped from their rows (and kept) while
+    /// adding up this answer...
+    pub budget: u64,
+    /// ... and whether a chunk was left because the budget ran out.
+    pub over_budget: bool,
 }
 
 impl Answer {
@@ -450,6 +455,8 @@ impl Answer {
             keys,
             columns,
             groups: HashMap::new(),
+            budget: u64::MAX,
+            over_budget: false,
         }
     }
 

@@ -151,7 +151,15 @@ pub(crate) struct SynopsisNode {
     label: String,
     /// The state the fallback is planned in, made on the first fallback.
     fallback_state: Arc<OnceLock<SessionState>>,
+    /// Groups of sealed chunks are being computed and kept in the background.
+    priming: Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// Rows of sealed chunks a `GROUP BY` answer may group from their rows as it runs (and
+/// keep, [`crate::store::chunk`]): about as long as DataFusion's scan of them would take.
+/// Past that the scan answers, and the chunks' groups are kept in the background for the
+/// next run.
+const GROUP_ROWS_INLINE: u64 = 1 << 20;
 
 crate::query::kept::answering_node!(SynopsisNode, "SluiceSynopsis");
 
@@ -280,23 +288,32 @@ impl SynopsisNode {
             fallback: plan.clone(),
             label,
             fallback_state: Arc::default(),
+            priming: Arc::default(),
         })
     }
 
     /// The one-row answer from synopses with the clock at `now`, or `None` when they cannot
-    /// give it.
-    fn answer(&self, now: DateTime<Utc>) -> Option<RecordBatch> {
+    /// give it. A `GROUP BY` may group `budget` rows of sealed chunks from their rows; past
+    /// that it gives `None`, and [`Answer::over_budget`] is set in the second value.
+    fn answer(&self, now: DateTime<Utc>, budget: u64) -> (Option<RecordBatch>, bool) {
         let bound;
         let filter = match &self.unbound {
             Some(u) => {
-                bound = u.bind(&self.table.def(), now)?;
+                let Some(b) = u.bind(&self.table.def(), now) else {
+                    return (None, false);
+                };
+                bound = b;
                 &bound
             }
             None => &self.filter,
         };
         if !self.group.is_empty() {
-            return self.grouped(filter);
+            return self.grouped(filter, budget);
         }
+        (self.ungrouped(filter), false)
+    }
+
+    fn ungrouped(&self, filter: &RowFilter) -> Option<RecordBatch> {
         let (rows, syn) = self.table.synopsis_where(&self.columns, filter)?;
         let schema: SchemaRef = self.schema.inner().clone();
         let mut columns = Vec::with_capacity(self.wants.len());
@@ -308,9 +325,15 @@ impl SynopsisNode {
     }
 
     /// The answer to a `GROUP BY` from group synopses (rows in key order), or `None`.
-    fn grouped(&self, filter: &RowFilter) -> Option<RecordBatch> {
+    fn grouped(&self, filter: &RowFilter, budget: u64) -> (Option<RecordBatch>, bool) {
         let mut answer = Answer::new(self.group.clone(), self.columns.clone());
-        self.table.groups_where(&mut answer, filter)?;
+        answer.budget = budget;
+        let done = self.table.groups_where(&mut answer, filter);
+        let over = answer.over_budget;
+        (done.and_then(|()| self.grouped_batch(answer)), over)
+    }
+
+    fn grouped_batch(&self, answer: Answer) -> Option<RecordBatch> {
         let mut groups: Vec<_> = answer.groups.into_iter().collect();
         groups.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let schema: SchemaRef = self.schema.inner().clone();
@@ -558,7 +581,16 @@ impl Answering for SynopsisNode {
         if !self.group.is_empty() {
             self.table.load_groups(&self.filter).await;
         }
-        Ok(SynopsisNode::answer(self, now))
+        let (batch, over) = SynopsisNode::answer(self, now, GROUP_ROWS_INLINE);
+        if over && !self.priming.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            let node = self.clone();
+            tokio::task::spawn_blocking(move || {
+                SynopsisNode::answer(&node, now, u64::MAX);
+                node.priming
+                    .store(false, std::sync::atomic::Ordering::Release);
+            });
+        }
+        Ok(batch)
     }
 
     async fn fallback(

@@ -338,6 +338,14 @@ impl Chunk {
             answer.add_rows(groups.clone());
             return Some(());
         }
+        if kept.is_some() {
+            let n = self.batch.num_rows() as u64;
+            if answer.budget < n {
+                answer.over_budget = true;
+                return None;
+            }
+            answer.budget -= n;
+        }
         let rows = self.admitted(filter)?;
         let keys = (answer.keys.iter())
             .map(|k| match *k {

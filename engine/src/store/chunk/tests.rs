@@ -161,3 +161,51 @@ fn intersection_of_ascending_lists() {
     assert_eq!(intersect(&[1, 3, 5, 7], &[2, 3, 7, 9]), vec![3, 7]);
     assert!(intersect(&[], &[1]).is_empty());
 }
+
+/// A `GROUP BY` filtered by a number comparison groups a sealed chunk's rows only within
+/// the answer's budget, keeps what it grouped, and answers from that next time whatever
+/// the budget; another comparison is grouped afresh.
+#[test]
+fn filtered_groups_are_kept_within_a_budget() {
+    use crate::query::groups::{Answer, GroupKey};
+    // temps 0..=4; device a holds 0, 3; b holds 1, 4; the third row has no device.
+    let c = chunk(
+        &[Some("a"), Some("b"), None, Some("a"), Some("b")],
+        &[1, 2, 3, 4, 5],
+    );
+    let f = |v: f64| RowFilter {
+        equal: vec![],
+        time: vec![],
+        value: vec![(2, Operator::Gt, Num::Float(v))],
+    };
+    let answer = |budget: u64| {
+        let mut a = Answer::new(vec![GroupKey::Column(1)], vec![2]);
+        a.budget = budget;
+        a
+    };
+    let rows_by_key = |a: &Answer| {
+        let mut out: Vec<(String, u64)> = (a.groups.iter())
+            .map(|(k, (n, _))| (format!("{k:?}"), *n))
+            .collect();
+        out.sort();
+        out
+    };
+    // Over budget: nothing added, and it says so.
+    let mut a = answer(4);
+    assert!(c.groups_into(&mut a, &f(0.5)).is_none());
+    assert!(a.over_budget && a.groups.is_empty());
+    // Within it: grouped (temps 1, 3, 4: b twice, a once; the NULL device's 2 too).
+    let mut a = answer(5);
+    c.groups_into(&mut a, &f(0.5)).unwrap();
+    let grouped = rows_by_key(&a);
+    assert_eq!(grouped.iter().map(|g| g.1).sum::<u64>(), 4, "{grouped:?}");
+    // Kept: the same again needs no budget.
+    let mut a = answer(0);
+    c.groups_into(&mut a, &f(0.5)).unwrap();
+    assert!(!a.over_budget);
+    assert_eq!(rows_by_key(&a), grouped);
+    // Another comparison is not the kept one.
+    let mut a = answer(0);
+    assert!(c.groups_into(&mut a, &f(3.5)).is_none());
+    assert!(a.over_budget);
+}
