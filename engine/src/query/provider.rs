@@ -272,24 +272,34 @@ impl SluiceTable {
     /// synopses by those columns that is not in the hot cache, a filter they cannot decide.
     pub(crate) fn groups_where(&self, answer: &mut Answer, filter: &RowFilter) -> Option<()> {
         let (lo, hi, keys) = self.time_bounds(filter)?;
-        let parts = self.state.parts.read();
-        for (_, p) in self.selected(&parts, &keys) {
-            for f in &p.files {
-                let Some(inside) = placed(f, !filter.time.is_empty(), lo, hi)? else {
-                    continue;
-                };
-                let groups = f.groups.get().and_then(Option::as_ref);
-                if inside && groups.is_some_and(|g| answer.add(g, filter)) {
-                    continue;
+        // What to read, taken under the lock; the grouping (which may take a while) after
+        // it, so that rows being applied do not wait for it.
+        let mut files = Vec::new();
+        let mut chunks = Vec::new();
+        {
+            let parts = self.state.parts.read();
+            for (_, p) in self.selected(&parts, &keys) {
+                for f in &p.files {
+                    let Some(inside) = placed(f, !filter.time.is_empty(), lo, hi)? else {
+                        continue;
+                    };
+                    let groups = f.groups.get().and_then(Option::clone);
+                    files.push((inside, groups, f.path.clone()));
                 }
-                for c in self.store.hot.get(&f.path)? {
-                    let widened = c.with_batch(crate::store::buffer::widen(&c.batch, &self.schema));
-                    widened.groups_into(answer, filter)?;
-                }
+                chunks.extend(p.unflushed_chunks(&self.schema));
             }
-            for c in p.unflushed_chunks(&self.schema) {
-                c.groups_into(answer, filter)?;
+        }
+        for (inside, groups, path) in files {
+            if inside && groups.is_some_and(|g| answer.add(&g, filter)) {
+                continue;
             }
+            for c in self.store.hot.get(&path)? {
+                let widened = c.with_batch(crate::store::buffer::widen(&c.batch, &self.schema));
+                widened.groups_into(answer, filter)?;
+            }
+        }
+        for c in chunks {
+            c.groups_into(answer, filter)?;
         }
         Some(())
     }
