@@ -23,21 +23,19 @@ Python package.
 import argparse
 import csv
 import datetime
-import http.client
 import io
 import math
 import os
 import random
-import signal
 import socket
-import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
 
 import duckdb
+
+from sluice_http import Sluice, timed
 
 FLEETS = ["East", "West", "North", "South"]
 MODELS = ["F-150", "G-2000", "H-2", "T-800"]
@@ -96,11 +94,6 @@ QUERIES = [
      "FROM {r} WHERE time > TIMESTAMP '{end}' - INTERVAL '1 hour' GROUP BY 1, 2 ORDER BY 1, 2"),
 ]
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def generate(trucks, hours, seed):
@@ -197,39 +190,6 @@ def read_packet(reader):
     return head[0] & 0xF0, reader.read(n)
 
 
-class Sluice:
-    def __init__(self, binary, data_dir, hot_cache):
-        self.port, self.mqtt = free_port(), free_port()
-        env = dict(os.environ, SLUICE_MQTT_AUTO_CREATE_DATABASES="fleet")
-        if hot_cache:
-            env["SLUICE_QUERY_HOT_CACHE_BYTES"] = str(hot_cache)
-        args = [binary, "serve", "--data-dir", data_dir, "--http-listen", f"127.0.0.1:{self.port}",
-                "--mqtt-listen", f"127.0.0.1:{self.mqtt}"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        deadline = time.time() + 30
-        while True:
-            try:
-                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
-                self.sql("SELECT 1")
-                return
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def sql(self, q):
-        self.conn.request("POST", "/v1/sql?format=csv&cache=off", body=q.encode())
-        r = self.conn.getresponse()
-        data = r.read().decode()
-        if r.status >= 300:
-            raise RuntimeError(f"HTTP {r.status}: {data[:500]}")
-        return data
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=120)
-
-
 def norm(v):
     if v is None or v in ("", "None"):
         return ""
@@ -247,19 +207,6 @@ def norm(v):
         return str(v)
 
 
-def timed(f, runs):
-    """(best, median, first) in ms: the first run (the warm-up) apart."""
-    t = time.perf_counter()
-    f()
-    first = (time.perf_counter() - t) * 1000
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        f()
-        times.append((time.perf_counter() - t) * 1000)
-    return min(times), statistics.median(times), first
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sluice", required=True)
@@ -275,7 +222,10 @@ def main():
     lp_r, lp_d, csv_r, csv_d, end = generate(a.trucks, a.hours, 7)
     print(f"{len(lp_r):,} readings and {len(lp_d):,} diagnostics of {a.trucks:,} trucks generated in {time.perf_counter() - t:.0f} s", flush=True)
     work = tempfile.mkdtemp(prefix="fleet-bench-")
-    s = Sluice(a.sluice, os.path.join(work, "data"), a.hot_cache)
+    env = {"SLUICE_MQTT_AUTO_CREATE_DATABASES": "fleet"}
+    if a.hot_cache:
+        env["SLUICE_QUERY_HOT_CACHE_BYTES"] = str(a.hot_cache)
+    s = Sluice(a.sluice, os.path.join(work, "data"), env)
     try:
         s.sql("CREATE DATABASE IF NOT EXISTS fleet")
         t = time.perf_counter()

@@ -17,19 +17,17 @@ then made again for that row). Needs the `duckdb` Python package.
 import argparse
 import csv
 import datetime
-import http.client
 import io
 import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import duckdb
+
+from sluice_http import Sluice, timed
 
 FORMS = [
     ("DISTINCT ON",
@@ -47,44 +45,6 @@ FORMS = [
      "SELECT DISTINCT ON (device) device, ts, temp FROM {t} WHERE device IN ('d1', 'd77', 'd999') ORDER BY device, ts DESC"),
 ]
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Sluice:
-    def __init__(self, binary, data_dir):
-        self.port = free_port()
-        args = [binary, "serve", "--data-dir", data_dir, "--http-listen", f"127.0.0.1:{self.port}",
-                "--mqtt-listen", f"127.0.0.1:{free_port()}"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 30
-        while True:
-            try:
-                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-                self.sql("SELECT 1")
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def request(self, path, body, ctype="text/plain"):
-        self.conn.request("POST", path, body=body.encode(), headers={"content-type": ctype})
-        r = self.conn.getresponse()
-        data = r.read().decode()
-        if r.status >= 300:
-            raise RuntimeError(f"{path}: HTTP {r.status}: {data[:300]}")
-        return data
-
-    def sql(self, q):
-        return self.request("/v1/sql?format=csv&cache=off", q)
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
 
 
 def rows_of(text):
@@ -113,16 +73,6 @@ def duck_rows(con, q):
     for row in con.execute(q).fetchall():
         out.append(tuple(norm("" if v is None else (v.isoformat(sep=" ") if isinstance(v, datetime.datetime) else str(v))) for v in row))
     return sorted(out)
-
-
-def timed(f, runs):
-    f()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        f()
-        times.append((time.perf_counter() - t) * 1000)
-    return min(times), statistics.median(times)
 
 
 def main():

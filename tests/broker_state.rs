@@ -395,7 +395,6 @@ async fn the_will_of_a_connection_the_kill_ended_is_published_once_after_the_res
 /// §3.1.3.2.2): here the client comes back with a clean start, which ends the old session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delayed_will_goes_out_when_a_clean_start_ends_its_session() {
-    use rumqttc::v5::mqttbytes::v5::{LastWill as Will5, LastWillProperties};
     use rumqttc::v5::{AsyncClient as Client5, MqttOptions as Options5};
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &[]);
@@ -407,23 +406,11 @@ async fn a_delayed_will_goes_out_when_a_clean_start_ends_its_session() {
         o
     };
     let mut o = options(false);
-    let props = LastWillProperties {
-        delay_interval: Some(300),
-        payload_format_indicator: None,
-        message_expiry_interval: None,
-        content_type: None,
-        response_topic: None,
-        correlation_data: None,
-        user_properties: Vec::new(),
-    };
-    let will = Will5::new(
+    o.set_last_will(common::delayed_will(
         "wills/delayed",
         r#"{"gone":true}"#,
-        rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
-        false,
-        Some(props),
-    );
-    o.set_last_will(will);
+        300,
+    ));
     let (_client, mut el) = Client5::new(o, 10);
     // Connected, then the connection drops without a DISCONNECT.
     loop {

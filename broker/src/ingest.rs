@@ -125,12 +125,7 @@ impl RelaySink for Inbox {
         Box::pin(async move { crate::takeover::hand_over(shared?, client, clean).await })
     }
 
-    fn publish_will(
-        &self,
-        node: u64,
-        _client: String,
-        will: bytes::Bytes,
-    ) -> BoxFuture<'static, ()> {
+    fn publish_will(&self, node: u64, will: bytes::Bytes) -> BoxFuture<'static, ()> {
         let shared = self.0.upgrade();
         Box::pin(async move {
             if let Some(s) = shared {

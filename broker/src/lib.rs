@@ -287,8 +287,6 @@ impl Broker {
         serde_json::json!({"mqtt": mqtt, "bridges": self.bridges.status_now()})
     }
 
-    /// Where alerts publish their changes: `$alerts/<name>` to local subscribers (and through
-    /// bridges forwarding it), in the order they happen.
     /// Delivers `payload` on `topic` to the matching subscriptions here and on the other
     /// nodes of a cluster (QoS 1, not retained, not stored: what made it stored it), as
     /// published by `origin`; returns once it is queued for them.
@@ -308,6 +306,8 @@ impl Broker {
         ingest::route(&self.shared, &m).await;
     }
 
+    /// Where alerts publish their changes: `$alerts/<name>` to local subscribers (and through
+    /// bridges forwarding it), in the order they happen.
     pub fn alert_sink(&self) -> Arc<dyn sluice_engine::AlertSink> {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Arc<session::Message>>();
         let shared = self.shared.clone();

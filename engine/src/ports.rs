@@ -76,6 +76,8 @@ pub struct LineProtocolWrite {
     pub rows: usize,
     /// Lines refused, in order.
     pub rejected: Vec<RejectedLine>,
+    /// Per table written (the measurement's name), its stored lines as sent, in order.
+    pub stored: Vec<(String, String)>,
 }
 
 /// A line of a partial write that was not stored.

@@ -124,10 +124,10 @@ pub trait RelaySink: Send + Sync + 'static {
     /// node was down); true once taken into this node's session of it.
     fn take_given(&self, client: String, held: bytes::Bytes) -> BoxFuture<'static, bool>;
 
-    /// Publishes the will of client `client` of node `node`, which stopped answering (or
-    /// started again without claiming it) after its delay.
-    fn publish_will(&self, node: u64, client: String, will: bytes::Bytes)
-    -> BoxFuture<'static, ()>;
+    /// Publishes a will (the broker's encoding, which names its client) of a client of node
+    /// `node`, which stopped answering (or started again without claiming it) after its
+    /// delay.
+    fn publish_will(&self, node: u64, will: bytes::Bytes) -> BoxFuture<'static, ()>;
 }
 
 /// A message queued for other nodes: it leaves once its publisher says it is stored.

@@ -80,26 +80,17 @@ pub(crate) async fn lasting_session_survives_its_node(c: &mut Cluster) {
 /// `wills/<id>` delayed `delay` s; returns once connected (the event loop, left unpolled,
 /// keeps the connection).
 async fn with_will(port: u16, id: &str, delay: u32) -> rumqttc::v5::EventLoop {
-    use rumqttc::v5::mqttbytes::v5::{LastWill, LastWillProperties, Packet as P5};
+    use rumqttc::v5::mqttbytes::v5::Packet as P5;
     let mut o = rumqttc::v5::MqttOptions::new(id, "127.0.0.1", port);
     o.set_credentials("root", "r");
     o.set_clean_start(false);
     o.set_session_expiry_interval(Some(600));
     o.set_keep_alive(Duration::from_secs(60));
-    let props = LastWillProperties {
-        delay_interval: Some(delay),
-        payload_format_indicator: None,
-        message_expiry_interval: None,
-        content_type: None,
-        response_topic: None,
-        correlation_data: None,
-        user_properties: Vec::new(),
-    };
-    let (topic, qos) = (
-        format!("wills/{id}"),
-        rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
-    );
-    o.set_last_will(LastWill::new(topic, "{}", qos, false, Some(props)));
+    o.set_last_will(super::common::delayed_will(
+        &format!("wills/{id}"),
+        "{}",
+        delay,
+    ));
     let (_, mut el) = rumqttc::v5::AsyncClient::new(o, 10);
     while !matches!(
         el.poll().await.unwrap(),
@@ -136,9 +127,16 @@ pub(crate) async fn wills_outlive_their_node(c: &mut Cluster) {
     drop((clean, lasting, back));
     // Back within its delay, on another node: its will is not due any more.
     let _back = with_will(port(c, middle), "back", 8).await;
-    // The two due come about 3 s after the kill; the third would come after 8 s.
+    // The two due come about 3 s after the kill (waited for, 30 s at most); the third
+    // would come 8 s after it, so the watch goes on until 11 s.
     let mut wills: Vec<String> = Vec::new();
-    let until = killed + Duration::from_secs(12);
+    while wills.len() < 2 {
+        match tokio::time::timeout(Duration::from_secs(30), got.recv()).await {
+            Ok(Some((topic, _))) => wills.push(topic),
+            _ => panic!("wills after 30 s: {wills:?}"),
+        }
+    }
+    let until = killed + Duration::from_secs(11);
     while let Ok(Some((topic, _))) = tokio::time::timeout_at(until, got.recv()).await {
         wills.push(topic);
     }
@@ -153,12 +151,20 @@ pub(crate) async fn wills_outlive_their_node(c: &mut Cluster) {
     })
     .await;
     // Its journal's will of `lasting-will` (delay 1 s from the claim) is not published
-    // again: within 3 s, nothing but a message published now on the same node comes.
+    // again: a message published now on the same node comes (waited for, 30 s at most),
+    // and nothing else in the 3 s from the claim on.
+    let claimed = tokio::time::Instant::now();
     let marker = vec![("wills/marker".to_string(), "{}".to_string())];
     super::delivery::publish_each(port(c, node), "will-marker", marker, false).await;
     let mut after = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    while let Ok(Some((topic, _))) = tokio::time::timeout_at(deadline, got.recv()).await {
+    while !after.iter().any(|t| t == "wills/marker") {
+        match tokio::time::timeout(Duration::from_secs(30), got.recv()).await {
+            Ok(Some((topic, _))) => after.push(topic),
+            _ => panic!("no marker after 30 s: {after:?}"),
+        }
+    }
+    let until = claimed + Duration::from_secs(3);
+    while let Ok(Some((topic, _))) = tokio::time::timeout_at(until, got.recv()).await {
         after.push(topic);
     }
     assert_eq!(after, ["wills/marker"], "after the node's restart");

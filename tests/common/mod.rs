@@ -350,6 +350,26 @@ impl Server {
     }
 }
 
+/// An MQTT 5 will to `topic` at QoS 1, not retained, published `delay` seconds after its
+/// connection is lost.
+pub fn delayed_will(
+    topic: &str,
+    payload: &str,
+    delay: u32,
+) -> rumqttc::v5::mqttbytes::v5::LastWill {
+    let props = rumqttc::v5::mqttbytes::v5::LastWillProperties {
+        delay_interval: Some(delay),
+        payload_format_indicator: None,
+        message_expiry_interval: None,
+        content_type: None,
+        response_topic: None,
+        correlation_data: None,
+        user_properties: Vec::new(),
+    };
+    let qos = rumqttc::v5::mqttbytes::QoS::AtLeastOnce;
+    rumqttc::v5::mqttbytes::v5::LastWill::new(topic, payload.to_string(), qos, false, Some(props))
+}
+
 /// The bytes of an MQTT 5 CONNECT (clean start, keep-alive 30 s).
 pub fn v5_connect(
     client_id: &str,

@@ -50,38 +50,6 @@ pub(crate) fn routes(
         })
 }
 
-/// The stored lines of `text` (all but `rejected`, blank lines and comments) by measurement,
-/// in the order each measurement first came.
-fn stored_lines<'a>(text: &'a str, rejected: &[usize]) -> Vec<(String, Vec<&'a str>)> {
-    let mut out: Vec<(String, Vec<&str>)> = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') || rejected.contains(&(n + 1)) {
-            continue;
-        }
-        // The measurement ends at the first comma or space not escaped by a backslash.
-        let mut end = line.len();
-        let mut escaped = false;
-        for (i, c) in line.char_indices() {
-            match c {
-                _ if escaped => escaped = false,
-                '\\' => escaped = true,
-                ',' | ' ' => {
-                    end = i;
-                    break;
-                }
-                _ => {}
-            }
-        }
-        let name = line[..end].replace("\\,", ",").replace("\\ ", " ");
-        match out.iter_mut().find(|(m, _)| *m == name) {
-            Some((_, lines)) => lines.push(line),
-            None => out.push((name, vec![line])),
-        }
-    }
-    out
-}
-
 /// An error as InfluxDB answers it.
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     let body = serde_json::json!({"code": code, "message": message.into()});
@@ -176,10 +144,9 @@ async fn write(
             // Stored: each measurement's lines go to the subscribers of its table's topic,
             // as sent.
             if let Some(publish) = &s.publish {
-                let rejected: Vec<usize> = w.rejected.iter().map(|r| r.line).collect();
-                for (table, lines) in stored_lines(&text, &rejected) {
+                for (table, lines) in &w.stored {
                     let topic = format!("/{database}/{table}");
-                    publish(topic, bytes::Bytes::from(lines.join("\n"))).await;
+                    publish(topic, bytes::Bytes::from(lines.clone())).await;
                 }
             }
             match w.rejected.is_empty() {

@@ -89,7 +89,7 @@ impl Relay {
             };
             for (node, client, will) in due {
                 tracing::info!(node, %client, "a will of a node that does not answer, published here");
-                sink.publish_will(node, client, will).await;
+                sink.publish_will(node, will).await;
             }
         }
     }

@@ -155,12 +155,14 @@ impl Engine {
                 Err(e) => return Err(m.in_whole_text(e)),
             };
             if !rows.is_empty() {
-                decoded.push((def, rows));
+                decoded.push((def, rows, m.lines));
             }
         }
         let mut out = LineProtocolWrite::default();
-        for (def, rows) in decoded {
+        let mut written = Vec::with_capacity(decoded.len());
+        for (def, rows, numbers) in decoded {
             out.rows += self.append(&def, rows, true, None).await?.rows;
+            written.push((def.name.clone(), numbers));
         }
         let lines: Vec<&str> = text.split('\n').collect();
         out.rejected = (rejected.into_iter())
@@ -178,6 +180,17 @@ impl Engine {
             })
             .collect();
         out.rejected.sort_by_key(|r| r.line);
+        let refused: std::collections::HashSet<usize> =
+            out.rejected.iter().map(|r| r.line).collect();
+        out.stored = (written.into_iter())
+            .map(|(table, numbers)| {
+                let kept = (numbers.into_iter())
+                    .filter(|n| !refused.contains(n))
+                    .filter_map(|n| lines.get(n - 1))
+                    .map(|l| l.trim_end_matches('\r').trim());
+                (table, kept.collect::<Vec<_>>().join("\n"))
+            })
+            .collect();
         Ok(out)
     }
 }
