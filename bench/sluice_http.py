@@ -23,7 +23,7 @@ class Sluice:
     def __init__(self, binary, data_dir, env=None):
         self.port, self.mqtt = free_port(), free_port()
         args = [binary, "serve", "--data-dir", data_dir, "--http-listen", f"127.0.0.1:{self.port}",
-                "--mqtt-listen", f"127.0.0.1:{self.mqtt}"]
+                "--mqtt-listen", f"127.0.0.1:{self.mqtt}", "--pg-listen", ""]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      env=dict(os.environ, **(env or {})))
         deadline = time.time() + 30

@@ -14,10 +14,14 @@ fi
 if ! python3 -c 'import influxdb_client' >/dev/null 2>&1; then
   python3 -m pip install --quiet influxdb-client
 fi
+# psycopg 3 (with its own libpq), for tests/pg.rs.
+if ! python3 -c 'import psycopg' >/dev/null 2>&1; then
+  python3 -m pip install --quiet 'psycopg[binary]'
+fi
 # From Debian: real MQTT clients for tests/mqtt.rs (mosquitto_pub, mosquitto_sub), a real
 # broker to bridge from for tests/bridge.rs (mosquitto), and a real browser for
 # tests/console.rs (chromium, driven through chromedriver), and the openssl tool that makes
-# tests/tls.rs's private CA and certificates.
+# tests/tls.rs's private CA and certificates, and psql for tests/pg.rs.
 missing=()
 command -v mosquitto_pub >/dev/null 2>&1 && command -v mosquitto_sub >/dev/null 2>&1 \
   || missing+=(mosquitto-clients)
@@ -25,6 +29,7 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo_=""
   [ "$(id -u)" -eq 0 ] || sudo_="sudo"

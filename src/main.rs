@@ -40,6 +40,10 @@ enum Command {
         /// MQTT listen address (overrides mqtt.listen); port 0 picks a free port.
         #[arg(long)]
         mqtt_listen: Option<SocketAddr>,
+        /// PostgreSQL protocol listen address (overrides pg.listen); port 0 picks a free
+        /// port, an empty value turns the listener off.
+        #[arg(long)]
+        pg_listen: Option<String>,
     },
     /// Read a password from stdin and print its argon2 hash for a [[user]] entry.
     HashPassword,
@@ -74,13 +78,14 @@ fn disable_transparent_huge_pages() {
 fn main() -> anyhow::Result<()> {
     disable_transparent_huge_pages();
     tune_allocator();
-    let (config, data_dir, http_listen, mqtt_listen) = match Cli::parse().command {
+    let (config, data_dir, http_listen, mqtt_listen, pg_listen) = match Cli::parse().command {
         Command::Serve {
             config,
             data_dir,
             http_listen,
             mqtt_listen,
-        } => (config, data_dir, http_listen, mqtt_listen),
+            pg_listen,
+        } => (config, data_dir, http_listen, mqtt_listen, pg_listen),
         Command::HashPassword => return hash_password(),
     };
     let mut cfg = match &config {
@@ -96,6 +101,9 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(a) = mqtt_listen {
         cfg.mqtt.listen = a;
+    }
+    if let Some(a) = pg_listen {
+        cfg.pg.listen = a;
     }
     cfg.validate()?;
     // The raft library reports every vote and election at info; a cluster's log keeps its
@@ -184,6 +192,20 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     } else {
         None
     };
+    if !cfg.pg.listen.is_empty() {
+        let l = tokio::net::TcpListener::bind(&cfg.pg.listen)
+            .await
+            .with_context(|| format!("binding the PostgreSQL protocol on {}", cfg.pg.listen))?;
+        println!("sluice: pg listening on {}", l.local_addr()?);
+        tokio::spawn(sluice_web::serve_pg(
+            l,
+            queries.clone(),
+            Arc::new(admin::BrokerAuth(broker.clone())),
+            certificates.pg.clone(),
+            cfg.pg.max_connections,
+            cancel.clone(),
+        ));
+    }
     let scheme = if certificates.http.is_some() {
         "https"
     } else {

@@ -19,6 +19,8 @@ pub(crate) struct Certificates {
     pub(crate) mqtt: Option<sluice_broker::TlsAcceptor>,
     /// For the HTTP listener (HTTPS).
     pub(crate) http: Option<sluice_broker::HttpsAcceptor>,
+    /// For the PostgreSQL listener: the HTTPS certificate.
+    pub(crate) pg: Option<sluice_broker::HttpsAcceptor>,
     files: Vec<Arc<CertFiles>>,
 }
 
@@ -39,14 +41,20 @@ impl Certificates {
                 Some(sluice_broker::tls_acceptor(certs, &cfg.mqtt)?)
             }
         };
-        let http = match cfg.http.tls_cert.is_empty() {
-            true => None,
+        let (http, pg) = match cfg.http.tls_cert.is_empty() {
+            true => (None, None),
             false => {
                 let certs = open(&cfg.http.tls_cert, &cfg.http.tls_key)?;
-                Some(sluice_broker::https_acceptor(certs)?)
+                let pg = sluice_broker::pg_acceptor(certs.clone())?;
+                (Some(sluice_broker::https_acceptor(certs)?), Some(pg))
             }
         };
-        Ok(Self { mqtt, http, files })
+        Ok(Self {
+            mqtt,
+            http,
+            pg,
+            files,
+        })
     }
 
     /// Reloads the certificates on SIGHUP and when their files change, until `cancel`.

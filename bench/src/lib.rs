@@ -86,6 +86,8 @@ impl Sluice {
                 "127.0.0.1:0",
                 "--mqtt-listen",
                 "127.0.0.1:0",
+                "--pg-listen",
+                "",
             ])
             .arg("--data-dir")
             .arg(dir.join("sluice"))

@@ -437,6 +437,12 @@ pub fn https_acceptor(certs: Arc<tls::CertFiles>) -> Result<HttpsAcceptor> {
     Ok(tokio_rustls::TlsAcceptor::from(config))
 }
 
+/// Accepts TLS for the PostgreSQL protocol (ALPN `postgresql`), with the HTTPS certificate.
+pub fn pg_acceptor(certs: Arc<tls::CertFiles>) -> Result<HttpsAcceptor> {
+    let config = tls::server_config(certs, None, &[b"postgresql"])?;
+    Ok(tokio_rustls::TlsAcceptor::from(config))
+}
+
 /// What [`https_acceptor`] makes, for the HTTP server.
 pub type HttpsAcceptor = tokio_rustls::TlsAcceptor;
 

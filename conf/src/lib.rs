@@ -16,6 +16,7 @@ mod env;
 mod error;
 mod http;
 mod mqtt;
+mod pg;
 #[cfg(test)]
 mod tests;
 
@@ -30,6 +31,7 @@ pub use engine::{
 pub use error::{Error, Result};
 pub use http::HttpConfig;
 pub use mqtt::{MqttConfig, TopicRule};
+pub use pg::PgConfig;
 
 use http::MAX_BUSY_POLL_US;
 use serde::{Deserialize, Serialize};
@@ -68,6 +70,8 @@ pub struct Config {
     pub query: QueryConfig,
     /// The MQTT broker.
     pub mqtt: MqttConfig,
+    /// The PostgreSQL wire protocol.
+    pub pg: PgConfig,
     /// Topic rules: topics (with named wildcards) written into tables.
     pub topic: Vec<TopicRule>,
     /// MQTT users; with none, every listener must be on loopback.
@@ -95,6 +99,7 @@ impl Default for Config {
             retention: RetentionConfig::default(),
             query: QueryConfig::default(),
             mqtt: MqttConfig::default(),
+            pg: PgConfig::default(),
             topic: Vec::new(),
             user: Vec::new(),
             acl: Vec::new(),
@@ -154,6 +159,24 @@ impl Config {
             ),
             ("mqtt", m.listen, true, m.allow_plaintext),
         ];
+        if !self.pg.listen.is_empty() {
+            let addr: SocketAddr = self.pg.listen.parse().map_err(|_| Error::Invalid {
+                key: "pg.listen".into(),
+                reason: format!(
+                    "'{}' is not an address (ip:port), nor empty (no listener)",
+                    self.pg.listen
+                ),
+            })?;
+            let plain = self.http.tls_cert.is_empty();
+            if plain && !self.pg.allow_plaintext && !addr.ip().is_loopback() {
+                return invalid(
+                    "pg.listen",
+                    "not a loopback address and no certificate for TLS (http.tls_cert), so \
+                     passwords and data would cross the network in clear; set \
+                     http.tls_cert and http.tls_key, or pg.allow_plaintext = true",
+                );
+            }
+        }
         for (section, addr, plain, allowed) in clear {
             if plain && !allowed && !addr.ip().is_loopback() {
                 return Err(Error::Invalid {

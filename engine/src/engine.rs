@@ -11,8 +11,8 @@ use crate::log::WriteLog;
 use crate::log::wal::record::WriteRecord;
 use crate::log::wal::{self, Journal, Wal};
 use crate::ports::{
-    DeadLetter, Health, IngestPort, Logins, Publication, QueryOptions, QueryOutput, QueryPort,
-    WriteReceipt,
+    DeadLetter, Described, Health, IngestPort, Logins, Publication, QueryOptions, QueryOutput,
+    QueryPort, WriteReceipt,
 };
 use crate::store::Store;
 use crate::store::catalog::{Catalog, TableDef};
@@ -534,6 +534,10 @@ impl QueryPort for Engine {
             log.read_barrier().await?;
         }
         Engine::query(self, sql, options).await
+    }
+
+    async fn describe(&self, sql: &str, options: &QueryOptions) -> Result<Described> {
+        Engine::describe(self, sql, options).await
     }
 
     async fn write(

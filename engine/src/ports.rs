@@ -60,6 +60,17 @@ pub struct QueryOptions {
     pub user: Option<String>,
 }
 
+/// What a statement takes and returns, known before it runs ([`QueryPort::describe`]).
+#[derive(Debug, Clone)]
+pub struct Described {
+    /// The types of `$1`, `$2`, ... in order (`None`: not inferred from the query).
+    pub params: Vec<Option<datafusion::arrow::datatypes::DataType>>,
+    /// The result's columns; `None` for a statement that returns no rows.
+    pub schema: Option<SchemaRef>,
+    /// For a statement that returns no rows: what it does (`CREATE TABLE`, `INSERT`, ...).
+    pub statement: Option<&'static str>,
+}
+
 /// An acknowledged write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteReceipt {
@@ -281,6 +292,12 @@ pub trait QueryPort: Logins {
     /// Executes one SQL statement with options: the database of unqualified names, and
     /// values for `$1`, `$2`, ... placeholders.
     async fn query(&self, sql: &str, options: &QueryOptions) -> Result<QueryOutput>;
+
+    /// What `sql` takes and returns without running it, for clients that prepare statements
+    /// (the PostgreSQL protocol): its parameters' types and its result's columns. Read-only
+    /// statements other than queries (`SHOW ...`, `DESCRIBE`) are run to learn their columns;
+    /// others are only parsed.
+    async fn describe(&self, sql: &str, options: &QueryOptions) -> Result<Described>;
 
     /// Decodes `payload` for `database.table` and stores it as one durable append; returns
     /// only once the rows are durable and visible to queries. All rows or none.

@@ -16,6 +16,8 @@ pub struct Server {
     pub mqtt: String,
     /// MQTT over TLS `host:port`, when configured.
     pub mqtts: Option<String>,
+    /// The PostgreSQL protocol's `host:port`, unless turned off.
+    pub pg: Option<String>,
     pub dir: PathBuf,
     pub log: PathBuf,
     env: Vec<(String, String)>,
@@ -79,6 +81,9 @@ impl Server {
         if !args.iter().any(|a| a == "--mqtt-listen") {
             args.extend(["--mqtt-listen".to_string(), "127.0.0.1:0".to_string()]);
         }
+        if !args.iter().any(|a| a == "--pg-listen") {
+            args.extend(["--pg-listen".to_string(), "127.0.0.1:0".to_string()]);
+        }
         let log = dir.join(format!(
             "sluice-{}.log",
             std::time::SystemTime::now()
@@ -97,7 +102,7 @@ impl Server {
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let (mut mqtt, mut mqtts) = (String::new(), None);
+            let (mut mqtt, mut mqtts, mut pg) = (String::new(), None, None);
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(addr) = line.strip_prefix("sluice: mqtt listening on ") {
                     mqtt = addr.to_string();
@@ -105,14 +110,17 @@ impl Server {
                 if let Some(addr) = line.strip_prefix("sluice: mqtts listening on ") {
                     mqtts = Some(addr.to_string());
                 }
+                if let Some(addr) = line.strip_prefix("sluice: pg listening on ") {
+                    pg = Some(addr.to_string());
+                }
                 let http = (line.strip_prefix("sluice: http listening on "))
                     .or_else(|| line.strip_prefix("sluice: https listening on "));
                 if let Some(addr) = http {
-                    let _ = tx.send((addr.to_string(), mqtt.clone(), mqtts.clone()));
+                    let _ = tx.send((addr.to_string(), mqtt.clone(), mqtts.clone(), pg.clone()));
                 }
             }
         });
-        let (addr, mqtt, mqtts) = match rx.recv_timeout(Duration::from_secs(60)) {
+        let (addr, mqtt, mqtts, pg) = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(a) => a,
             Err(_) => {
                 let _ = child.kill();
@@ -127,6 +135,7 @@ impl Server {
             addr,
             mqtt,
             mqtts,
+            pg,
             dir: dir.to_path_buf(),
             log,
             env,

@@ -74,7 +74,7 @@ impl Authenticator for Open {
 static CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
 /// Whether `password` matches `hash` (off the async threads: argon2 is slow by design).
-async fn matches(hash: String, password: String) -> bool {
+pub(crate) async fn matches(hash: String, password: String) -> bool {
     let Ok(_permit) = CHECKS.acquire().await else {
         return false;
     };

@@ -17,6 +17,7 @@ mod error;
 mod format;
 mod influx;
 mod live;
+mod pg;
 mod spin;
 mod tls;
 mod ws;
@@ -25,6 +26,7 @@ pub use auth::{Authenticator, Open};
 pub use cluster::{cluster_routes, to_the_end};
 pub use error::ApiError;
 pub use live::LiveSource;
+pub use pg::serve_pg;
 pub use ws::{StreamHandler, stream_route};
 
 use axum::Router;

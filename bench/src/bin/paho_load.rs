@@ -13,7 +13,11 @@
 //! For each it prints messages/s, mean, p50 and p99 publish-to-PUBACK, each server's CPU per
 //! message (user + system time from `/proc/PID/stat`) and the ratios; before the loads, the
 //! fdatasync latency of the data directory's disk. Sluice's stored rows are counted against
-//! the acknowledged messages after every load.
+//! the acknowledged messages after every load. It also prints the CPU time one write +
+//! fdatasync costs on that disk (the floor of a message stored alone) and, for the fleets,
+//! Sluice's CPU per message beyond it. `SLUICE_WAL_DURABILITY=none` in the runner's
+//! environment starts Sluice without fdatasync, to compare the rest of its path with
+//! Mosquitto's.
 //!
 //! `cargo build --release -p sluice -p sluice-bench --bins`, then
 //! `~/.cache/sluice-target/release/paho_load --rounds 3`
@@ -136,9 +140,10 @@ fn main() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let client = build_client(dir.path())?;
     let sluice_bin = Sluice::binary(args.sluice.as_deref())?;
-    let (sync_p50, sync_mean) = fdatasync_latency(dir.path())?;
+    let (sync_p50, sync_mean, sync_cpu) = fdatasync_latency(dir.path())?;
     eprintln!(
-        "fdatasync on the data directory's disk: p50 {sync_p50:.0} µs, mean {sync_mean:.0} µs"
+        "fdatasync on the data directory's disk: p50 {sync_p50:.0} µs, mean {sync_mean:.0} µs; \
+         {sync_cpu:.1} µs of CPU per write + fdatasync"
     );
     let rt = sluice_bench::runtime()?;
     // Per load name, each side's rounds.
@@ -176,7 +181,13 @@ fn main() -> Result<()> {
             }
         }
     }
-    report(&loads, &mut ours, &mut theirs, sync_p50, args.rounds.max(1));
+    report(
+        &loads,
+        &mut ours,
+        &mut theirs,
+        (sync_p50, sync_cpu),
+        args.rounds.max(1),
+    );
     Ok(())
 }
 
@@ -185,7 +196,7 @@ fn report(
     loads: &[Load],
     ours: &mut BTreeMap<&str, Vec<Figures>>,
     theirs: &mut BTreeMap<&str, Vec<Figures>>,
-    sync_p50: f64,
+    (sync_p50, sync_cpu): (f64, f64),
     rounds: usize,
 ) {
     let median = |v: Option<&mut Vec<Figures>>| {
@@ -236,6 +247,15 @@ fn report(
                     _ => String::new(),
                 }
             ));
+            if l.every_secs > 0 {
+                ratios.push(format!(
+                    "{}: Sluice's CPU per message beyond one write + fdatasync ({sync_cpu:.1} µs): \
+                     {:.1} µs, {:.2}x Mosquitto's",
+                    l.name,
+                    a.cpu_us_per_msg() - sync_cpu,
+                    (a.cpu_us_per_msg() - sync_cpu) / b.cpu_us_per_msg()
+                ));
+            }
             if l.name == "burst8" {
                 ratios.push(format!(
                     "burst8: Sluice's mean PUBACK is fdatasync + {:.0} µs",
@@ -265,8 +285,10 @@ fn build_client(dir: &Path) -> Result<PathBuf> {
     Ok(out)
 }
 
-/// Median and mean fdatasync latency (µs) of a 100-byte overwrite in a file under `dir`.
-fn fdatasync_latency(dir: &Path) -> Result<(f64, f64)> {
+/// Median and mean fdatasync latency (µs) of a 100-byte overwrite in a file under `dir`,
+/// and the CPU time (user + system, µs) of one overwrite and its fdatasync: what a message
+/// stored alone costs at least, whatever the server does around it.
+fn fdatasync_latency(dir: &Path) -> Result<(f64, f64, f64)> {
     use std::os::unix::fs::FileExt;
     let path = dir.join("fsync-probe");
     let f = std::fs::OpenOptions::new()
@@ -277,6 +299,7 @@ fn fdatasync_latency(dir: &Path) -> Result<(f64, f64)> {
         .open(&path)?;
     f.write_all_at(&vec![0u8; 1 << 20], 0)?;
     f.sync_all()?;
+    let cpu_before = thread_cpu_us();
     let mut times: Vec<f64> = (0..500u64)
         .map(|i| {
             f.write_all_at(&[b'x'; 100], (i * 100) % (1 << 20))?;
@@ -285,10 +308,21 @@ fn fdatasync_latency(dir: &Path) -> Result<(f64, f64)> {
             Ok(t.elapsed().as_secs_f64() * 1e6)
         })
         .collect::<std::io::Result<_>>()?;
+    let cpu = (thread_cpu_us() - cpu_before) / times.len() as f64;
     std::fs::remove_file(&path)?;
     times.sort_by(f64::total_cmp);
     let mean = times.iter().sum::<f64>() / times.len() as f64;
-    Ok((times[times.len() / 2], mean))
+    Ok((times[times.len() / 2], mean, cpu))
+}
+
+/// User + system CPU time of the calling thread, in µs.
+fn thread_cpu_us() -> f64 {
+    // SAFETY: an all-zero rusage is valid, and getrusage only writes into it.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid rusage for the call to fill.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+    let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    us(u.ru_utime) + us(u.ru_stime)
 }
 
 /// Resident memory of process `pid`, in KiB.

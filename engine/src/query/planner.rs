@@ -12,14 +12,14 @@
 
 use crate::Engine;
 use crate::error::{Error, Result};
-use crate::ports::{Logins, QueryOptions, QueryOutput};
+use crate::ports::{Described, Logins, QueryOptions, QueryOutput};
 use crate::query::ddl::{self, Statement};
 use crate::query::parts::PartsSpec;
 use crate::query::provider::SluiceCatalog;
 use crate::store::Store;
 use crate::store::catalog::{DEFAULT_DATABASE, SYSTEM_DATABASE};
 use crate::store::state::TableState;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::ScalarValue;
 use datafusion::execution::TaskContext;
@@ -540,6 +540,63 @@ impl Engine {
         let session = self.session(database, true)?;
         let (planned, _) = self.plan(&session, database, sql, user).await?;
         self.check_reads(user, &planned.reads)
+    }
+
+    /// What `sql` takes and returns, without running it (see [`crate::QueryPort::describe`]).
+    pub(crate) async fn describe(&self, sql: &str, options: &QueryOptions) -> Result<Described> {
+        let database = options.database.as_deref().unwrap_or(DEFAULT_DATABASE);
+        let user = options.user.as_deref();
+        let statement = ddl::parse_in(sql, database)?;
+        let shows = matches!(
+            statement,
+            Statement::ShowGrants { .. }
+                | Statement::ShowUsers
+                | Statement::ShowDatabases
+                | Statement::ShowTables { .. }
+                | Statement::Describe(_)
+                | Statement::ShowCreateTable(_)
+        );
+        match statement {
+            Statement::Query => {
+                let session = self.session(database, options.small)?;
+                let (planned, _) = self.plan(&session, database, sql, user).await?;
+                self.check_reads(user, &planned.reads)?;
+                let types = planned.plan.get_parameter_types()?;
+                let params = (1..=types.len())
+                    .map(|i| types.get(&format!("${i}")).cloned().flatten())
+                    .collect();
+                Ok(Described {
+                    params,
+                    schema: Some(Arc::new(planned.plan.schema().as_arrow().clone())),
+                    statement: None,
+                })
+            }
+            // Read-only: run to learn the columns.
+            other if shows => Ok(Described {
+                params: Vec::new(),
+                schema: Some(self.run_statement(other, user).await?.schema),
+                statement: None,
+            }),
+            Statement::Insert { .. } => Ok(Described {
+                params: Vec::new(),
+                schema: None,
+                statement: Some("INSERT"),
+            }),
+            Statement::Flush(_) => Ok(Described {
+                params: Vec::new(),
+                schema: Some(Arc::new(Schema::new(vec![Field::new(
+                    "files_written",
+                    DataType::UInt64,
+                    false,
+                )]))),
+                statement: None,
+            }),
+            other => Ok(Described {
+                params: Vec::new(),
+                schema: None,
+                statement: Some(other.command()),
+            }),
+        }
     }
 
     /// Plans a query; also says whether the plan may be cached (not when it reads `system`

@@ -39,6 +39,35 @@ pub(super) async fn hash_password(password: String) -> Result<String> {
     .map_err(|e| Error::invalid(format!("hashing the password: {e}")))?
 }
 
+impl Statement {
+    /// The command a PostgreSQL client is told ran (its `CommandComplete` tag).
+    pub(crate) fn command(&self) -> &'static str {
+        match self {
+            Statement::CreateDatabase { .. } => "CREATE DATABASE",
+            Statement::DropDatabase { .. } => "DROP DATABASE",
+            Statement::CreateTable(_) => "CREATE TABLE",
+            Statement::DropTable { .. } => "DROP TABLE",
+            Statement::AddColumn { .. } | Statement::SetOptions { .. } => "ALTER TABLE",
+            Statement::CreateUser { .. } => "CREATE ROLE",
+            Statement::AlterUser { .. } => "ALTER ROLE",
+            Statement::DropUser { .. } => "DROP ROLE",
+            Statement::Grant { revoke: false, .. } => "GRANT",
+            Statement::Grant { revoke: true, .. } => "REVOKE",
+            Statement::Insert { .. } => "INSERT",
+            Statement::CreateAlert { .. } => "CREATE ALERT",
+            Statement::DropAlert { .. } => "DROP ALERT",
+            Statement::Flush(_) => "FLUSH",
+            Statement::ShowGrants { .. }
+            | Statement::ShowUsers
+            | Statement::ShowDatabases
+            | Statement::ShowTables { .. }
+            | Statement::Describe(_)
+            | Statement::ShowCreateTable(_)
+            | Statement::Query => "SELECT",
+        }
+    }
+}
+
 pub(super) fn no_rows() -> QueryOutput {
     QueryOutput::from_batches(Arc::new(Schema::empty()), Vec::new())
 }

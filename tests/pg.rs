@@ -1,0 +1,191 @@
+//! The PostgreSQL wire protocol as its users' tools speak it: `psql` (Debian's
+//! postgresql-client) for simple queries, settings, transactions and errors with their
+//! SQLSTATE codes; `psycopg` 3 (PyPI) for prepared statements with parameters, text and
+//! binary results of each common type, writes, a wrong password and `WHERE PARTS`.
+
+mod common;
+
+use common::Server;
+use std::process::{Command, Output};
+
+/// Runs `psql` against `pg` as `user` with `password`, in `database`, with `args`.
+fn psql(pg: &str, user: &str, password: &str, database: &str, args: &[&str]) -> Output {
+    let (host, port) = pg.rsplit_once(':').unwrap();
+    Command::new("psql")
+        .args(["-X", "-h", host, "-p", port, "-U", user, "-d", database])
+        .args(["-v", "ON_ERROR_STOP=1", "-v", "VERBOSITY=verbose", "-At"])
+        .args(args)
+        .env("PGPASSWORD", password)
+        .env("PGCONNECT_TIMEOUT", "10")
+        .output()
+        .expect("psql (Debian postgresql-client)")
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn errors(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn psql_and_psycopg_query_and_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let hash = common::password_hash("secret");
+    let toml = format!(
+        "[[user]]\nname = \"admin\"\npassword_hash = \"{hash}\"\n\n\
+         [[user]]\nname = \"reader\"\npassword_hash = \"{hash}\"\nrole = \"user\"\n"
+    );
+    let s = Server::start_with_config(dir.path(), &toml);
+    s.login(Some(("admin", "secret")));
+    let pg = s.pg.clone().expect("a pg listener");
+    s.sql_ok("CREATE DATABASE lab").await;
+    s.sql_ok(
+        "CREATE TABLE lab.readings (time TIMESTAMP NOT NULL, device TEXT, temp DOUBLE, \
+         n BIGINT, ok BOOLEAN) PARTITION BY yyyymmdd(time)",
+    )
+    .await;
+    s.write_ok(
+        "lab",
+        "readings",
+        "text/csv",
+        "2026-01-02T03:04:05Z,d1,21.5,7,true\n2026-01-02T03:04:06.250Z,d2,-3.25,-8,false\n",
+    )
+    .await;
+
+    // psql: a query, several statements in one simple query, settings, a transaction.
+    let out = psql(
+        &pg,
+        "admin",
+        "secret",
+        "lab",
+        &[
+            "-c",
+            "SELECT device, temp, n, ok, time FROM readings ORDER BY device",
+        ],
+    );
+    assert!(out.status.success(), "{}", errors(&out));
+    assert_eq!(
+        text(&out),
+        "d1|21.5|7|t|2026-01-02 03:04:05.000000\nd2|-3.25|-8|f|2026-01-02 03:04:06.250000"
+    );
+    let out = psql(
+        &pg,
+        "admin",
+        "secret",
+        "lab",
+        &[
+            "-c",
+            "SET application_name = 'dash'; SHOW application_name; BEGIN; \
+         SELECT count(*) FROM readings; COMMIT; SHOW server_version",
+        ],
+    );
+    assert!(out.status.success(), "{}", errors(&out));
+    assert_eq!(text(&out), "SET\ndash\nBEGIN\n2\nCOMMIT\n16.6 (Sluice)");
+    // DDL and writes say what they did; WHERE PARTS works as over HTTP.
+    let out = psql(
+        &pg,
+        "admin",
+        "secret",
+        "postgres",
+        &[
+            "-c",
+            "CREATE TABLE lab.events (time TIMESTAMP NOT NULL, what TEXT) PARTITION BY yyyymmdd(time)",
+            "-c",
+            "INSERT INTO lab.events VALUES ('2026-01-02T00:00:00Z', 'boot'), \
+         ('2026-01-02T00:00:01Z', 'up')",
+            "-c",
+            "SELECT count(*) FROM lab.readings WHERE PARTS 20260102..20260103",
+        ],
+    );
+    assert!(out.status.success(), "{}", errors(&out));
+    assert_eq!(text(&out), "CREATE TABLE\nINSERT 0 2\n2");
+    // Errors come with their SQLSTATE; a statement after a failed one does not run.
+    let out = psql(
+        &pg,
+        "admin",
+        "secret",
+        "lab",
+        &["-c", "SELECT * FROM nowhere; SELECT 1"],
+    );
+    assert!(!out.status.success());
+    assert!(errors(&out).contains("42P01"), "{}", errors(&out));
+    assert_eq!(text(&out), "");
+    let out = psql(
+        &pg,
+        "admin",
+        "secret",
+        "lab",
+        &["-c", "SHOW no_such_setting"],
+    );
+    assert!(errors(&out).contains("42704"), "{}", errors(&out));
+    // Rights are the same as over HTTP; a wrong password is refused.
+    let out = psql(
+        &pg,
+        "reader",
+        "secret",
+        "lab",
+        &["-c", "DROP TABLE lab.events"],
+    );
+    assert!(errors(&out).contains("42501"), "{}", errors(&out));
+    let out = psql(&pg, "admin", "wrong", "lab", &["-c", "SELECT 1"]);
+    assert!(!out.status.success());
+    assert!(
+        errors(&out).contains("password authentication failed"),
+        "{}",
+        errors(&out)
+    );
+
+    // psycopg 3: prepared statements with parameters (server-side binding), every common
+    // type in text and binary results, a write with parameters.
+    let (host, port) = pg.rsplit_once(':').unwrap();
+    let script = r#"
+import sys, datetime, psycopg
+host, port = sys.argv[1], sys.argv[2]
+dsn = f"host={host} port={port} user=admin password=secret dbname=lab"
+out = []
+with psycopg.connect(dsn, autocommit=True) as conn:
+    for binary in (False, True):
+        cur = conn.cursor(binary=binary)
+        cur.execute("SELECT device, temp, n, ok, time, CAST(time AS DATE) AS day, "
+                    "CAST(n AS INT) AS small, CAST(temp AS REAL) AS r "
+                    "FROM readings WHERE device = %s AND temp > %s", ("d2", -10.0))
+        rows = cur.fetchall()
+        assert rows == [("d2", -3.25, -8, False,
+                         datetime.datetime(2026, 1, 2, 3, 4, 6, 250000),
+                         datetime.date(2026, 1, 2), -8, -3.25)], rows
+        out.append(f"binary={binary}: {rows[0][0]} {type(rows[0][4]).__name__}")
+    cur = conn.cursor()
+    cur.execute("INSERT INTO events VALUES (%s, %s)", (datetime.datetime(2026, 1, 3), "down"))
+    assert cur.rowcount == 1, cur.rowcount
+    cur.execute("SELECT what FROM events WHERE time >= %s ORDER BY time",
+                (datetime.datetime(2026, 1, 2, 0, 0, 1),))
+    out.append(",".join(r[0] for r in cur.fetchall()))
+    cur.execute("SELECT count(*) FROM readings WHERE n < %s", (0,))
+    out.append(str(cur.fetchone()[0]))
+    try:
+        cur.execute("SELECT nope FROM readings")
+    except psycopg.Error as e:
+        out.append(f"error {e.sqlstate}")
+try:
+    psycopg.connect(dsn.replace("secret", "nope"))
+except psycopg.OperationalError:
+    out.append("refused")
+print("\n".join(out))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, host, port])
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "psycopg: {}", errors(&out));
+    assert_eq!(
+        text(&out),
+        "binary=False: d2 datetime\nbinary=True: d2 datetime\nup,down\n1\nerror 42601\nrefused"
+    );
+    assert_eq!(
+        s.count("SELECT count(*) FROM lab.events").await,
+        3,
+        "the writes over the PostgreSQL protocol are stored"
+    );
+}
