@@ -546,17 +546,7 @@ impl Engine {
     pub(crate) async fn describe(&self, sql: &str, options: &QueryOptions) -> Result<Described> {
         let database = options.database.as_deref().unwrap_or(DEFAULT_DATABASE);
         let user = options.user.as_deref();
-        let statement = ddl::parse_in(sql, database)?;
-        let shows = matches!(
-            statement,
-            Statement::ShowGrants { .. }
-                | Statement::ShowUsers
-                | Statement::ShowDatabases
-                | Statement::ShowTables { .. }
-                | Statement::Describe(_)
-                | Statement::ShowCreateTable(_)
-        );
-        match statement {
+        match ddl::parse_in(sql, database)? {
             Statement::Query => {
                 let session = self.session(database, options.small)?;
                 let (planned, _) = self.plan(&session, database, sql, user).await?;
@@ -572,7 +562,7 @@ impl Engine {
                 })
             }
             // Read-only: run to learn the columns.
-            other if shows => Ok(Described {
+            other if other.is_show() => Ok(Described {
                 params: Vec::new(),
                 schema: Some(self.run_statement(other, user).await?.schema),
                 statement: None,

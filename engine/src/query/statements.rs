@@ -57,14 +57,21 @@ impl Statement {
             Statement::CreateAlert { .. } => "CREATE ALERT",
             Statement::DropAlert { .. } => "DROP ALERT",
             Statement::Flush(_) => "FLUSH",
-            Statement::ShowGrants { .. }
-            | Statement::ShowUsers
-            | Statement::ShowDatabases
-            | Statement::ShowTables { .. }
-            | Statement::Describe(_)
-            | Statement::ShowCreateTable(_)
-            | Statement::Query => "SELECT",
+            _ => "SELECT",
         }
+    }
+
+    /// Whether it only reads and answers with rows: `SHOW ...` and `DESCRIBE`.
+    pub(crate) fn is_show(&self) -> bool {
+        matches!(
+            self,
+            Statement::ShowGrants { .. }
+                | Statement::ShowUsers
+                | Statement::ShowDatabases
+                | Statement::ShowTables { .. }
+                | Statement::Describe(_)
+                | Statement::ShowCreateTable(_)
+        )
     }
 }
 

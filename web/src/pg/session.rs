@@ -148,11 +148,11 @@ fn unquote(v: &str) -> String {
     v.to_string()
 }
 
-/// Splits a simple query's text into its statements at the `;` outside quotes, dollar
-/// quotes and comments; empty statements are dropped.
-pub(crate) fn split(sql: &str) -> Vec<&str> {
+/// Calls `f` with the position of each byte of `sql` that is code: outside quotes, dollar
+/// quotes (`$tag$ ... $tag$`, not a parameter such as `$1`) and comments.
+fn each_code_byte(sql: &str, mut f: impl FnMut(usize)) {
     let bytes = sql.as_bytes();
-    let (mut out, mut start, mut i) = (Vec::new(), 0, 0);
+    let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
             q @ (b'\'' | b'"') => {
@@ -171,30 +171,40 @@ pub(crate) fn split(sql: &str) -> Vec<&str> {
                     .find("*/")
                     .map_or(bytes.len(), |e| i + 2 + e + 1);
             }
-            b'$' => {
-                // $tag$ ... $tag$ (not $1, a parameter).
-                let tag_end = sql[i + 1..].find('$').map(|e| i + 1 + e);
-                if let Some(end) = tag_end {
-                    let tag = &sql[i..=end];
-                    if tag[1..tag.len() - 1]
-                        .chars()
-                        .all(|c| c.is_alphanumeric() || c == '_')
-                        && !tag[1..].starts_with(|c: char| c.is_ascii_digit())
-                    {
-                        i = sql[end + 1..]
-                            .find(tag)
-                            .map_or(bytes.len(), |e| end + 1 + e + tag.len() - 1);
-                    }
+            b'$' => match dollar_tag(&sql[i..]) {
+                Some(tag) => {
+                    let body = i + tag.len();
+                    i = sql[body..]
+                        .find(tag)
+                        .map_or(bytes.len(), |e| body + e + tag.len() - 1);
                 }
-            }
-            b';' => {
-                out.push(&sql[start..i]);
-                start = i + 1;
-            }
-            _ => {}
+                None => f(i),
+            },
+            _ => f(i),
         }
         i += 1;
     }
+}
+
+/// The dollar-quote tag (`$$`, `$body$`) `text` starts with, if any.
+fn dollar_tag(text: &str) -> Option<&str> {
+    let end = text[1..].find('$')? + 1;
+    let name = &text[1..end];
+    let is_tag = name.chars().all(|c| c.is_alphanumeric() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit());
+    is_tag.then(|| &text[..=end])
+}
+
+/// Splits a simple query's text into its statements at the `;` that are code; empty
+/// statements are dropped.
+pub(crate) fn split(sql: &str) -> Vec<&str> {
+    let (mut out, mut start) = (Vec::new(), 0);
+    each_code_byte(sql, |i| {
+        if sql.as_bytes()[i] == b';' {
+            out.push(&sql[start..i]);
+            start = i + 1;
+        }
+    });
     out.push(&sql[start.min(sql.len())..]);
     out.into_iter()
         .map(str::trim)
@@ -202,38 +212,20 @@ pub(crate) fn split(sql: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Calls `f` with the number of each `$n` parameter outside quotes and comments, and where
-/// it is in `sql`.
+/// Calls `f` with the number of each `$n` parameter in code, and where it is in `sql`.
 fn each_parameter(sql: &str, mut f: impl FnMut(usize, std::ops::Range<usize>)) {
     let bytes = sql.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            q @ (b'\'' | b'"') => {
-                i += 1;
-                while i < bytes.len() && bytes[i] != q {
-                    i += 1;
-                }
+    each_code_byte(sql, |i| {
+        if bytes[i] == b'$' {
+            let digits = bytes[i + 1..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            if let Ok(n) = sql[i + 1..i + 1 + digits].parse() {
+                f(n, i..i + 1 + digits);
             }
-            b'-' if bytes.get(i + 1) == Some(&b'-') => {
-                while i < bytes.len() && bytes[i] != b'\n' {
-                    i += 1;
-                }
-            }
-            b'$' => {
-                let digits = bytes[i + 1..]
-                    .iter()
-                    .take_while(|b| b.is_ascii_digit())
-                    .count();
-                if let Ok(n) = sql[i + 1..i + 1 + digits].parse() {
-                    f(n, i..i + 1 + digits);
-                    i += digits;
-                }
-            }
-            _ => {}
         }
-        i += 1;
-    }
+    });
 }
 
 /// How many parameters `sql` takes: its highest `$n`.

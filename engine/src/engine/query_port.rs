@@ -1,0 +1,145 @@
+//! The query side's ports: [`Logins`] and [`QueryPort`] for the engine (the HTTP API, the
+//! PostgreSQL listener, the console and alerts call these).
+
+use super::{Engine, now_micros};
+use crate::alerts::{AlertDef, AlertStatus};
+use crate::error::Result;
+use crate::ingest::decode::{Format, decode};
+use crate::ports::{Described, Health, Logins, QueryOptions, QueryOutput, QueryPort, WriteReceipt};
+use async_trait::async_trait;
+
+impl Logins for Engine {
+    fn password_hash(&self, user: &str) -> Option<String> {
+        (self.access).password_hash(&self.store.catalog.snapshot(), user)
+    }
+
+    fn has_users(&self) -> bool {
+        self.access.required(&self.store.catalog.snapshot())
+    }
+
+    fn authorize(&self, user: Option<&str>, need: crate::access::Need<'_>) -> Result<()> {
+        (self.access).check(|| self.store.catalog.snapshot(), user, need)
+    }
+
+    fn is_admin(&self, user: Option<&str>) -> bool {
+        user.is_none() || self.access.is_admin(&self.store.catalog.snapshot(), user)
+    }
+
+    fn has_rules(&self) -> bool {
+        self.access.has_rules()
+    }
+
+    fn logins(&self) -> &crate::access::LoginFailures {
+        &self.access.logins
+    }
+}
+
+#[async_trait]
+impl QueryPort for Engine {
+    async fn query(&self, sql: &str, options: &QueryOptions) -> Result<QueryOutput> {
+        if let Some(log) = self.log.get() {
+            // Every write acknowledged anywhere before this query is applied here first.
+            log.read_barrier().await?;
+        }
+        Engine::query(self, sql, options).await
+    }
+
+    async fn describe(&self, sql: &str, options: &QueryOptions) -> Result<Described> {
+        Engine::describe(self, sql, options).await
+    }
+
+    async fn write(
+        &self,
+        user: Option<&str>,
+        database: &str,
+        table: &str,
+        format: Format,
+        payload: &[u8],
+    ) -> Result<WriteReceipt> {
+        self.authorize(user, crate::access::Need::Insert { database, table })?;
+        let def = self.table(database, table)?;
+        let rows = decode(&def, format, payload, now_micros())?;
+        self.append_rows(&def, rows).await
+    }
+
+    async fn write_line_protocol(
+        &self,
+        user: Option<&str>,
+        database: &str,
+        text: &str,
+        ns_per_unit: i64,
+        partial: bool,
+    ) -> Result<crate::ports::LineProtocolWrite> {
+        Engine::write_line_protocol(self, user, database, text, ns_per_unit, partial).await
+    }
+
+    fn alerts(&self) -> Vec<AlertStatus> {
+        self.alerts.status()
+    }
+
+    async fn create_alert(&self, def: AlertDef, if_not_exists: bool) -> Result<()> {
+        Engine::create_alert(self, def, if_not_exists).await
+    }
+
+    async fn drop_alert(&self, name: &str, if_exists: bool, user: Option<&str>) -> Result<()> {
+        Engine::drop_alert(self, name, if_exists, user)
+    }
+
+    fn metrics(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        // In a cluster the local log is idle: the shard groups' logs carry the writes.
+        self.wal.render_metrics(&mut out);
+        self.access.render_metrics(&mut out);
+        let h = QueryPort::health(self);
+        let figures: [(&str, &str, &str, u64); 6] = [
+            (
+                "sluice_flushes_total",
+                "counter",
+                "Buffers written to Parquet since start.",
+                h.flushes,
+            ),
+            (
+                "sluice_buffered_rows",
+                "gauge",
+                "Rows in memory, not yet in Parquet.",
+                h.buffered_rows,
+            ),
+            (
+                "sluice_buffered_bytes",
+                "gauge",
+                "Bytes of the rows in memory.",
+                h.buffered_bytes,
+            ),
+            (
+                "sluice_flushing_partitions",
+                "gauge",
+                "Partitions being written to Parquet now.",
+                h.flushing,
+            ),
+            (
+                "sluice_partitions",
+                "gauge",
+                "Partitions of every table.",
+                h.partitions,
+            ),
+            (
+                "sluice_parquet_files",
+                "gauge",
+                "Parquet files of every table.",
+                h.files,
+            ),
+        ];
+        for (name, kind, help, v) in figures {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        }
+        out
+    }
+
+    fn health(&self) -> Health {
+        self.health_now()
+    }
+}
