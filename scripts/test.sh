@@ -30,11 +30,22 @@ command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
+command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo_=""
   [ "$(id -u)" -eq 0 ] || sudo_="sudo"
   $sudo_ apt-get update -qq || true
   DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# The PostgreSQL JDBC driver from Maven Central, for tests/pg.rs (checked against its sha1).
+jdbc="$HOME/.cache/sluice-jdbc/postgresql-42.7.14.jar"
+if [ ! -f "$jdbc" ]; then
+  mkdir -p "$(dirname "$jdbc")"
+  url=https://repo1.maven.org/maven2/org/postgresql/postgresql/42.7.14/postgresql-42.7.14.jar
+  curl -fsSL --retry 3 -o "$jdbc.part" "$url"
+  sum="$(curl -fsSL --retry 3 "$url.sha1" | cut -c1-40)"
+  echo "$sum  $jdbc.part" | sha1sum -c --quiet -
+  mv "$jdbc.part" "$jdbc"
 fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -1,7 +1,10 @@
 //! The PostgreSQL wire protocol as its users' tools speak it: `psql` (Debian's
 //! postgresql-client) for simple queries, settings, transactions and errors with their
 //! SQLSTATE codes; `psycopg` 3 (PyPI) for prepared statements with parameters, text and
-//! binary results of each common type, writes, a wrong password and `WHERE PARTS`.
+//! binary results of each common type, writes, a wrong password and `WHERE PARTS`; the
+//! catalogs psql's `\dt` and `\d` read, Grafana's table and column lookups and its macros'
+//! SQL; and the PostgreSQL JDBC driver (Maven Central, fetched by scripts/test.sh) from a
+//! small Java program (`tests/jdbc/SluiceJdbc.java`).
 
 mod common;
 
@@ -188,4 +191,80 @@ print("\n".join(out))
         3,
         "the writes over the PostgreSQL protocol are stored"
     );
+
+    // The catalogs: psql's \dt and \d, and what a plain user sees of them.
+    let out = psql(&pg, "admin", "secret", "lab", &["-c", "\\dt lab.*"]);
+    assert!(out.status.success(), "{}", errors(&out));
+    assert_eq!(
+        text(&out),
+        "lab|events|table|postgres\nlab|readings|table|postgres"
+    );
+    let out = psql(&pg, "admin", "secret", "lab", &["-c", "\\d lab.readings"]);
+    assert!(out.status.success(), "{}", errors(&out));
+    assert_eq!(
+        text(&out),
+        "time|timestamp without time zone|||\ndevice|text|||\ntemp|double precision|||\n\
+         n|bigint|||\nok|boolean|||"
+    );
+    let out = psql(
+        &pg,
+        "reader",
+        "secret",
+        "lab",
+        &["-c", "SELECT count(*) FROM information_schema.tables"],
+    );
+    assert_eq!(text(&out), "0", "{}", errors(&out));
+    // Grafana's PostgreSQL data source: its table lookup (schemas of the search path), its
+    // column lookup, and what $__timeGroupAlias and $__timeFilter expand to.
+    let grafana = [
+        "select quote_ident(table_name) as \"table\" from information_schema.tables \
+         where quote_ident(table_schema) not in ('information_schema', 'pg_catalog', \
+         '_timescaledb_cache', '_timescaledb_catalog', '_timescaledb_internal') \
+         and quote_ident(table_schema) IN ( SELECT CASE WHEN trim(s[i]) = '\"$user\"' \
+         THEN user ELSE trim(s[i]) END FROM generate_series( \
+         array_lower(string_to_array(current_setting('search_path'),','),1), \
+         array_upper(string_to_array(current_setting('search_path'),','),1) ) as i, \
+         string_to_array(current_setting('search_path'),',') s ) ORDER BY 1",
+        "select quote_ident(column_name) as \"column\", data_type as \"type\" \
+         from information_schema.columns where quote_ident(table_name) = 'readings' \
+         ORDER BY ordinal_position",
+        "SELECT floor(extract(epoch from time)/3600)*3600 AS \"time\", avg(temp) AS temp \
+         FROM readings WHERE time BETWEEN '2026-01-02T00:00:00Z' AND '2026-01-02T23:59:59Z' \
+         GROUP BY 1 ORDER BY 1",
+    ];
+    let args: Vec<&str> = grafana.iter().flat_map(|q| ["-c", *q]).collect();
+    let out = psql(&pg, "admin", "secret", "lab", &args);
+    assert!(out.status.success(), "{}", errors(&out));
+    assert_eq!(
+        text(&out),
+        "events\nreadings\n\
+         time|timestamp without time zone\ndevice|text\ntemp|double precision\nn|bigint\n\
+         ok|boolean\n\
+         1767322800.0|9.125"
+    );
+
+    // The PostgreSQL JDBC driver, from a small Java program.
+    let jar = std::env::var("SLUICE_PG_JDBC").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/sluice-jdbc/postgresql-42.7.14.jar",
+            std::env::var("HOME").unwrap()
+        )
+    });
+    assert!(
+        std::path::Path::new(&jar).exists(),
+        "{jar} is missing: scripts/test.sh fetches it from Maven Central"
+    );
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/jdbc/SluiceJdbc.java");
+    let out = Command::new("java")
+        .args(["-cp", &jar, source, host, port])
+        .output()
+        .expect("java (scripts/test.sh installs a JRE)");
+    assert!(out.status.success(), "jdbc: {}", errors(&out));
+    assert_eq!(
+        text(&out),
+        "d1 21.5 7 true 2026-01-02T03:04:05\nd2 -3.25 -8 false 2026-01-02T03:04:06.250\n\
+         counts 2 1 2 1 2 1 2\ninserted 1\ntables lab.events,lab.readings\n\
+         columns time:timestamp,device:text,temp:float8,n:int8,ok:bool\nerror 42P01"
+    );
+    assert_eq!(s.count("SELECT count(*) FROM lab.events").await, 4);
 }

@@ -58,6 +58,9 @@ pub struct QueryOptions {
     /// Who runs it (`None`: the server itself, or anyone on a server without users): its
     /// role, grants and the `[[acl]]` rules decide what it may read, write and change.
     pub user: Option<String>,
+    /// A PostgreSQL client asks: a query about the schema (`pg_catalog`,
+    /// `information_schema`, `format_type`, ...) is answered from PostgreSQL's catalogs.
+    pub postgres: bool,
 }
 
 /// What a statement takes and returns, known before it runs ([`QueryPort::describe`]).

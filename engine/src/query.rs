@@ -4,7 +4,7 @@
 //! [`provider`] exposes databases as schemas and tables as providers that union Parquet files
 //! with buffers, pruning partitions; [`system`] serves `system.*`; [`optimizer`] answers
 //! aggregates from [`synopsis`] and [`groups`] synopses without reading rows; [`functions`]
-//! adds JoinBase's SQL functions.
+//! adds JoinBase's SQL functions; [`pg_catalog`] answers PostgreSQL clients' catalog queries.
 
 pub(crate) mod ddl;
 pub(crate) mod dialect;
@@ -15,6 +15,7 @@ pub(crate) mod kept;
 pub(crate) mod latest;
 pub(crate) mod optimizer;
 pub(crate) mod parts;
+pub(crate) mod pg_catalog;
 pub(crate) mod planner;
 pub(crate) mod provider;
 pub(crate) mod statements;

@@ -237,8 +237,8 @@ async fn sql(
         database: q.db,
         params: Vec::new(),
         no_result_cache: q.cache.as_deref() == Some("off"),
-        small: false,
         user: caller.and_then(|c| c.0.0),
+        ..QueryOptions::default()
     };
     let sql_owned;
     let text = if json {

@@ -211,6 +211,7 @@ fn options<C: ClientInfo>(client: &C) -> QueryOptions {
     QueryOptions {
         database,
         user,
+        postgres: true,
         ..QueryOptions::default()
     }
 }

@@ -224,6 +224,8 @@ pub(crate) struct Planner {
     per_run: Mutex<HashMap<(String, String, String), u64>>,
     /// `query.timeout`, parsed once, with its text (for the error that names it).
     timeout: std::sync::OnceLock<(std::time::Duration, Arc<str>)>,
+    /// PostgreSQL clients' catalog sessions ([`crate::query::pg_catalog`]).
+    pub(crate) catalog: crate::query::pg_catalog::CatalogSessions,
 }
 
 /// Inserts into a bounded cache: past `limit` entries it is emptied and refills with what is
@@ -349,6 +351,9 @@ impl Engine {
 
     /// Executes one statement: Sluice's own (DDL, SHOW, ...) or a query through DataFusion.
     pub(crate) async fn query(&self, sql: &str, options: &QueryOptions) -> Result<QueryOutput> {
+        if options.postgres && crate::query::pg_catalog::asks_catalog(sql) {
+            return self.query_catalog(sql, options).await;
+        }
         let database = options.database.as_deref().unwrap_or(DEFAULT_DATABASE);
         let user = options.user.as_deref();
         let (limit_time, timeout) = self.planner.timeout.get_or_init(|| {
@@ -544,6 +549,9 @@ impl Engine {
 
     /// What `sql` takes and returns, without running it (see [`crate::QueryPort::describe`]).
     pub(crate) async fn describe(&self, sql: &str, options: &QueryOptions) -> Result<Described> {
+        if options.postgres && crate::query::pg_catalog::asks_catalog(sql) {
+            return self.describe_catalog(sql, options).await;
+        }
         let database = options.database.as_deref().unwrap_or(DEFAULT_DATABASE);
         let user = options.user.as_deref();
         match ddl::parse_in(sql, database)? {
@@ -680,7 +688,7 @@ impl Engine {
 
 /// Gives `$1`, `$2`, ... their values, each cast to the type its place in the query asks for
 /// (a JSON number compared with a Float32 column becomes a Float32).
-fn bind(plan: LogicalPlan, params: &[ScalarValue]) -> Result<LogicalPlan> {
+pub(crate) fn bind(plan: LogicalPlan, params: &[ScalarValue]) -> Result<LogicalPlan> {
     if params.is_empty() {
         return Ok(plan);
     }
