@@ -31,6 +31,7 @@ command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo_=""
   [ "$(id -u)" -eq 0 ] || sudo_="sudo"
@@ -46,6 +47,13 @@ if [ ! -f "$jdbc" ]; then
   sum="$(curl -fsSL --retry 3 "$url.sha1" | cut -c1-40)"
   echo "$sum  $jdbc.part" | sha1sum -c --quiet -
   mv "$jdbc.part" "$jdbc"
+fi
+# A Sparkplug B client library, for tests/sparkplug.rs: pysparkplug (PyPI) in a venv of its
+# own (it needs paho-mqtt 1.x).
+spb="$HOME/.cache/sluice-sparkplug"
+if ! "$spb/bin/python" -c 'import pysparkplug' >/dev/null 2>&1; then
+  python3 -m venv "$spb"
+  "$spb/bin/pip" install --quiet 'pysparkplug==0.6.1'
 fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -6,6 +6,7 @@ use crate::journal::{self, Record};
 use crate::router::Target;
 use crate::router::remote::{Group, Groups};
 use crate::session::Message;
+use crate::sparkplug;
 use futures::future::BoxFuture;
 use rumqttc::v5::mqttbytes::v5::PubAckReason;
 use sluice_engine::Origin;
@@ -317,6 +318,9 @@ pub(crate) async fn try_store(
     if clears_retained(message) {
         return alone(journal).await.map_err(refusal_of);
     }
+    if let Some(s) = sparkplug::target(&shared.config, &message.topic) {
+        return sparkplug::store(shared, message, user, origin, journal, s).await;
+    }
     let Some(t) = shared.mapper.map(
         &message.topic,
         message.properties.as_ref(),
@@ -365,7 +369,7 @@ pub(crate) async fn try_store(
 }
 
 /// The refusal an engine error means.
-fn refusal_of(e: sluice_engine::Error) -> Refusal {
+pub(crate) fn refusal_of(e: sluice_engine::Error) -> Refusal {
     Refusal {
         reason: error::store_reason(&e),
         text: e.to_string(),
@@ -401,6 +405,10 @@ pub(crate) async fn try_store_batch(
         }
         if clears_retained(m) {
             outcome[i] = Batched::Unmapped;
+            continue;
+        }
+        // Sparkplug messages are decoded and stored one by one.
+        if sparkplug::target(&shared.config, &m.topic).is_some() {
             continue;
         }
         let Some(t) = (shared.mapper).map(&m.topic, m.properties.as_ref(), &m.payload) else {

@@ -23,6 +23,7 @@ mod metrics;
 mod persist;
 mod router;
 mod session;
+mod sparkplug;
 mod tables;
 mod takeover;
 pub mod tls;

@@ -56,6 +56,9 @@ pub struct MqttConfig {
     /// Databases in which the first JSON message on `/db/table` creates the table (types
     /// inferred); later new fields add nullable columns.
     pub auto_create_databases: Vec<String>,
+    /// The database Sparkplug B messages (`spBv1.0/...`) are stored in, a table per group,
+    /// made with the database on the first message; empty: they are only routed.
+    pub sparkplug_database: String,
 }
 
 impl Default for MqttConfig {
@@ -79,6 +82,7 @@ impl Default for MqttConfig {
             topic_alias_maximum: 64,
             shared_client_ids: false,
             auto_create_databases: Vec::new(),
+            sparkplug_database: "sparkplug".into(),
         }
     }
 }

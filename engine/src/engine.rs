@@ -66,6 +66,8 @@ pub struct Engine {
     pub(crate) journal_replay: parking_lot::Mutex<Vec<(u64, Vec<u8>)>>,
     /// The first LSN the journal's owner still needs: WAL truncation keeps it.
     pub(crate) journal_floor: std::sync::atomic::AtomicU64,
+    /// What Sparkplug B edge nodes announced, and which are online.
+    pub(crate) sparkplug: Arc<crate::ingest::sparkplug::Sparkplug>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -220,6 +222,14 @@ impl Engine {
                 rows.upgrade().unwrap_or_default().system_table()
             })),
         );
+        let sparkplug = Arc::new(crate::ingest::sparkplug::Sparkplug::default());
+        let rows = Arc::downgrade(&sparkplug);
+        store.extra_system.write().insert(
+            "sparkplug_nodes".into(),
+            crate::ports::SystemRows(Arc::new(move || {
+                rows.upgrade().unwrap_or_default().system_table()
+            })),
+        );
         let manifest_index = manifest.raft_index;
         let journal_floor = journal.first().map_or(u64::MAX, |(lsn, _)| *lsn);
         let access = crate::access::Access::new(&config.user, &config.acl)?;
@@ -240,6 +250,7 @@ impl Engine {
             journal_replay: parking_lot::Mutex::new(journal),
             // Until the broker says what it still needs, every journal record is kept.
             journal_floor: journal_floor.into(),
+            sparkplug,
         }))
     }
 
@@ -500,11 +511,18 @@ fn fixed_columns(def: &TableDef, fixed: &[(String, String)]) -> Result<Vec<(usiz
 
 #[async_trait]
 impl IngestPort for Engine {
+    fn ask_rebirth(&self, group: &str, edge: &str) -> bool {
+        self.sparkplug.ask_rebirth(group, edge)
+    }
+
     async fn publish_journaled(
         &self,
         p: Publication<'_>,
         journal: Option<Journal>,
     ) -> Result<Option<WriteReceipt>> {
+        if p.format == Format::Sparkplug {
+            return self.publish_sparkplug(p, journal).await;
+        }
         // Line protocol in an auto-create database: each measurement is a table, made and
         // widened as InfluxDB's write API does; the message is stored whole or refused.
         if p.auto_create && p.format == Format::LineProtocol && p.fixed.is_empty() {

@@ -70,6 +70,14 @@ pub enum Error {
         /// What was wrong.
         reason: String,
     },
+    /// A Sparkplug B DATA message with a metric alias that no BIRTH announced.
+    #[error("alias {alias} of {node} was announced by no BIRTH message")]
+    NoBirth {
+        /// The edge node (and device) that sent it.
+        node: String,
+        /// The unknown alias.
+        alias: u64,
+    },
     /// A write or definition past a hard limit.
     #[error("too large: {what}")]
     TooLarge {
@@ -232,7 +240,7 @@ impl Error {
             Error::AlreadyExists { .. } => ErrorKind::AlreadyExists,
             Error::Denied { .. } => ErrorKind::Denied,
             Error::BadRow { .. } => ErrorKind::BadRow,
-            Error::BadPayload { .. } => ErrorKind::BadPayload,
+            Error::BadPayload { .. } | Error::NoBirth { .. } => ErrorKind::BadPayload,
             Error::TooLarge { .. } => ErrorKind::TooLarge,
             Error::Overloaded { .. } => ErrorKind::Overloaded,
             Error::BuffersFull { .. } => ErrorKind::BuffersFull,

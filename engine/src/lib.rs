@@ -37,6 +37,7 @@ pub use engine::{Engine, ExpiredPartition, FileChange, MergedFiles, ShardFile, n
 pub use error::{Error, ErrorKind, Result};
 pub use ingest::decode::Format;
 pub use ingest::origin::Origin;
+pub use ingest::sparkplug;
 pub use log::WriteLog;
 pub use log::wal::record::{WriteRecord, encode_record};
 pub use log::wal::{Journal, Then};

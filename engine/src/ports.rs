@@ -257,6 +257,12 @@ pub trait IngestPort: Logins {
         publications: Vec<Publication<'_>>,
     ) -> Result<Vec<Option<WriteReceipt>>>;
 
+    /// Whether to ask a Sparkplug B edge node of `group` for its BIRTH messages now (its
+    /// DATA named an alias no BIRTH announced); at most once per node every 10 s.
+    fn ask_rebirth(&self, _group: &str, _edge: &str) -> bool {
+        false
+    }
+
     /// Keeps a refused message durably in `system.dead_letters`.
     async fn dead_letter(&self, letter: DeadLetter) -> Result<()>;
 

@@ -36,6 +36,8 @@ pub enum Format {
     Json,
     /// InfluxDB line protocol: `measurement[,tag=v...] field=v[,...] [nanoseconds]`.
     LineProtocol,
+    /// Sparkplug B protobuf, on `spBv1.0/...` topics (decoded by [`crate::ingest::sparkplug`]).
+    Sparkplug,
 }
 
 impl Format {
@@ -115,6 +117,11 @@ pub(crate) fn decode_message(
             None => json::decode(&target, text)?,
         },
         Format::LineProtocol => line_protocol::decode(&target, text, now_micros)?,
+        Format::Sparkplug => {
+            return Err(Error::invalid(
+                "Sparkplug B payloads are stored by their own path",
+            ));
+        }
     };
     fill_arrival_time(table, &mut rows, now_micros);
     if rows.is_empty() {

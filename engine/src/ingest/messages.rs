@@ -55,7 +55,7 @@ impl Engine {
 
     /// The table `database.table`, made with `fields` (see [`Engine::table_for_json`]) or
     /// widened with those it lacks.
-    async fn table_for_columns(
+    pub(crate) async fn table_for_columns(
         &self,
         database: &str,
         table: &str,
