@@ -18,12 +18,15 @@ def free_port():
 
 
 class Sluice:
-    """`sluice serve` on `data_dir` with extra environment `env`; stopped with SIGTERM."""
+    """`sluice serve` on `data_dir` with extra environment `env` (and a PostgreSQL listener
+    on `self.pg` with `pg`); stopped with SIGTERM."""
 
-    def __init__(self, binary, data_dir, env=None):
+    def __init__(self, binary, data_dir, env=None, pg=False):
         self.port, self.mqtt = free_port(), free_port()
+        self.pg = free_port() if pg else None
         args = [binary, "serve", "--data-dir", data_dir, "--http-listen", f"127.0.0.1:{self.port}",
-                "--mqtt-listen", f"127.0.0.1:{self.mqtt}", "--pg-listen", ""]
+                "--mqtt-listen", f"127.0.0.1:{self.mqtt}",
+                "--pg-listen", f"127.0.0.1:{self.pg}" if pg else ""]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      env=dict(os.environ, **(env or {})))
         deadline = time.time() + 30

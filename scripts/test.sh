@@ -31,6 +31,7 @@ command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
 python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo_=""
@@ -38,14 +39,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo_ apt-get update -qq || true
   DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-# The PostgreSQL JDBC driver from Maven Central, for tests/pg.rs (checked against its sha1).
+# The PostgreSQL JDBC driver from Maven Central, for tests/pg.rs (checked against its
+# published sha256).
 jdbc="$HOME/.cache/sluice-jdbc/postgresql-42.7.14.jar"
 if [ ! -f "$jdbc" ]; then
   mkdir -p "$(dirname "$jdbc")"
   url=https://repo1.maven.org/maven2/org/postgresql/postgresql/42.7.14/postgresql-42.7.14.jar
   curl -fsSL --retry 3 -o "$jdbc.part" "$url"
-  sum="$(curl -fsSL --retry 3 "$url.sha1" | cut -c1-40)"
-  echo "$sum  $jdbc.part" | sha1sum -c --quiet -
+  echo "73914527305a40cce504b0d3d90b23caf565136912d607ae8ae7c5895512332c  $jdbc.part" | sha256sum -c --quiet -
   mv "$jdbc.part" "$jdbc"
 fi
 # A Sparkplug B client library, for tests/sparkplug.rs: pysparkplug (PyPI) in a venv of its

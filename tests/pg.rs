@@ -206,14 +206,36 @@ print("\n".join(out))
         "time|timestamp without time zone|||\ndevice|text|||\ntemp|double precision|||\n\
          n|bigint|||\nok|boolean|||"
     );
+    s.sql_ok(
+        "CREATE TABLE shop.orders (time TIMESTAMP NOT NULL, item TEXT) PARTITION BY yyyymmdd(time)",
+    )
+    .await;
+    s.sql_ok("GRANT SELECT ON DATABASE shop TO reader").await;
     let out = psql(
         &pg,
         "reader",
         "secret",
-        "lab",
-        &["-c", "SELECT count(*) FROM information_schema.tables"],
+        "shop",
+        &[
+            "-c",
+            "SELECT table_schema, table_name FROM information_schema.tables",
+            "-c",
+            "SELECT n.nspname FROM pg_catalog.pg_namespace n WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')",
+        ],
     );
-    assert_eq!(text(&out), "0", "{}", errors(&out));
+    assert_eq!(text(&out), "shop|orders\nshop", "{}", errors(&out));
+    let out = psql(
+        &pg,
+        "reader",
+        "secret",
+        "shop",
+        &[
+            "-c",
+            "SELECT count(*) FROM pg_catalog.pg_class, lab.readings",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(errors(&out).contains("42501"), "{}", errors(&out));
     // Grafana's PostgreSQL data source: its table lookup (schemas of the search path), its
     // column lookup, and what $__timeGroupAlias and $__timeFilter expand to.
     let grafana = [

@@ -318,14 +318,14 @@ pub(crate) async fn try_store(
     if clears_retained(message) {
         return alone(journal).await.map_err(refusal_of);
     }
-    if let Some(s) = sparkplug::target(&shared.config, &message.topic) {
-        return sparkplug::store(shared, message, user, origin, journal, s).await;
-    }
     let Some(t) = shared.mapper.map(
         &message.topic,
         message.properties.as_ref(),
         &message.payload,
     ) else {
+        if let Some(s) = sparkplug::target(&shared.config, &message.topic) {
+            return sparkplug::store(shared, message, user, origin, journal, s).await;
+        }
         return alone(journal).await.map_err(refusal_of);
     };
     let need = Need::Insert {
@@ -407,12 +407,11 @@ pub(crate) async fn try_store_batch(
             outcome[i] = Batched::Unmapped;
             continue;
         }
-        // Sparkplug messages are decoded and stored one by one.
-        if sparkplug::target(&shared.config, &m.topic).is_some() {
-            continue;
-        }
         let Some(t) = (shared.mapper).map(&m.topic, m.properties.as_ref(), &m.payload) else {
-            outcome[i] = Batched::Unmapped;
+            // Sparkplug messages are decoded and stored one by one.
+            if sparkplug::target(&shared.config, &m.topic).is_none() {
+                outcome[i] = Batched::Unmapped;
+            }
             continue;
         };
         let need = Need::Insert {

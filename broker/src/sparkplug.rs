@@ -3,7 +3,11 @@
 //! engine (`sluice_engine::sparkplug`); commands (NCMD, DCMD) and host STATE messages are
 //! only routed. A DATA message naming an alias no BIRTH announced is refused (a dead letter
 //! naming the alias), and the edge node is asked for a rebirth with an NCMD
-//! `Node Control/Rebirth`, as a Sparkplug host application does.
+//! `Node Control/Rebirth`, as a Sparkplug host application does. Subscribers (SCADA hosts)
+//! get every message either way: a message that cannot be stored for good (a payload that
+//! does not decode, an unknown alias, a denied insert) is still routed, kept as a dead
+//! letter and refused with its reason; one refused for a passing reason (disk or buffers
+//! full) is not routed, so that the publisher's resend is the one delivered. `[[topic]]` rules for `spBv1.0/...` topics win.
 
 use crate::BrokerState;
 use crate::ingest::{Refusal, refusal_of, route};
@@ -62,11 +66,12 @@ pub(crate) async fn store(
         table: t.group,
     };
     if let Err(e) = shared.db.authorize(user, need) {
-        return Err(Refusal {
+        let refusal = Refusal {
             reason: PubAckReason::NotAuthorized,
             text: e.to_string(),
             transient: false,
-        });
+        };
+        return routed_anyway(shared, message, refusal).await;
     }
     let publication = Publication {
         database: t.database,
@@ -92,9 +97,23 @@ pub(crate) async fn store(
             {
                 ask_rebirth(shared, t.group, t.edge).await;
             }
-            Err(refusal_of(e))
+            routed_anyway(shared, message, refusal_of(e)).await
         }
     }
+}
+
+/// A message not stored for good is still routed (with a journal record of its own), then
+/// refused, so the caller keeps it as a dead letter and tells the publisher why; a passing
+/// failure is only refused.
+async fn routed_anyway(
+    shared: &Arc<BrokerState>,
+    message: &Message,
+    refusal: Refusal,
+) -> Result<bool, Refusal> {
+    if !refusal.transient {
+        route(shared, &Arc::new(message.clone())).await;
+    }
+    Err(refusal)
 }
 
 /// Publishes `spBv1.0/{group}/NCMD/{edge}` with `Node Control/Rebirth = true`.

@@ -54,8 +54,10 @@ if step == "birth":
         spb.Metric(T0, "level", D.FLOAT, value=0.5, alias=5),
     )), device="pump1")
 elif step == "data":
+    subscribed = threading.Event()
+    client._client.on_subscribe = lambda *_: subscribed.set()  # paho's SUBACK callback
     client.subscribe(topic(spb.MessageType.NCMD), spb.QoS.AT_LEAST_ONCE, on_command)
-    time.sleep(0.3)  # the SUBACK: pysparkplug does not expose it
+    assert subscribed.wait(10), "no SUBACK"
     t = T0 + 10_000
     send(client, spb.MessageType.DDATA, spb.DData(t, 2, (
         spb.Metric(t, None, D.DOUBLE, value=22.25, alias=1),

@@ -211,6 +211,8 @@ fn options<C: ClientInfo>(client: &C) -> QueryOptions {
     QueryOptions {
         database,
         user,
+        // `SET sluice.cache = off`: computed answers, as `/v1/sql?cache=off`.
+        no_result_cache: session::setting(meta, "sluice.cache").as_deref() == Some("off"),
         postgres: true,
         ..QueryOptions::default()
     }

@@ -5,10 +5,14 @@
 //! ([`COLUMNS`]: one row per metric, the value in the column of its type) in the Sparkplug
 //! database, made on the first message.
 //!
+//! A group id that is not a table name (`Plant-1`) is stored under one: each character other
+//! than letters, digits and `_` becomes `_` (`Plant_1`).
+//!
 //! BIRTH messages announce each metric's name, alias and type; DATA messages usually carry
 //! only aliases. The announcements are kept per edge node and device in memory and are
-//! durable as the BIRTH rows themselves: after a restart, the first DATA message whose alias
-//! is not known reads the latest BIRTH rows of its node or device back from the table. A DATA
+//! durable as the BIRTH rows themselves (all rows of one BIRTH carry its payload's time):
+//! after a restart, the first DATA message of a node or device reads its latest BIRTH rows
+//! back from the table (a device's only if not older than its node's latest NBIRTH). A DATA
 //! metric whose alias no BIRTH announced refuses the message ([`Error::NoBirth`]: a dead
 //! letter naming the alias; the broker then asks the edge node for a rebirth). DEATH messages
 //! mark the node (and its devices) or the device offline in `system.sparkplug_nodes`.
@@ -80,7 +84,10 @@ struct Node {
 /// Sparkplug state: what the BIRTH messages announced, and who is online.
 #[derive(Debug, Default)]
 pub(crate) struct Sparkplug {
+    /// Per node or device: its latest BIRTH (empty when none was found).
     births: Mutex<HashMap<Key, Birth>>,
+    /// Per node (device `None`): the time (µs) of its latest NBIRTH.
+    node_births: Mutex<HashMap<Key, i64>>,
     nodes: Mutex<BTreeMap<Key, Node>>,
     asked: Mutex<HashMap<(String, String), Instant>>,
 }
@@ -96,6 +103,25 @@ pub fn parse_topic(topic: &str) -> Option<(&str, &str, &str, Option<&str>)> {
         return None;
     }
     Some((group, kind, edge, device))
+}
+
+/// The table name of a group id: letters, digits and `_` kept, anything else `_`, and a `_`
+/// before a leading digit.
+pub fn table_name(group: &str) -> String {
+    let mut name: String = (group.chars())
+        .map(|c| {
+            if c.is_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if name.starts_with(|c: char| c.is_ascii_digit()) {
+        name.insert(0, '_');
+    }
+    name.truncate(128);
+    name
 }
 
 /// One metric's value in the long table's columns: int, double, bool, text, bytes.
@@ -138,10 +164,11 @@ fn value_columns(m: &Metric, datatype: u32) -> [Value; 5] {
 impl Sparkplug {
     /// Remembers what a BIRTH announced; a node's BIRTH forgets its devices' (they are born
     /// again after it).
-    fn born(&self, key: &Key, metrics: &[Metric], node: bool) {
+    fn born(&self, key: &Key, metrics: &[Metric], node: bool, time: i64) {
         let mut births = self.births.lock();
         if node {
             births.retain(|k, _| !(k.0 == key.0 && k.1 == key.1 && k.2 == key.2));
+            self.node_births.lock().insert(key.clone(), time);
         }
         let mut birth = Birth::default();
         for m in metrics {
@@ -273,9 +300,10 @@ impl Engine {
                 "a Sparkplug message needs its edge node and type",
             ));
         };
+        crate::query::statements::valid_name("database", p.database)?;
         let key: Key = (
             p.database.to_string(),
-            p.table.to_string(),
+            table_name(p.table),
             edge.clone(),
             fixed("device").cloned(),
         );
@@ -283,28 +311,31 @@ impl Engine {
             line: 1,
             reason: format!("not a Sparkplug B payload: {e}"),
         })?;
-        if kind.ends_with("BIRTH") {
-            self.sparkplug
-                .born(&key, &payload.metrics, kind == "NBIRTH");
-        }
-        let resolved = match self.sparkplug.resolve(&key, &payload.metrics) {
-            Ok(r) => r,
-            Err(_) => {
-                self.load_birth(&key).await?;
-                (self.sparkplug.resolve(&key, &payload.metrics)).map_err(|alias| {
-                    Error::NoBirth {
-                        node: match &key.3 {
-                            Some(d) => format!("edge node {} device {d}", key.2),
-                            None => format!("edge node {}", key.2),
-                        },
-                        alias,
-                    }
-                })?
-            }
-        };
-        let def = self.sparkplug_table(p.database, p.table).await?;
         let now = crate::engine::now_micros();
-        let at = |ms: Option<u64>| ms.map_or(now, |ms| ms as i64 * 1000);
+        let at = |ms: Option<u64>| match ms {
+            None => Ok(now),
+            Some(ms) => (ms as i64).checked_mul(1000).ok_or(Error::BadPayload {
+                line: 1,
+                reason: format!("timestamp {ms} ms is out of range"),
+            }),
+        };
+        let birth = kind.ends_with("BIRTH");
+        if birth {
+            let time = at(payload.timestamp)?;
+            self.sparkplug
+                .born(&key, &payload.metrics, kind == "NBIRTH", time);
+        } else if !self.sparkplug.births.lock().contains_key(&key) {
+            self.load_birth(&key).await?;
+        }
+        let resolved =
+            (self.sparkplug.resolve(&key, &payload.metrics)).map_err(|alias| Error::NoBirth {
+                node: match &key.3 {
+                    Some(d) => format!("edge node {} device {d}", key.2),
+                    None => format!("edge node {}", key.2),
+                },
+                alias,
+            })?;
+        let def = self.sparkplug_table(p.database, &key.1).await?;
         let seq = payload
             .seq
             .map(|s| Value::Int(s as i64))
@@ -313,8 +344,13 @@ impl Engine {
         let rows: Vec<Vec<Value>> = (payload.metrics.iter().zip(resolved))
             .map(|(m, (name, ty))| {
                 let [int, double, boolean, string, bytes] = value_columns(m, ty);
+                // A BIRTH's rows carry its time (its latest rows are its announcement).
+                let time = match birth {
+                    true => at(payload.timestamp.or(m.timestamp))?,
+                    false => at(m.timestamp.or(payload.timestamp))?,
+                };
                 let named = [
-                    Value::Timestamp(at(m.timestamp.or(payload.timestamp))),
+                    Value::Timestamp(time),
                     Value::Str(edge.clone()),
                     text(&key.3),
                     Value::Str(kind.clone()),
@@ -335,10 +371,10 @@ impl Engine {
                         row[i] = v;
                     }
                 }
-                row
+                Ok(row)
             })
-            .collect();
-        let time = at(payload.timestamp);
+            .collect::<Result<_>>()?;
+        let time = at(payload.timestamp)?;
         let metrics = payload.metrics.len();
         let receipt = match rows.is_empty() {
             true => WriteReceipt {
@@ -359,10 +395,25 @@ impl Engine {
         Ok(Some(receipt))
     }
 
-    /// The group's table, made (with its database) on the first message.
+    /// The group's table, made (with its database) on the first message; one made otherwise
+    /// must have Sparkplug's columns.
     async fn sparkplug_table(&self, database: &str, group: &str) -> Result<Arc<crate::TableDef>> {
+        let fits = |def: Arc<crate::TableDef>| {
+            for (name, ty) in COLUMNS {
+                match def.column_index(name).map(|i| def.columns[i].ty) {
+                    Some(t) if t == ty => {}
+                    _ => {
+                        return Err(Error::invalid(format!(
+                            "{database}.{group} is not a Sparkplug table: it needs column {name} \\
+                             of type {ty:?}"
+                        )));
+                    }
+                }
+            }
+            Ok(def)
+        };
         match self.table(database, group) {
-            Ok(def) => return Ok(def),
+            Ok(def) => return fits(def),
             Err(Error::UnknownDatabase { .. }) => {
                 let sql = format!("CREATE DATABASE IF NOT EXISTS \"{database}\"");
                 crate::QueryPort::execute(self, &sql).await?;
@@ -371,21 +422,31 @@ impl Engine {
             Err(e) => return Err(e),
         }
         let columns = COLUMNS.iter().map(|(n, t)| (n.to_string(), *t)).collect();
-        self.table_for_columns(database, group, columns).await
+        fits(self.table_for_columns(database, group, columns).await?)
     }
 
-    /// Reads the latest announcement of each alias of `key` back from its BIRTH rows (after
-    /// a restart, the memory has none).
+    /// Reads the latest BIRTH of `key` back from its rows (after a restart, the memory has
+    /// none); remembers an empty one when there is none, so that the table is read once.
     async fn load_birth(&self, key: &Key) -> Result<()> {
-        let (database, group, edge, device) = key;
+        let (database, table, edge, device) = key;
+        let node: Key = (database.clone(), table.clone(), edge.clone(), None);
+        let since = match device {
+            Some(_) => self.sparkplug.node_births.lock().get(&node).copied(),
+            None => None,
+        };
         let which = match device {
             Some(_) => "device = $2 AND message = 'DBIRTH'",
             None => "device IS NULL AND message = 'NBIRTH'",
         };
+        // Names are table names (letters, digits, _): safe between double quotes.
+        let rows = format!(
+            "FROM \"{database}\".\"{table}\" WHERE edge_node = $1 AND {which}{}",
+            since.map_or(String::new(), |t| format!(
+                " AND time >= to_timestamp_micros({t})"
+            ))
+        );
         let sql = format!(
-            "SELECT alias, last_value(metric ORDER BY time), last_value(datatype ORDER BY time) \
-             FROM \"{database}\".\"{group}\" WHERE edge_node = $1 AND {which} \
-             AND alias IS NOT NULL GROUP BY alias"
+            "SELECT alias, metric, datatype, time {rows} AND time = (SELECT max(time) {rows})"
         );
         let mut params = vec![ScalarValue::Utf8(Some(edge.clone()))];
         params.extend(device.clone().map(|d| ScalarValue::Utf8(Some(d))));
@@ -394,34 +455,46 @@ impl Engine {
             no_result_cache: true,
             ..QueryOptions::default()
         };
-        let mut out = match self.query(&sql, &options).await {
-            Ok(out) => out,
-            Err(Error::UnknownTable { .. } | Error::UnknownDatabase { .. }) => return Ok(()),
-            Err(e) => return Err(e),
-        };
         let mut birth = Birth::default();
-        while let Some(batch) = out.stream.next().await {
-            let batch = batch?;
-            let alias = cast(batch.column(0), &DataType::Int64)?;
-            let name = cast(batch.column(1), &DataType::Utf8)?;
-            let ty = cast(batch.column(2), &DataType::Utf8)?;
-            let alias = alias.as_any().downcast_ref::<Int64Array>().expect("cast");
-            let name = name.as_any().downcast_ref::<StringArray>().expect("cast");
-            let ty = ty.as_any().downcast_ref::<StringArray>().expect("cast");
-            for i in 0..batch.num_rows() {
-                if alias.is_null(i) || name.is_null(i) {
-                    continue;
+        let mut born = None;
+        match self.query(&sql, &options).await {
+            Ok(mut out) => {
+                while let Some(batch) = out.stream.next().await {
+                    let batch = batch?;
+                    let col = |i: usize, ty: &DataType| cast(batch.column(i), ty);
+                    let (alias, name) = (col(0, &DataType::Int64)?, col(1, &DataType::Utf8)?);
+                    let (ty, time) = (col(2, &DataType::Utf8)?, col(3, &DataType::Int64)?);
+                    let alias = alias.as_any().downcast_ref::<Int64Array>().expect("cast");
+                    let name = name.as_any().downcast_ref::<StringArray>().expect("cast");
+                    let ty = ty.as_any().downcast_ref::<StringArray>().expect("cast");
+                    let time = time.as_any().downcast_ref::<Int64Array>().expect("cast");
+                    for i in 0..batch.num_rows() {
+                        if name.is_null(i) {
+                            continue;
+                        }
+                        let ty = (0..35)
+                            .find(|n| !ty.is_null(i) && datatype_name(*n) == ty.value(i))
+                            .unwrap_or(0);
+                        let name = name.value(i).to_string();
+                        birth.types.insert(name.clone(), ty);
+                        if !alias.is_null(i) {
+                            birth.aliases.insert(alias.value(i) as u64, (name, ty));
+                        }
+                        born = Some(time.value(i));
+                    }
                 }
-                let ty = (0..35)
-                    .find(|n| !ty.is_null(i) && datatype_name(*n) == ty.value(i))
-                    .unwrap_or(0);
-                birth.types.insert(name.value(i).to_string(), ty);
-                (birth.aliases).insert(alias.value(i) as u64, (name.value(i).to_string(), ty));
             }
+            Err(Error::UnknownTable { .. } | Error::UnknownDatabase { .. }) => {}
+            Err(e) => return Err(e),
         }
-        if !birth.aliases.is_empty() {
-            self.sparkplug.births.lock().insert(key.clone(), birth);
+        if let (None, Some(t)) = (device, born) {
+            self.sparkplug.node_births.lock().entry(node).or_insert(t);
         }
+        self.sparkplug
+            .births
+            .lock()
+            .entry(key.clone())
+            .or_insert(birth);
         Ok(())
     }
 }
@@ -444,6 +517,8 @@ mod tests {
         );
         assert_eq!(parse_topic("spBv1.0/plant"), None);
         assert_eq!(parse_topic("plant/NBIRTH/edge1"), None);
+        assert_eq!(super::table_name("Plant-1.a"), "Plant_1_a");
+        assert_eq!(super::table_name("7\" OR"), "_7__OR");
         let metric = |value| Metric {
             name: None,
             alias: Some(1),

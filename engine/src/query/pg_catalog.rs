@@ -18,6 +18,7 @@ mod information_schema;
 use crate::Engine;
 use crate::error::{Error, Result};
 use crate::ports::{Described, QueryOptions, QueryOutput};
+use crate::query::planner::{bounded, budget};
 use crate::query::provider::SluiceCatalog;
 use crate::store::catalog::{DEFAULT_DATABASE, SYSTEM_DATABASE};
 use datafusion::arrow::datatypes::DataType;
@@ -29,6 +30,7 @@ use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+use datafusion_pg_catalog::pg_catalog::PG_CATALOG_TABLES;
 use datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
 use datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 use parking_lot::{Mutex, RwLock};
@@ -42,8 +44,10 @@ const KEPT: usize = 256;
 static PARSER: LazyLock<PostgresCompatibilityParser> =
     LazyLock::new(PostgresCompatibilityParser::new);
 
-/// Functions that only PostgreSQL's catalogs answer (besides every `pg_*` name).
+/// Names that only PostgreSQL's catalogs answer (besides `pg_catalog`'s tables and `pg_*`
+/// functions).
 const CATALOG_WORDS: &[&str] = &[
+    "pg_catalog",
     "information_schema",
     "current_schema",
     "current_schemas",
@@ -66,18 +70,31 @@ const CATALOG_WORDS: &[&str] = &[
     "regrole",
 ];
 
-/// Whether `sql` asks about PostgreSQL's catalogs: a word (not in quotes) that names one of
-/// its tables or functions.
+/// Whether `sql` is a query (`SELECT`, `WITH`) about PostgreSQL's catalogs: a word (not in
+/// quotes) that names one of its schemas, tables or functions. A user's table or column
+/// named `pg_something` is not one (unless it is a catalog table's name).
 pub(crate) fn asks_catalog(sql: &str) -> bool {
     let Ok(tokens) = Tokenizer::new(&PostgreSqlDialect {}, sql).tokenize() else {
         return false;
     };
-    tokens.iter().any(|t| match t {
-        Token::Word(w) if w.quote_style.is_none() => {
-            let v = w.value.to_ascii_lowercase();
-            v.starts_with("pg_") || CATALOG_WORDS.contains(&v.as_str())
-        }
-        _ => false,
+    let code: Vec<&Token> = (tokens.iter())
+        .filter(|t| !matches!(t, Token::Whitespace(_)))
+        .collect();
+    let word = |t: &Token| match t {
+        Token::Word(w) if w.quote_style.is_none() => Some(w.value.to_ascii_lowercase()),
+        _ => None,
+    };
+    if !matches!(
+        code.first().and_then(|t| word(t)).as_deref(),
+        Some("select" | "with")
+    ) {
+        return false;
+    }
+    code.iter().enumerate().any(|(i, t)| {
+        let Some(v) = word(t) else { return false };
+        let called = code.get(i + 1).is_some_and(|n| **n == Token::LParen);
+        CATALOG_WORDS.contains(&v.as_str())
+            || (v.starts_with("pg_") && (called || PG_CATALOG_TABLES.contains(&v.as_str())))
     })
 }
 
@@ -101,7 +118,12 @@ fn rewrite(sql: &str, database: &str) -> Option<String> {
     if !sql.contains("current_setting") && !sql.contains("current_catalog") {
         return None;
     }
-    let tokenize = |s: &str| Tokenizer::new(&PostgreSqlDialect {}, s).tokenize().ok();
+    // Literals as written: the tokens are printed back.
+    let tokenize = |s: &str| {
+        (Tokenizer::new(&PostgreSqlDialect {}, s).with_unescape(false))
+            .tokenize()
+            .ok()
+    };
     let code = |tokens: &[Token]| -> Vec<usize> {
         (0..tokens.len())
             .filter(|&i| !matches!(tokens[i], Token::Whitespace(_)))
@@ -198,12 +220,16 @@ impl Engine {
         if self.access.is_admin(&cat, user) {
             readable.insert(SYSTEM_DATABASE.to_string());
         }
-        let mut cfg = SessionConfig::new()
+        let cfg = SessionConfig::new()
             .with_default_catalog_and_schema("sluice", database)
             .with_create_default_catalog_and_schema(false)
-            .with_information_schema(false);
-        cfg = cfg.with_target_partitions(1);
-        let ctx = SessionContext::new_with_config(cfg);
+            .with_information_schema(false)
+            .with_target_partitions(1);
+        // The same memory budget as every query (`query.max_memory_bytes`).
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_memory_pool(budget(self.config.query.max_memory_bytes))
+            .build_arc()?;
+        let ctx = SessionContext::new_with_config_rt(cfg, runtime);
         ctx.register_catalog(
             "sluice",
             Arc::new(Visible {
@@ -288,11 +314,15 @@ impl Engine {
         let plan = crate::query::planner::bind(plan, &options.params)?;
         let database = options.database.as_deref().unwrap_or(DEFAULT_DATABASE);
         let ctx = self.catalog_session(database, options.user.as_deref())?;
+        let (deadline, timeout) = self.query_deadline();
         let frame = ctx.execute_logical_plan(plan).await?;
         let schema = Arc::new(frame.schema().as_arrow().clone());
+        let limit = self.config.query.max_memory_bytes;
+        let stream = frame.execute_stream().await?;
         Ok(QueryOutput {
             schema,
-            stream: frame.execute_stream().await?,
+            // The same time limit as every query (`query.timeout`).
+            stream: bounded(stream, None, deadline, (timeout, limit)),
         })
     }
 
@@ -329,8 +359,8 @@ mod tests {
         let out = super::rewrite(sql, "iot").unwrap();
         assert!(out.ends_with("IN (SELECT 'iot') ORDER BY 1"), "{out}");
         assert!(super::rewrite("SELECT 1", "iot").is_none());
-        let out = super::rewrite("select current_catalog", "iot").unwrap();
-        assert_eq!(out, "select current_database()");
+        let out = super::rewrite("select current_catalog, 'it''s'", "iot").unwrap();
+        assert_eq!(out, "select current_database(), 'it''s'");
     }
 
     #[test]
@@ -343,6 +373,10 @@ mod tests {
         ));
         assert!(asks_catalog("SELECT 'readings'::regclass"));
         assert!(asks_catalog("SELECT current_schema()"));
+        assert!(asks_catalog("select pg_catalog.pg_get_userbyid(1)"));
+        assert!(asks_catalog("SELECT relname FROM pg_class"));
+        assert!(!asks_catalog("SELECT pg_reading FROM t"));
+        assert!(!asks_catalog("INSERT INTO pg_x VALUES (1)"));
         assert!(!asks_catalog(
             "SELECT avg(temp) FROM iot.readings WHERE PARTS ('2026-01-01')"
         ));

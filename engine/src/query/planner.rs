@@ -54,7 +54,7 @@ const SPARE_TASKS: usize = 64;
 
 /// A query's task context, given back to its session when the query's stream is dropped,
 /// if nothing holds it or its memory any more (otherwise it is dropped).
-struct Lease {
+pub(crate) struct Lease {
     task: Option<Arc<TaskContext>>,
     session: Arc<Session>,
 }
@@ -106,7 +106,7 @@ impl Session {
 }
 
 /// A memory pool of `limit` bytes whose refusals name the largest consumers.
-fn budget(limit: usize) -> Arc<dyn datafusion::execution::memory_pool::MemoryPool> {
+pub(crate) fn budget(limit: usize) -> Arc<dyn datafusion::execution::memory_pool::MemoryPool> {
     use datafusion::execution::memory_pool::{GreedyMemoryPool, TrackConsumersPool};
     let top = std::num::NonZeroUsize::new(3).expect("3 is not 0");
     Arc::new(TrackConsumersPool::new(GreedyMemoryPool::new(limit), top))
@@ -114,7 +114,7 @@ fn budget(limit: usize) -> Arc<dyn datafusion::execution::memory_pool::MemoryPoo
 
 /// `stream`, stopped with an error once `deadline` passes, and with a memory refusal
 /// explained by the setting behind it.
-fn bounded(
+pub(crate) fn bounded(
     stream: datafusion::execution::SendableRecordBatchStream,
     lease: Option<Lease>,
     deadline: tokio::time::Instant,
@@ -356,14 +356,7 @@ impl Engine {
         }
         let database = options.database.as_deref().unwrap_or(DEFAULT_DATABASE);
         let user = options.user.as_deref();
-        let (limit_time, timeout) = self.planner.timeout.get_or_init(|| {
-            let text = &self.config.query.timeout;
-            (
-                sluice_conf::Config::duration(text),
-                Arc::from(text.as_str()),
-            )
-        });
-        let deadline = tokio::time::Instant::now() + *limit_time;
+        let (deadline, timeout) = self.query_deadline();
         let session = self.session(database, options.small)?;
         let version = self.store.catalog.snapshot().version;
         let key = (database.to_string(), sql.to_string());
@@ -528,6 +521,18 @@ impl Engine {
             });
         }
         Ok(QueryOutput::from_batches(schema, batches))
+    }
+
+    /// When a query starting now must end (`query.timeout`), with the setting's text.
+    pub(crate) fn query_deadline(&self) -> (tokio::time::Instant, Arc<str>) {
+        let (limit_time, timeout) = self.planner.timeout.get_or_init(|| {
+            let text = &self.config.query.timeout;
+            (
+                sluice_conf::Config::duration(text),
+                Arc::from(text.as_str()),
+            )
+        });
+        (tokio::time::Instant::now() + *limit_time, timeout.clone())
     }
 
     /// Checks that `sql` is one query that plans in `database` (for alerts, made now and run

@@ -82,7 +82,7 @@ pub(super) fn no_rows() -> QueryOutput {
 /// Columns a table may have (WAL records count columns in 16 bits).
 const MAX_COLUMNS: usize = 4096;
 
-pub(super) fn valid_name(what: &str, name: &str) -> Result<()> {
+pub(crate) fn valid_name(what: &str, name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && name.chars().all(|c| c.is_alphanumeric() || c == '_')
