@@ -144,7 +144,7 @@ async fn psql_and_psycopg_query_and_write() {
     // type in text and binary results, a write with parameters.
     let (host, port) = pg.rsplit_once(':').unwrap();
     let script = r#"
-import sys, datetime, psycopg
+import sys, datetime, decimal, psycopg
 host, port = sys.argv[1], sys.argv[2]
 dsn = f"host={host} port={port} user=admin password=secret dbname=lab"
 out = []
@@ -159,6 +159,13 @@ with psycopg.connect(dsn, autocommit=True) as conn:
                          datetime.datetime(2026, 1, 2, 3, 4, 6, 250000),
                          datetime.date(2026, 1, 2), -8, -3.25)], rows
         out.append(f"binary={binary}: {rows[0][0]} {type(rows[0][4]).__name__}")
+        # bytea, numeric and timestamp with time zone, computed.
+        cur.execute("SELECT CAST('ab' AS BYTEA), CAST(1.25 AS DECIMAL(10,2)), "
+                    "to_timestamp(1767323045) AT TIME ZONE 'UTC'")
+        utc = datetime.timezone.utc
+        row = cur.fetchone()
+        assert row == (b"ab", decimal.Decimal("1.25"),
+                       datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=utc)), row
     cur = conn.cursor()
     cur.execute("INSERT INTO events VALUES (%s, %s)", (datetime.datetime(2026, 1, 3), "down"))
     assert cur.rowcount == 1, cur.rowcount

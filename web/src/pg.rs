@@ -26,16 +26,19 @@ use pgwire::api::auth::{
     DefaultServerParameterProvider, StartupHandler, finish_authentication, protocol_negotiation,
     save_startup_parameters_to_metadata,
 };
-use pgwire::api::portal::{Format, Portal};
-use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::portal::{Format, Portal, PortalExecutionState};
+use pgwire::api::query::{
+    ExtendedQueryHandler, SimpleQueryHandler, send_execution_response, send_query_response,
+};
 use pgwire::api::results::{FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::stmt::QueryParser;
-use pgwire::api::store::PortalStore;
+use pgwire::api::store::{Entry, PortalStore};
 use pgwire::api::{
-    ClientInfo, ClientPortalStore, METADATA_DATABASE, METADATA_USER, PgWireConnectionState,
-    PgWireServerHandlers, Type,
+    ClientInfo, ClientPortalStore, DEFAULT_NAME, METADATA_DATABASE, METADATA_USER,
+    PgWireConnectionState, PgWireServerHandlers, Type,
 };
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::extendedquery::Execute;
 use pgwire::messages::startup::Authentication;
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use session::Local;
@@ -443,6 +446,40 @@ impl ExtendedQueryHandler for Queries {
         Arc::new(Queries {
             db: self.db.clone(),
         })
+    }
+
+    /// pgwire's `on_execute` gathers every row of a portal before it sends the first (so that
+    /// a later Execute can take the rest); a query's whole result (`max_rows` 0, what drivers
+    /// ask unless told to fetch in steps) is streamed here instead, so that a large result
+    /// is never held. A portal read in steps, and statements without rows, take pgwire's way.
+    async fn on_execute<C>(&self, client: &mut C, message: Execute) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let name = message.name.as_deref().unwrap_or(DEFAULT_NAME);
+        let portal = match client.portal_store().get_portal(name) {
+            Some(Entry::Value(p)) if message.max_rows == 0 => p,
+            _ => return self._on_execute(client, message).await,
+        };
+        let rows = matches!(&portal.statement.statement,
+            Prepared::Sluice { described, .. } if described.schema.is_some());
+        let fresh = matches!(*portal.state().lock().await, PortalExecutionState::Initial);
+        let ready = matches!(client.state(), PgWireConnectionState::ReadyForQuery);
+        if !(rows && fresh && ready) {
+            return self._on_execute(client, message).await;
+        }
+        client.set_state(PgWireConnectionState::QueryInProgress);
+        match ExtendedQueryHandler::do_query(self, client, portal.as_ref(), 0).await? {
+            Response::Query(results) => send_query_response(client, results, false).await?,
+            Response::Execution(tag) => send_execution_response(client, tag).await?,
+            _ => return Err(user_error("XX000", "a query answered as no query does")),
+        }
+        *portal.state().lock().await = PortalExecutionState::Finished;
+        client.set_state(PgWireConnectionState::ReadyForQuery);
+        Ok(())
     }
 
     async fn do_query<C>(
