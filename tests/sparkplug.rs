@@ -4,7 +4,7 @@
 //! alias alone. The metrics are rows of the group's table with their names and types; a
 //! DDATA with an alias no BIRTH announced is a dead letter naming it, and the edge node
 //! receives an NCMD asking for a rebirth; DDEATH and NDEATH mark the device and the node
-//! offline in `system.sparkplug_nodes`.
+//! offline in `system.sparkplug_nodes`. The wide layout is checked the same way.
 
 mod common;
 
@@ -116,5 +116,46 @@ async fn sparkplug_birth_restart_data_death() {
             json!({"edge_node": "edge1", "device": "pump1", "online": false,
                    "death": "2026-01-01T00:00:21"}),
         ]
+    );
+}
+
+/// `mqtt.sparkplug_layout = "wide"`: a row per message, a column per metric; the BIRTHs are
+/// also long rows in `plant_births`, read back after a kill -9.
+#[tokio::test(flavor = "multi_thread")]
+async fn sparkplug_wide_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let wide = [("SLUICE_MQTT_SPARKPLUG_LAYOUT", "wide")];
+    let s = Server::start(dir.path(), &wide);
+    assert!(edge(s.mqtt_port(), "birth").contains("done birth"));
+    assert_eq!(
+        s.count("SELECT count(*) FROM sparkplug.plant_births").await,
+        7
+    );
+    s.kill9();
+
+    let s = Server::start(dir.path(), &wide);
+    let out = edge(s.mqtt_port(), "data");
+    assert!(out.contains("NCMD"), "{out}");
+    let rows = s
+        .rows(
+            "SELECT message, seq, temperature, pressure, running, mode, level \
+             FROM sparkplug.plant WHERE device = 'pump1' ORDER BY time",
+        )
+        .await;
+    assert_eq!(
+        rows,
+        vec![
+            json!({"message": "DBIRTH", "seq": 1, "temperature": 21.5, "pressure": -3,
+                   "running": true, "mode": "auto", "level": 0.5}),
+            json!({"message": "DDATA", "seq": 2, "temperature": 22.25, "pressure": -7,
+                   "running": false, "mode": "manual", "level": null}),
+        ]
+    );
+    let node = s
+        .rows("SELECT bdSeq, Node_Control_Rebirth FROM sparkplug.plant WHERE message = 'NBIRTH'")
+        .await;
+    assert_eq!(
+        node,
+        vec![json!({"bdSeq": 0, "Node_Control_Rebirth": false})]
     );
 }

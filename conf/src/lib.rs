@@ -30,7 +30,7 @@ pub use engine::{
 };
 pub use error::{Error, Result};
 pub use http::HttpConfig;
-pub use mqtt::{MqttConfig, TopicRule};
+pub use mqtt::{MqttConfig, SparkplugLayout, TopicRule};
 pub use pg::PgConfig;
 
 use http::MAX_BUSY_POLL_US;

@@ -59,6 +59,22 @@ pub struct MqttConfig {
     /// The database Sparkplug B messages (`spBv1.0/...`) are stored in, a table per group,
     /// made with the database on the first message; empty: they are only routed.
     pub sparkplug_database: String,
+    /// How Sparkplug metrics are stored: `long` (a row per metric) or `wide` (a row per
+    /// message, a column per metric).
+    pub sparkplug_layout: SparkplugLayout,
+}
+
+/// How Sparkplug B metrics become rows (`mqtt.sparkplug_layout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SparkplugLayout {
+    /// One table per group, a row per metric (name, alias, datatype, the value in the column
+    /// of its type); the BIRTH rows are the announcements.
+    Long,
+    /// One table per group, a row per message, a column per metric named after it and typed
+    /// by its datatype (new metrics add columns); BIRTH messages also go, as long rows, to
+    /// `{group}_births`.
+    Wide,
 }
 
 impl Default for MqttConfig {
@@ -83,6 +99,7 @@ impl Default for MqttConfig {
             shared_client_ids: false,
             auto_create_databases: Vec::new(),
             sparkplug_database: "sparkplug".into(),
+            sparkplug_layout: SparkplugLayout::Long,
         }
     }
 }

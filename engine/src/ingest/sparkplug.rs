@@ -18,6 +18,7 @@
 //! mark the node (and its devices) or the device offline in `system.sparkplug_nodes`.
 
 pub mod payload;
+mod wide;
 
 use crate::Engine;
 use crate::error::{Error, Result};
@@ -320,12 +321,18 @@ impl Engine {
             }),
         };
         let birth = kind.ends_with("BIRTH");
+        // The long rows' table: the group's, or in the wide layout its BIRTHs' only.
+        let wide = self.config.mqtt.sparkplug_layout == sluice_conf::SparkplugLayout::Wide;
+        let long = match wide {
+            true => format!("{}_births", key.1),
+            false => key.1.clone(),
+        };
         if birth {
             let time = at(payload.timestamp)?;
             self.sparkplug
                 .born(&key, &payload.metrics, kind == "NBIRTH", time);
         } else if !self.sparkplug.births.lock().contains_key(&key) {
-            self.load_birth(&key).await?;
+            self.load_birth(&key, &long).await?;
         }
         let resolved =
             (self.sparkplug.resolve(&key, &payload.metrics)).map_err(|alias| Error::NoBirth {
@@ -335,14 +342,20 @@ impl Engine {
                 },
                 alias,
             })?;
-        let def = self.sparkplug_table(p.database, &key.1).await?;
+        let def = match !wide || birth {
+            true => Some(self.sparkplug_table(p.database, &long).await?),
+            false => None,
+        };
         let seq = payload
             .seq
             .map(|s| Value::Int(s as i64))
             .unwrap_or(Value::Null);
         let text = |v: &Option<String>| v.clone().map_or(Value::Null, Value::Str);
-        let rows: Vec<Vec<Value>> = (payload.metrics.iter().zip(resolved))
+        let rows: Vec<Vec<Value>> = (payload.metrics.iter().zip(&resolved))
+            .filter(|_| def.is_some())
             .map(|(m, (name, ty))| {
+                let (name, ty) = (name.clone(), *ty);
+                let def = def.as_ref().expect("filtered");
                 let [int, double, boolean, string, bytes] = value_columns(m, ty);
                 // A BIRTH's rows carry its time (its latest rows are its announcement).
                 let time = match birth {
@@ -376,6 +389,20 @@ impl Engine {
             .collect::<Result<_>>()?;
         let time = at(payload.timestamp)?;
         let metrics = payload.metrics.len();
+        let (def, rows) = match (wide, def) {
+            (false, Some(def)) => (def, rows),
+            (_, long) => {
+                // A BIRTH's long rows first (its announcement), then the message's wide row.
+                if let Some(long) = long.filter(|_| !rows.is_empty()) {
+                    self.append_journaled(&long, rows, true, None, Vec::new())
+                        .await?;
+                }
+                let own = (time, seq.clone());
+                let (def, row) =
+                    (self.wide_row(&key, kind, &payload.metrics, &resolved, own)).await?;
+                (def, vec![row])
+            }
+        };
         let receipt = match rows.is_empty() {
             true => WriteReceipt {
                 rows: 0,
@@ -427,9 +454,9 @@ impl Engine {
 
     /// Reads the latest BIRTH of `key` back from its rows (after a restart, the memory has
     /// none); remembers an empty one when there is none, so that the table is read once.
-    async fn load_birth(&self, key: &Key) -> Result<()> {
-        let (database, table, edge, device) = key;
-        let node: Key = (database.clone(), table.clone(), edge.clone(), None);
+    async fn load_birth(&self, key: &Key, table: &str) -> Result<()> {
+        let (database, group, edge, device) = key;
+        let node: Key = (database.clone(), group.clone(), edge.clone(), None);
         let since = match device {
             Some(_) => self.sparkplug.node_births.lock().get(&node).copied(),
             None => None,
