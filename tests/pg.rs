@@ -43,6 +43,7 @@ async fn psql_and_psycopg_query_and_write() {
     let s = Server::start_with_config(dir.path(), &toml);
     s.login(Some(("admin", "secret")));
     let pg = s.pg.clone().expect("a pg listener");
+    let admin = |database: &str, args: &[&str]| psql(&pg, "admin", "secret", database, args);
     s.sql_ok("CREATE DATABASE lab").await;
     s.sql_ok(
         "CREATE TABLE lab.readings (time TIMESTAMP NOT NULL, device TEXT, temp DOUBLE, \
@@ -58,10 +59,7 @@ async fn psql_and_psycopg_query_and_write() {
     .await;
 
     // psql: a query, several statements in one simple query, settings, a transaction.
-    let out = psql(
-        &pg,
-        "admin",
-        "secret",
+    let out = admin(
         "lab",
         &[
             "-c",
@@ -73,10 +71,7 @@ async fn psql_and_psycopg_query_and_write() {
         text(&out),
         "d1|21.5|7|t|2026-01-02 03:04:05.000000\nd2|-3.25|-8|f|2026-01-02 03:04:06.250000"
     );
-    let out = psql(
-        &pg,
-        "admin",
-        "secret",
+    let out = admin(
         "lab",
         &[
             "-c",
@@ -87,10 +82,7 @@ async fn psql_and_psycopg_query_and_write() {
     assert!(out.status.success(), "{}", errors(&out));
     assert_eq!(text(&out), "SET\ndash\nBEGIN\n2\nCOMMIT\n16.6 (Sluice)");
     // DDL and writes say what they did; WHERE PARTS works as over HTTP.
-    let out = psql(
-        &pg,
-        "admin",
-        "secret",
+    let out = admin(
         "postgres",
         &[
             "-c",
@@ -105,23 +97,11 @@ async fn psql_and_psycopg_query_and_write() {
     assert!(out.status.success(), "{}", errors(&out));
     assert_eq!(text(&out), "CREATE TABLE\nINSERT 0 2\n2");
     // Errors come with their SQLSTATE; a statement after a failed one does not run.
-    let out = psql(
-        &pg,
-        "admin",
-        "secret",
-        "lab",
-        &["-c", "SELECT * FROM nowhere; SELECT 1"],
-    );
+    let out = admin("lab", &["-c", "SELECT * FROM nowhere; SELECT 1"]);
     assert!(!out.status.success());
     assert!(errors(&out).contains("42P01"), "{}", errors(&out));
     assert_eq!(text(&out), "");
-    let out = psql(
-        &pg,
-        "admin",
-        "secret",
-        "lab",
-        &["-c", "SHOW no_such_setting"],
-    );
+    let out = admin("lab", &["-c", "SHOW no_such_setting"]);
     assert!(errors(&out).contains("42704"), "{}", errors(&out));
     // Rights are the same as over HTTP; a wrong password is refused.
     let out = psql(
@@ -200,13 +180,13 @@ print("\n".join(out))
     );
 
     // The catalogs: psql's \dt and \d, and what a plain user sees of them.
-    let out = psql(&pg, "admin", "secret", "lab", &["-c", "\\dt lab.*"]);
+    let out = admin("lab", &["-c", "\\dt lab.*"]);
     assert!(out.status.success(), "{}", errors(&out));
     assert_eq!(
         text(&out),
         "lab|events|table|postgres\nlab|readings|table|postgres"
     );
-    let out = psql(&pg, "admin", "secret", "lab", &["-c", "\\d lab.readings"]);
+    let out = admin("lab", &["-c", "\\d lab.readings"]);
     assert!(out.status.success(), "{}", errors(&out));
     assert_eq!(
         text(&out),
@@ -262,7 +242,7 @@ print("\n".join(out))
          GROUP BY 1 ORDER BY 1",
     ];
     let args: Vec<&str> = grafana.iter().flat_map(|q| ["-c", *q]).collect();
-    let out = psql(&pg, "admin", "secret", "lab", &args);
+    let out = admin("lab", &args);
     assert!(out.status.success(), "{}", errors(&out));
     assert_eq!(
         text(&out),
@@ -273,15 +253,10 @@ print("\n".join(out))
     );
 
     // The PostgreSQL JDBC driver, from a small Java program.
-    let jar = std::env::var("SLUICE_PG_JDBC").unwrap_or_else(|_| {
-        format!(
-            "{}/.cache/sluice-jdbc/postgresql-42.7.14.jar",
-            std::env::var("HOME").unwrap()
-        )
-    });
-    assert!(
-        std::path::Path::new(&jar).exists(),
-        "{jar} is missing: scripts/test.sh fetches it from Maven Central"
+    let jar = common::installed_tool(
+        "SLUICE_PG_JDBC",
+        "sluice-jdbc/postgresql-42.7.14.jar",
+        "scripts/test.sh fetches it from Maven Central",
     );
     let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/jdbc/SluiceJdbc.java");
     let out = Command::new("java")

@@ -14,15 +14,10 @@ use std::process::Command;
 
 /// Runs one step of the edge node script; returns what it printed.
 fn edge(port: u16, step: &str) -> String {
-    let python = std::env::var("SLUICE_SPARKPLUG_PYTHON").unwrap_or_else(|_| {
-        format!(
-            "{}/.cache/sluice-sparkplug/bin/python",
-            std::env::var("HOME").unwrap()
-        )
-    });
-    assert!(
-        std::path::Path::new(&python).exists(),
-        "{python} is missing: scripts/test.sh makes it (a venv with pysparkplug)"
+    let python = common::installed_tool(
+        "SLUICE_SPARKPLUG_PYTHON",
+        "sluice-sparkplug/bin/python",
+        "scripts/test.sh makes it (a venv with pysparkplug)",
     );
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sparkplug/edge.py");
     let out = Command::new(&python)

@@ -501,3 +501,15 @@ where
     }
     packets
 }
+
+/// A tool `scripts/test.sh` installs under `~/.cache` (`cached`), or the path in `env`;
+/// the test fails, saying what makes it, when it is missing.
+pub fn installed_tool(env: &str, cached: &str, made_by: &str) -> String {
+    let path = std::env::var(env)
+        .unwrap_or_else(|_| format!("{}/.cache/{cached}", std::env::var("HOME").expect("HOME")));
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "{path} is missing: {made_by}"
+    );
+    path
+}

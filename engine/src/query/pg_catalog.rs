@@ -74,6 +74,21 @@ const CATALOG_WORDS: &[&str] = &[
 /// quotes) that names one of its schemas, tables or functions. A user's table or column
 /// named `pg_something` is not one (unless it is a catalog table's name).
 pub(crate) fn asks_catalog(sql: &str) -> bool {
+    // Every pg query passes here: most name none of these, and need no tokenizing.
+    let lower = sql.to_ascii_lowercase();
+    const HINTS: [&str; 8] = [
+        "pg_",
+        "information_schema",
+        "current_",
+        "format_type",
+        "has_",
+        "ident",
+        "description",
+        "reg",
+    ];
+    if !HINTS.iter().any(|h| lower.contains(h)) {
+        return false;
+    }
     let Ok(tokens) = Tokenizer::new(&PostgreSqlDialect {}, sql).tokenize() else {
         return false;
     };

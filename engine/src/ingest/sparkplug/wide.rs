@@ -81,12 +81,16 @@ impl Engine {
             Value::Str(kind.to_string()),
             seq,
         ];
+        // A table made otherwise (with JSON mappings, say) may lack a column: refused.
+        let index = |column: &str| {
+            def.column_index(column)
+                .ok_or_else(|| Error::invalid(format!("{database}.{table} has no column {column}")))
+        };
         for (column, v) in FIXED.iter().zip(own) {
-            let i = def.column_index(column).expect("made with it");
-            row[i] = v;
+            row[index(column)?] = v;
         }
         for (column, ty, v) in values {
-            let i = def.column_index(&column).expect("made with it");
+            let i = index(&column)?;
             if def.columns[i].ty != ty {
                 return Err(Error::invalid(format!(
                     "{database}.{table}.{column} is {:?}; metric {column} came as {ty:?}",
