@@ -239,10 +239,12 @@ pub(crate) async fn plan(
         will_of: will_of.clone(),
     };
     let (state, m) = (shared.clone(), message.clone());
+    let retaining = m.retain.then(|| shared.router.retaining());
     let then = Box::new(move |lsn| {
         if m.retain {
             state.router.retain(&m, lsn);
         }
+        drop(retaining);
         for (s, mut d) in queued {
             d.lsn = lsn;
             s.push(d);

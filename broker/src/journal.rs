@@ -107,6 +107,9 @@ pub(crate) enum Record {
         ids: Vec<usize>,
         message: Arc<Message>,
     },
+    /// Nothing to apply: logged so that its `then` runs after every record queued before it
+    /// (a new subscription waits this way for retained messages still being logged).
+    Barrier,
 }
 
 impl Record {
@@ -237,6 +240,7 @@ impl Record {
                 }
                 message(&mut o, m);
             }
+            Record::Barrier => o.u8(13),
         }
         o.0
     }
@@ -337,6 +341,7 @@ impl Record {
                     message: read_message(&mut i)?,
                 }
             }
+            13 => Record::Barrier,
             _ => return None,
         };
         i.0.is_empty().then_some(r)
@@ -587,6 +592,7 @@ mod tests {
                 will_pending: true,
             },
             Record::End { client: c.clone() },
+            Record::Barrier,
             Record::Relayed {
                 from: 2,
                 incarnation: 77,

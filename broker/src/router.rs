@@ -64,6 +64,19 @@ pub(crate) struct Router {
     remote: Option<remote::Remote>,
     /// Per node relaying to this one: its run and the last message logged here.
     relayed: Mutex<std::collections::BTreeMap<u64, (u64, u64)>>,
+    /// Retained messages in the log's queue, not yet kept (see [`Router::retaining`]).
+    retaining: Arc<AtomicUsize>,
+}
+
+/// Counts a retained message from its journal entry's making until it is kept (or the
+/// entry is dropped unlogged): a new subscription that finds some waits for them, so that
+/// a retained message whose PUBLISH was read before its SUBSCRIBE is sent with its SUBACK.
+pub(crate) struct Retaining(Arc<AtomicUsize>);
+
+impl Drop for Retaining {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Router {
@@ -77,7 +90,19 @@ impl Router {
             next_shared: AtomicUsize::new(0),
             max_queued,
             relayed: Mutex::new(std::collections::BTreeMap::new()),
+            retaining: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// Counts a retained message being logged until the guard is dropped.
+    pub(crate) fn retaining(&self) -> Retaining {
+        self.retaining.fetch_add(1, Ordering::AcqRel);
+        Retaining(self.retaining.clone())
+    }
+
+    /// Whether retained messages are being logged now.
+    pub(crate) fn is_retaining(&self) -> bool {
+        self.retaining.load(Ordering::Acquire) > 0
     }
 
     /// Attaches connection `conn` to the session `key`, ending any connection attached to it

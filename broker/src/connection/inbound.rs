@@ -437,6 +437,12 @@ async fn on_subscribe(shared: &Arc<BrokerState>, client: &mut Client, s: Subscri
                 .journal(vec![journal::entry(&record, Some(then))], true)
                 .await?;
         } else {
+            // Retained messages still being logged are kept first (their PUBLISH was read
+            // before this SUBSCRIBE, on another connection perhaps).
+            if send_retained && shared.db.journals() && shared.router.is_retaining() {
+                let barrier = journal::entry(&Record::Barrier, None);
+                shared.db.journal(vec![barrier], true).await?;
+            }
             shared
                 .router
                 .subscribe(&client.session, &f.path, options.clone());

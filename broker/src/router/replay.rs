@@ -109,6 +109,7 @@ impl Router {
                 incarnation,
                 last,
             } => self.relayed(from, incarnation, last),
+            Record::Barrier => {}
             Record::Queued {
                 client,
                 qos,
