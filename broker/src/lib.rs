@@ -21,6 +21,7 @@ mod journal;
 mod mapping;
 mod metrics;
 mod persist;
+mod reactor;
 mod router;
 mod session;
 mod sparkplug;
@@ -103,6 +104,8 @@ pub struct Broker {
     shared: Arc<BrokerState>,
     tasks: TaskTracker,
     bridges: Arc<Bridges>,
+    /// The threads plain TCP connections run on.
+    reactors: Arc<reactor::Reactors>,
 }
 
 impl Broker {
@@ -160,6 +163,7 @@ impl Broker {
             shared,
             tasks: TaskTracker::new(),
             bridges,
+            reactors: reactor::Reactors::start(config.mqtt.threads)?,
         })
     }
 
@@ -203,7 +207,7 @@ impl Broker {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
-                        self.serve_connection(stream, peer);
+                        self.serve_on_reactor(stream, peer);
                     }
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
@@ -367,6 +371,26 @@ impl Broker {
     {
         let shared = self.shared.clone();
         (self.tasks).spawn(async move { connection::serve(shared, stream, peer, ident).await });
+    }
+
+    /// Serves a plain TCP connection on one of the connection threads ([`reactor`]).
+    fn serve_on_reactor(&self, stream: tokio::net::TcpStream, peer: std::net::SocketAddr) {
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "an MQTT connection could not be handed over");
+                return;
+            }
+        };
+        let shared = self.shared.clone();
+        let serve = async move {
+            // Registered with the thread's own runtime, which polls it.
+            match tokio::net::TcpStream::from_std(stream) {
+                Ok(s) => connection::serve(shared, s, peer, None).await,
+                Err(e) => tracing::warn!(%peer, error = %e, "an MQTT connection was lost"),
+            }
+        };
+        self.tasks.spawn_on(serve, self.reactors.pick());
     }
 
     /// The broker's metrics (bridges' included) in Prometheus text format.

@@ -39,6 +39,9 @@ pub struct MqttConfig {
     pub max_inflight: u16,
     /// Concurrent connections; more get CONNACK 0x97 (quota exceeded).
     pub max_connections: usize,
+    /// Threads that plain TCP connections run on, each serving its connections alone
+    /// (read, store, acknowledge, route); 0: half the cores, at least one.
+    pub threads: usize,
     /// Longest keep-alive a client may ask for, in seconds (0: no limit). An MQTT 5 client
     /// asking for more, or for none, gets this one as Server Keep Alive in CONNACK; a 3.1.1
     /// client, which cannot be told, is refused (CONNACK 0x02), as Mosquitto does.
@@ -92,6 +95,7 @@ impl Default for MqttConfig {
             receive_maximum: 1024,
             max_inflight: 1024,
             max_connections: 100_000,
+            threads: 0,
             max_keep_alive: 0,
             max_queued_messages: 10_000,
             max_session_expiry: "7 days".into(),

@@ -2,10 +2,11 @@
 //!
 //! Appenders encode their record on their own task and queue it ([`Wal::append`]). Group
 //! commit without a log thread: the appender that finds nobody committing becomes the
-//! leader; on its own task it takes every record waiting at that moment, frames them with
-//! consecutive LSNs, issues one `write` and one `fdatasync` for the whole group, applies the
-//! group in LSN order to the engine's buffers ([`RecordSink`]) and only then completes the
-//! appenders' futures. Records queued meanwhile wait for the next group, which the leader
+//! leader; it yields once (so that the tasks ready to run queue theirs: on a connection
+//! thread nothing is read while it syncs), then on its own task takes every record waiting,
+//! frames them with consecutive LSNs, issues one `write` and one `fdatasync` for the whole
+//! group, applies the group in LSN order to the engine's buffers ([`RecordSink`]) and only
+//! then completes the appenders' futures. Records queued meanwhile wait for the next group, which the leader
 //! hands to the first of them ([`Turn::Lead`]): one wake-up per group, none when the log was
 //! idle, and no thread crossing between a record, its sync, its apply and its
 //! acknowledgement. So: log -> apply -> ack, and the same [`RecordSink`] runs on replay after
@@ -156,6 +157,14 @@ struct Shared {
 }
 
 impl Shared {
+    /// Before leading: lets the tasks ready to run queue their records first. One yield:
+    /// the runtime reads the sockets that are ready and runs what they woke, then comes
+    /// back. On a connection thread that leads (nothing is read while it syncs), the
+    /// messages that came during the last sync then go in one group instead of each alone.
+    async fn gather(&self) {
+        tokio::task::yield_now().await;
+    }
+
     /// Commits the waiting records, one group, then hands the next group to the first
     /// appender still waiting (or commits it too if that appender is gone).
     fn lead(self: &Arc<Self>) {
@@ -449,12 +458,16 @@ impl Wal {
             !std::mem::replace(&mut q.leading, true)
         };
         if lead {
-            s.lead();
+            // Dropped while gathering, the leadership is carried out by its drop.
+            let lead = Leadership(Some(s.clone()));
+            s.gather().await;
+            lead.lead();
         }
         loop {
             match answer.await.map_err(|_| Error::ShuttingDown)? {
                 Turn::Done(r) => return r,
                 Turn::Lead(lead, next) => {
+                    s.gather().await;
                     lead.lead();
                     answer = next;
                 }
