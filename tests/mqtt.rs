@@ -360,7 +360,9 @@ async fn retained_messages_and_clearing_them_with_mosquitto_clients() {
 #[tokio::test(flavor = "multi_thread")]
 async fn subscribers_receive_table_messages_as_stored_and_wills_on_abnormal_close() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path(), &[]);
+    // Three connection threads: the subscriber, the devices and the probe are dealt to
+    // different ones, so deliveries cross threads.
+    let s = Server::start(dir.path(), &[("SLUICE_MQTT_THREADS", "3")]);
     iot_table(&s).await;
     let mut sub = v4(v4_options(&s, "watcher", true)).await;
     sub.subscribe("/iot/#", QoS::AtLeastOnce).await;
