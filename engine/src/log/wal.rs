@@ -6,10 +6,10 @@
 //! thread nothing is read while it syncs), then on its own task takes every record waiting,
 //! frames them with consecutive LSNs, issues one `write` and one `fdatasync` for the whole
 //! group, applies the group in LSN order to the engine's buffers ([`RecordSink`]) and only
-//! then completes the appenders' futures. Records queued meanwhile wait for the next group, which the leader
-//! hands to the first of them ([`Turn::Lead`]): one wake-up per group, none when the log was
-//! idle, and no thread crossing between a record, its sync, its apply and its
-//! acknowledgement. So: log -> apply -> ack, and the same [`RecordSink`] runs on replay after
+//! then completes the appenders' futures. Records queued meanwhile wait for the next group,
+//! which the leader hands to the first of them ([`Turn::Lead`]): one wake-up per group, none
+//! when the log was idle, and no thread crossing between a record, its sync, its apply and
+//! its acknowledgement. So: log -> apply -> ack, and the same [`RecordSink`] runs on replay after
 //! a crash. A raft log can replace this module without the engine noticing: it too yields
 //! committed records in order to the same apply step.
 //!
