@@ -9,6 +9,20 @@ use serde_json::Value as J;
 /// Decodes a JSON object, an array of objects, or objects one per line.
 pub(super) fn decode(target: &Target<'_>, text: &str) -> Result<Vec<Vec<Value>>> {
     let mut rows = Vec::new();
+    // A device's reading: one small object, read without a map of owned keys.
+    if let Some(fields) = one_object(text) {
+        let rest = text.trim_start();
+        let line = 1 + text[..text.len() - rest.len()].matches('\n').count();
+        let row = fields_row(target, &fields, line)?;
+        target.push(&mut rows, row)?;
+        return Ok(rows);
+    }
+    decode_all(target, text)
+}
+
+/// [`decode`] without the fast path for one small object.
+fn decode_all(target: &Target<'_>, text: &str) -> Result<Vec<Vec<Value>>> {
+    let mut rows = Vec::new();
     for_each_value(text, |value, line| match value {
         J::Array(items) => {
             for (i, item) in items.iter().enumerate() {
@@ -88,6 +102,111 @@ fn object_row(target: &Target<'_>, v: &J, line: usize) -> Result<Vec<Option<Valu
     Ok(row)
 }
 
+/// Most fields [`one_object`] takes (its lookups go over them all).
+const FEW_FIELDS: usize = 32;
+
+/// A JSON object's fields in payload order, keys borrowed from the text when unescaped.
+struct Fields<'de>(Vec<(std::borrow::Cow<'de, str>, J)>);
+
+/// The fields of `text` when it is one object of at most [`FEW_FIELDS`] fields and nothing
+/// else; `None` sends it down the general path (which also words any error).
+fn one_object(text: &str) -> Option<Fields<'_>> {
+    serde_json::from_str::<Fields>(text)
+        .ok()
+        .filter(|f| f.0.len() <= FEW_FIELDS)
+}
+
+impl<'de> serde::Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Object;
+        impl<'de> serde::de::Visitor<'de> for Object {
+            type Value = Fields<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(8);
+                while let Some(Key(k)) = map.next_key()? {
+                    if out.len() == FEW_FIELDS {
+                        return Err(serde::de::Error::custom("many fields"));
+                    }
+                    out.push((k, map.next_value::<J>()?));
+                }
+                Ok(Fields(out))
+            }
+        }
+        d.deserialize_map(Object)
+    }
+}
+
+/// An object's key, borrowed unless it has escapes.
+struct Key<'de>(std::borrow::Cow<'de, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Text;
+        impl<'de> serde::de::Visitor<'de> for Text {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> std::result::Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> std::result::Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Owned(v.to_string())))
+            }
+        }
+        d.deserialize_str(Text)
+    }
+}
+
+impl Fields<'_> {
+    /// The fields that count: of keys given twice the last, as a map keeps it; in the
+    /// order of their keys, as a map iterates.
+    fn effective(&self) -> Vec<(&str, &J)> {
+        let mut out: Vec<(&str, &J)> = Vec::with_capacity(self.0.len());
+        for (i, (k, v)) in self.0.iter().enumerate() {
+            if !self.0[i + 1..].iter().any(|(later, _)| later == k) {
+                out.push((k.as_ref(), v));
+            }
+        }
+        out.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        out
+    }
+}
+
+/// [`object_row`] for [`Fields`]: the same rules, the same errors.
+fn fields_row(target: &Target<'_>, fields: &Fields<'_>, line: usize) -> Result<Vec<Option<Value>>> {
+    let table = target.table;
+    let fields = fields.effective();
+    for (key, value) in &fields {
+        if table.column_index(key).is_none() && !value.is_null() {
+            return Err(target.unknown(line, key));
+        }
+    }
+    let mut row = target.blank();
+    for (c, col) in table.columns.iter().enumerate() {
+        if target.is_fixed(c) {
+            continue;
+        }
+        let name = col.name.as_str();
+        let field = (fields.iter().find(|(k, _)| *k == name))
+            .or_else(|| fields.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)));
+        if let Some((_, field)) = field {
+            row[c] = Some(cell(col, field).map_err(|reason| Error::BadRow {
+                line,
+                column: col.name.clone(),
+                reason,
+            })?);
+        }
+    }
+    Ok(row)
+}
+
 /// The field of `obj` named `name`, matched exactly first, then ignoring ASCII case.
 pub(super) fn top_level<'v>(obj: &'v serde_json::Map<String, J>, name: &str) -> Option<&'v J> {
     obj.get(name).or_else(|| {
@@ -119,8 +238,78 @@ fn from_json(ty: ColumnType, v: &J) -> Result<Value, String> {
             .ok_or_else(|| format!("{n} is not a time")),
         (ColumnType::String, J::Number(_) | J::Bool(_)) => Ok(Value::Str(v.to_string())),
         (ColumnType::String, J::Array(_) | J::Object(_)) => Ok(Value::Str(v.to_string())),
-        (_, J::Number(n)) => parse_text(ty, &n.to_string()),
+        (_, J::Number(n)) => direct(ty, n).map_or_else(|| parse_text(ty, &n.to_string()), Ok),
         (_, J::Bool(b)) => parse_text(ty, if *b { "1" } else { "0" }),
         _ => Err(format!("{v} does not fit type {}", ty.name())),
+    }
+}
+
+/// A JSON number as a value of a numeric `ty` without going through its text, when that
+/// gives the same value ([`parse_text`] of its text does the rest and words the errors).
+fn direct(ty: ColumnType, n: &serde_json::Number) -> Option<Value> {
+    use ColumnType as T;
+    let int = |lo: i64, hi: i64| n.as_i64().filter(|x| (lo..=hi).contains(x)).map(Value::Int);
+    let uint = |hi: u64| n.as_u64().filter(|x| *x <= hi).map(Value::UInt);
+    match ty {
+        T::Float32 | T::Float64 => n.as_f64().map(Value::Float),
+        T::Int8 => int(i8::MIN.into(), i8::MAX.into()),
+        T::Int16 => int(i16::MIN.into(), i16::MAX.into()),
+        T::Int32 => int(i32::MIN.into(), i32::MAX.into()),
+        T::Int64 => int(i64::MIN, i64::MAX),
+        T::UInt8 => uint(u8::MAX.into()),
+        T::UInt16 => uint(u16::MAX.into()),
+        T::UInt32 => uint(u32::MAX.into()),
+        T::UInt64 => uint(u64::MAX),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingest::decode::testutil::table_of;
+
+    #[test]
+    fn one_object_reads_as_the_general_path_does() {
+        use ColumnType as T;
+        let table = table_of(
+            1,
+            &[
+                ("ts", T::Timestamp, true),
+                ("Device", T::String, true),
+                ("temp", T::Float64, true),
+                ("n", T::Int16, true),
+                ("u", T::UInt8, false),
+                ("ok", T::Bool, true),
+            ],
+        );
+        let target = Target::new(&table, &[]).unwrap();
+        for text in [
+            r#"{"ts":1700000000000,"Device":"d1","temp":21.5,"n":-3,"u":7,"ok":true}"#,
+            "\n\n  {\"u\":1}",
+            r#"{"device":"lower","DEVICE":"upper","u":1}"#,
+            r#"{"u":1,"u":2}"#,
+            r#"{"u":1,"temp":null,"temp":2.5}"#,
+            r#"{"u":1,"zzz":null}"#,
+            r#"{"u":1,"zzz":3,"aaa":4}"#,
+            r#"{"u":1,"Device":{"nested":[1,2]}}"#,
+            r#"{"u":300}"#,
+            r#"{"u":-1}"#,
+            r#"{"u":1,"n":40000}"#,
+            r#"{"u":1,"n":2.5}"#,
+            r#"{"u":1,"temp":"3.25"}"#,
+            r#"{"u":1,"temp":18446744073709551615}"#,
+            r#"{"u":1,"ok":"yes"}"#,
+            r#"{"u":null}"#,
+            r#"{"\u0075":5}"#,
+            r#"{"u":1} {"u":2}"#,
+            r#"[{"u":1}]"#,
+            "42",
+            r#"{"u":"#,
+        ] {
+            let fast = decode(&target, text).map_err(|e| e.to_string());
+            let all = decode_all(&target, text).map_err(|e| e.to_string());
+            assert_eq!(fast, all, "{text}");
+        }
     }
 }
