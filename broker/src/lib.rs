@@ -104,8 +104,10 @@ pub struct Broker {
     shared: Arc<BrokerState>,
     tasks: TaskTracker,
     bridges: Arc<Bridges>,
-    /// The threads plain TCP connections run on.
-    reactors: Arc<reactor::Reactors>,
+    /// The threads plain TCP connections run on; none on a cluster node, whose
+    /// connections stay on the main runtime (the relay and raft clients start tasks of their
+    /// own from a connection's runtime; not yet made to run on connection threads).
+    reactors: Option<Arc<reactor::Reactors>>,
 }
 
 impl Broker {
@@ -117,6 +119,7 @@ impl Broker {
     ) -> Result<Self> {
         let mapper = mapping::Mapper::new(&config.topic)?;
         let relay = db.relay();
+        let clustered = relay.is_some();
         let router = Router::new(config.mqtt.max_queued_messages, relay.clone());
         let store = persist::Store::new(&config.data_dir);
         let wills = replay(&router, &store, db.as_ref());
@@ -163,7 +166,10 @@ impl Broker {
             shared,
             tasks: TaskTracker::new(),
             bridges,
-            reactors: reactor::Reactors::start(config.mqtt.threads)?,
+            reactors: match clustered {
+                false => Some(reactor::Reactors::start(config.mqtt.threads)?),
+                true => None,
+            },
         })
     }
 
@@ -207,7 +213,10 @@ impl Broker {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
-                        self.serve_on_reactor(stream, peer);
+                        match &self.reactors {
+                            Some(r) => self.serve_on_reactor(stream, peer, r),
+                            None => self.serve_connection(stream, peer),
+                        }
                     }
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
@@ -374,7 +383,12 @@ impl Broker {
     }
 
     /// Serves a plain TCP connection on one of the connection threads ([`reactor`]).
-    fn serve_on_reactor(&self, stream: tokio::net::TcpStream, peer: std::net::SocketAddr) {
+    fn serve_on_reactor(
+        &self,
+        stream: tokio::net::TcpStream,
+        peer: std::net::SocketAddr,
+        reactors: &reactor::Reactors,
+    ) {
         let stream = match stream.into_std() {
             Ok(s) => s,
             Err(e) => {
@@ -390,7 +404,7 @@ impl Broker {
                 Err(e) => tracing::warn!(%peer, error = %e, "an MQTT connection was lost"),
             }
         };
-        self.tasks.spawn_on(serve, self.reactors.pick());
+        self.tasks.spawn_on(serve, reactors.pick());
     }
 
     /// The broker's metrics (bridges' included) in Prometheus text format.
