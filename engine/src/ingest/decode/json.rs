@@ -13,7 +13,7 @@ pub(super) fn decode(target: &Target<'_>, text: &str) -> Result<Vec<Vec<Value>>>
     if let Some(fields) = one_object(text) {
         let rest = text.trim_start();
         let line = 1 + text[..text.len() - rest.len()].matches('\n').count();
-        let row = fields_row(target, &fields, line)?;
+        let row = fields_row(target, &fields.effective(), line)?;
         target.push(&mut rows, row)?;
         return Ok(rows);
     }
@@ -74,32 +74,14 @@ pub(super) fn for_each_value(
 /// One object as a partial row: fields name columns; a field naming no column is refused
 /// unless it is null (it then says nothing).
 fn object_row(target: &Target<'_>, v: &J, line: usize) -> Result<Vec<Option<Value>>> {
-    let table = target.table;
     let J::Object(obj) = v else {
         return Err(Error::BadPayload {
             line,
             reason: "expected a JSON object (field = column)".into(),
         });
     };
-    for (key, value) in obj {
-        if table.column_index(key).is_none() && !value.is_null() {
-            return Err(target.unknown(line, key));
-        }
-    }
-    let mut row = target.blank();
-    for (c, col) in table.columns.iter().enumerate() {
-        if target.is_fixed(c) {
-            continue;
-        }
-        if let Some(field) = top_level(obj, &col.name) {
-            row[c] = Some(cell(col, field).map_err(|reason| Error::BadRow {
-                line,
-                column: col.name.clone(),
-                reason,
-            })?);
-        }
-    }
-    Ok(row)
+    let fields: Vec<(&str, &J)> = obj.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    fields_row(target, &fields, line)
 }
 
 /// Most fields [`one_object`] takes (its lookups go over them all).
@@ -179,11 +161,16 @@ impl Fields<'_> {
     }
 }
 
-/// [`object_row`] for [`Fields`]: the same rules, the same errors.
-fn fields_row(target: &Target<'_>, fields: &Fields<'_>, line: usize) -> Result<Vec<Option<Value>>> {
+/// A row from an object's fields, sorted by key and each key once (as a map holds them):
+/// fields name columns, matched exactly first, then ignoring ASCII case; a field naming no
+/// column is refused unless it is null (it then says nothing).
+fn fields_row(
+    target: &Target<'_>,
+    fields: &[(&str, &J)],
+    line: usize,
+) -> Result<Vec<Option<Value>>> {
     let table = target.table;
-    let fields = fields.effective();
-    for (key, value) in &fields {
+    for (key, value) in fields {
         if table.column_index(key).is_none() && !value.is_null() {
             return Err(target.unknown(line, key));
         }
