@@ -44,6 +44,7 @@ async fn psql_and_psycopg_query_and_write() {
     s.login(Some(("admin", "secret")));
     let pg = s.pg.clone().expect("a pg listener");
     let admin = |database: &str, args: &[&str]| psql(&pg, "admin", "secret", database, args);
+    let reader = |database: &str, args: &[&str]| psql(&pg, "reader", "secret", database, args);
     s.sql_ok("CREATE DATABASE lab").await;
     s.sql_ok(
         "CREATE TABLE lab.readings (time TIMESTAMP NOT NULL, device TEXT, temp DOUBLE, \
@@ -104,13 +105,7 @@ async fn psql_and_psycopg_query_and_write() {
     let out = admin("lab", &["-c", "SHOW no_such_setting"]);
     assert!(errors(&out).contains("42704"), "{}", errors(&out));
     // Rights are the same as over HTTP; a wrong password is refused.
-    let out = psql(
-        &pg,
-        "reader",
-        "secret",
-        "lab",
-        &["-c", "DROP TABLE lab.events"],
-    );
+    let out = reader("lab", &["-c", "DROP TABLE lab.events"]);
     assert!(errors(&out).contains("42501"), "{}", errors(&out));
     let out = psql(&pg, "admin", "wrong", "lab", &["-c", "SELECT 1"]);
     assert!(!out.status.success());
@@ -198,10 +193,7 @@ print("\n".join(out))
     )
     .await;
     s.sql_ok("GRANT SELECT ON DATABASE shop TO reader").await;
-    let out = psql(
-        &pg,
-        "reader",
-        "secret",
+    let out = reader(
         "shop",
         &[
             "-c",
@@ -211,10 +203,7 @@ print("\n".join(out))
         ],
     );
     assert_eq!(text(&out), "shop|orders\nshop", "{}", errors(&out));
-    let out = psql(
-        &pg,
-        "reader",
-        "secret",
+    let out = reader(
         "shop",
         &[
             "-c",

@@ -350,14 +350,6 @@ pub(crate) fn parse_text(ty: ColumnType, s: &str) -> Result<Value, String> {
             "false" | "f" | "0" | "no" => Ok(Value::Bool(false)),
             _ => Err(format!("'{s}' is not a boolean")),
         },
-        T::Int8 => int(i8::MIN.into(), i8::MAX.into()),
-        T::Int16 => int(i16::MIN.into(), i16::MAX.into()),
-        T::Int32 => int(i32::MIN.into(), i32::MAX.into()),
-        T::Int64 => int(i64::MIN, i64::MAX),
-        T::UInt8 => uint(u8::MAX.into()),
-        T::UInt16 => uint(u16::MAX.into()),
-        T::UInt32 => uint(u32::MAX.into()),
-        T::UInt64 => uint(u64::MAX),
         T::Float32 | T::Float64 => t
             .parse::<f64>()
             .map(Value::Float)
@@ -380,7 +372,38 @@ pub(crate) fn parse_text(ty: ColumnType, s: &str) -> Result<Value, String> {
                 Value::Date((d - epoch).num_days() as i32)
             })
             .map_err(|_| format!("'{s}' is not a date (YYYY-MM-DD)")),
+        integer => match int_range(integer) {
+            Some(IntRange::Signed(lo, hi)) => int(lo, hi),
+            Some(IntRange::Unsigned(hi)) => uint(hi),
+            None => Err(format!("'{s}' does not fit type {}", ty.name())),
+        },
     }
+}
+
+/// The values an integer column type holds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum IntRange {
+    /// Least and most.
+    Signed(i64, i64),
+    /// Most.
+    Unsigned(u64),
+}
+
+/// The range of an integer column type; `None` for the other types.
+pub(crate) fn int_range(ty: ColumnType) -> Option<IntRange> {
+    use ColumnType as T;
+    use IntRange::{Signed, Unsigned};
+    Some(match ty {
+        T::Int8 => Signed(i8::MIN.into(), i8::MAX.into()),
+        T::Int16 => Signed(i16::MIN.into(), i16::MAX.into()),
+        T::Int32 => Signed(i32::MIN.into(), i32::MAX.into()),
+        T::Int64 => Signed(i64::MIN, i64::MAX),
+        T::UInt8 => Unsigned(u8::MAX.into()),
+        T::UInt16 => Unsigned(u16::MAX.into()),
+        T::UInt32 => Unsigned(u32::MAX.into()),
+        T::UInt64 => Unsigned(u64::MAX),
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -84,18 +84,13 @@ fn object_row(target: &Target<'_>, v: &J, line: usize) -> Result<Vec<Option<Valu
     fields_row(target, &fields, line)
 }
 
-/// Most fields [`one_object`] takes (its lookups go over them all).
-const FEW_FIELDS: usize = 32;
-
 /// A JSON object's fields in payload order, keys borrowed from the text when unescaped.
 struct Fields<'de>(Vec<(std::borrow::Cow<'de, str>, J)>);
 
-/// The fields of `text` when it is one object of at most [`FEW_FIELDS`] fields and nothing
-/// else; `None` sends it down the general path (which also words any error).
+/// The fields of `text` when it is one object and nothing else; `None` sends it down the
+/// general path (which also words any error).
 fn one_object(text: &str) -> Option<Fields<'_>> {
-    serde_json::from_str::<Fields>(text)
-        .ok()
-        .filter(|f| f.0.len() <= FEW_FIELDS)
+    serde_json::from_str::<Fields>(text).ok()
 }
 
 impl<'de> serde::Deserialize<'de> for Fields<'de> {
@@ -112,9 +107,6 @@ impl<'de> serde::Deserialize<'de> for Fields<'de> {
             ) -> std::result::Result<Self::Value, A::Error> {
                 let mut out = Vec::with_capacity(8);
                 while let Some(Key(k)) = map.next_key()? {
-                    if out.len() == FEW_FIELDS {
-                        return Err(serde::de::Error::custom("many fields"));
-                    }
                     out.push((k, map.next_value::<J>()?));
                 }
                 Ok(Fields(out))
@@ -150,14 +142,17 @@ impl Fields<'_> {
     /// The fields that count: of keys given twice the last, as a map keeps it; in the
     /// order of their keys, as a map iterates.
     fn effective(&self) -> Vec<(&str, &J)> {
-        let mut out: Vec<(&str, &J)> = Vec::with_capacity(self.0.len());
-        for (i, (k, v)) in self.0.iter().enumerate() {
-            if !self.0[i + 1..].iter().any(|(later, _)| later == k) {
-                out.push((k.as_ref(), v));
+        let mut out: Vec<(&str, &J)> = self.0.iter().map(|(k, v)| (k.as_ref(), v)).collect();
+        // Stable: of equal keys, the last given stays last in its run.
+        out.sort_by(|a, b| a.0.cmp(b.0));
+        let mut kept: Vec<(&str, &J)> = Vec::with_capacity(out.len());
+        for f in out {
+            match kept.last_mut() {
+                Some(last) if last.0 == f.0 => *last = f,
+                _ => kept.push(f),
             }
         }
-        out.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        out
+        kept
     }
 }
 
@@ -181,7 +176,8 @@ fn fields_row(
             continue;
         }
         let name = col.name.as_str();
-        let field = (fields.iter().find(|(k, _)| *k == name))
+        let field = (fields.binary_search_by(|(k, _)| (*k).cmp(name)).ok())
+            .map(|i| &fields[i])
             .or_else(|| fields.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)));
         if let Some((_, field)) = field {
             row[c] = Some(cell(col, field).map_err(|reason| Error::BadRow {
@@ -234,19 +230,13 @@ fn from_json(ty: ColumnType, v: &J) -> Result<Value, String> {
 /// A JSON number as a value of a numeric `ty` without going through its text, when that
 /// gives the same value ([`parse_text`] of its text does the rest and words the errors).
 fn direct(ty: ColumnType, n: &serde_json::Number) -> Option<Value> {
-    use ColumnType as T;
-    let int = |lo: i64, hi: i64| n.as_i64().filter(|x| (lo..=hi).contains(x)).map(Value::Int);
-    let uint = |hi: u64| n.as_u64().filter(|x| *x <= hi).map(Value::UInt);
-    match ty {
-        T::Float32 | T::Float64 => n.as_f64().map(Value::Float),
-        T::Int8 => int(i8::MIN.into(), i8::MAX.into()),
-        T::Int16 => int(i16::MIN.into(), i16::MAX.into()),
-        T::Int32 => int(i32::MIN.into(), i32::MAX.into()),
-        T::Int64 => int(i64::MIN, i64::MAX),
-        T::UInt8 => uint(u8::MAX.into()),
-        T::UInt16 => uint(u16::MAX.into()),
-        T::UInt32 => uint(u32::MAX.into()),
-        T::UInt64 => uint(u64::MAX),
+    use super::IntRange;
+    match (ty, super::int_range(ty)) {
+        (ColumnType::Float32 | ColumnType::Float64, _) => n.as_f64().map(Value::Float),
+        (_, Some(IntRange::Signed(lo, hi))) => (n.as_i64())
+            .filter(|x| (lo..=hi).contains(x))
+            .map(Value::Int),
+        (_, Some(IntRange::Unsigned(hi))) => n.as_u64().filter(|x| *x <= hi).map(Value::UInt),
         _ => None,
     }
 }
@@ -298,5 +288,13 @@ mod tests {
             let all = decode_all(&target, text).map_err(|e| e.to_string());
             assert_eq!(fast, all, "{text}");
         }
+        // Many fields, given twice, nulls for the unknown ones.
+        let wide: Vec<String> = (0..60)
+            .map(|i| format!(r#""x{i}":null,"u":{}"#, i % 7))
+            .collect();
+        let text = format!("{{{},\"temp\":1.5}}", wide.join(","));
+        let fast = decode(&target, &text).map_err(|e| e.to_string());
+        assert_eq!(fast, decode_all(&target, &text).map_err(|e| e.to_string()));
+        assert_eq!(fast.unwrap()[0][4], Value::UInt(3), "the last `u` given");
     }
 }
