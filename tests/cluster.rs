@@ -87,23 +87,33 @@ impl Cluster {
         &self.nodes[&id]
     }
 
-    /// Waits until every running node sees a leader for each of its groups.
+    /// Waits until every running node sees a leader for each of its groups. On a timeout,
+    /// shows what the node last answered and the end of its log.
     async fn settled(&self) {
         for (id, s) in &self.nodes {
-            eventually_eq(
-                &format!("node {id} sees a leader for every group"),
-                30,
-                &(GROUPS as u64),
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
                 // A query may fail while groups change hands (a shard closing): asked again.
-                || async {
-                    let r = s.sql("SELECT count(leader) AS n FROM system.shards").await;
-                    match r.status {
-                        200 => r.json()[0]["n"].as_u64().unwrap_or(0),
-                        _ => 0,
+                let r = s.sql("SELECT count(leader) AS n FROM system.shards").await;
+                if r.status == 200 && r.json()[0]["n"].as_u64() == Some(GROUPS as u64) {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let shards = s.sql("SELECT * FROM system.shards").await.body;
+                    let log = s.log_text();
+                    let mut start = log.len().saturating_sub(20_000);
+                    while !log.is_char_boundary(start) {
+                        start += 1;
                     }
-                },
-            )
-            .await;
+                    let tail = &log[start..];
+                    panic!(
+                        "node {id} sees no leader for some of its {GROUPS} groups after 30 s\n\
+                         last answer: {} {}\nsystem.shards: {shards}\nits log's end:\n{tail}",
+                        r.status, r.body
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     }
 }
@@ -234,6 +244,25 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     assert!(!before.is_empty(), "node 1 leads nothing before it freezes");
     let frozen = c.node(1).child.id() as i32;
     unsafe { libc::kill(frozen, libc::SIGSTOP) };
+    // Frozen until every group it led has a new leader (acknowledgements may come faster
+    // than an election timeout when the device's shard was not one of them).
+    eventually("node 2 sees new leaders for node 1's groups", 60, || async {
+        let r = (c.node(2))
+            .sql("SELECT shard, term, leader FROM system.shards")
+            .await;
+        let rows = match r.status {
+            200 => r.json().as_array().cloned().unwrap_or_default(),
+            _ => return false,
+        };
+        before.iter().all(|(shard, term)| {
+            rows.iter().any(|r| {
+                r["shard"] == shard.as_str()
+                    && r["term"].as_u64().is_some_and(|t| t > *term)
+                    && r["leader"].as_u64().is_some_and(|l| l != 1)
+            })
+        })
+    })
+    .await;
     until_acked(&mut rx, &mut acked, 360).await;
     unsafe { libc::kill(frozen, libc::SIGCONT) };
     until_acked(&mut rx, &mut acked, 450).await;
