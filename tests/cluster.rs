@@ -87,35 +87,67 @@ impl Cluster {
         &self.nodes[&id]
     }
 
-    /// Waits until every running node sees a leader for each of its groups. On a timeout,
-    /// shows what the node last answered and the end of its log.
+    /// Waits until every running node sees a leader for each of its groups, as its
+    /// `GET /v1/cluster` says (its own view, without the read barrier that SQL waits for: a
+    /// node that catches up answers it at once). On a timeout, shows what the node last
+    /// answered and the end of its log.
     async fn settled(&self) {
         for (id, s) in &self.nodes {
-            let deadline = Instant::now() + Duration::from_secs(30);
+            let started = Instant::now();
             loop {
-                // A query may fail while groups change hands (a shard closing): asked again.
-                let r = s.sql("SELECT count(leader) AS n FROM system.shards").await;
-                if r.status == 200 && r.json()[0]["n"].as_u64() == Some(GROUPS as u64) {
+                let request = s.authorized(s.client().get(s.url("/v1/cluster")));
+                let (status, body) = match request.send().await {
+                    Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+                    Err(e) => (0, e.to_string()),
+                };
+                let view: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                let led = (view["shards"].as_array().into_iter().flatten())
+                    .filter(|g| g["leader"].as_u64().is_some())
+                    .count();
+                if status == 200 && led == GROUPS {
                     break;
                 }
-                if Instant::now() > deadline {
-                    let shards = s.sql("SELECT * FROM system.shards").await.body;
-                    let log = s.log_text();
-                    let mut start = log.len().saturating_sub(20_000);
-                    while !log.is_char_boundary(start) {
-                        start += 1;
-                    }
-                    let tail = &log[start..];
+                if started.elapsed() > Duration::from_secs(30) {
                     panic!(
-                        "node {id} sees no leader for some of its {GROUPS} groups after 30 s\n\
-                         last answer: {} {}\nsystem.shards: {shards}\nits log's end:\n{tail}",
-                        r.status, r.body
+                        "node {id} sees a leader for {led} of its {GROUPS} groups after 30 s\n\
+                         its last answer: {status} {body}\nits log's end:\n{}",
+                        tail(&s.log_text())
                     );
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+            let led_at = started.elapsed();
+            // Then it answers SQL: it has applied what its groups had committed (a node
+            // catching up from the shared store first installs the files it missed).
+            loop {
+                let r = s.sql("SELECT count(*) AS n FROM system.shards").await;
+                if r.status == 200 {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(120),
+                    "node {id} answers no SQL after 120 s: {} {}\nits log's end:\n{}",
+                    r.status,
+                    r.body,
+                    tail(&s.log_text())
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            eprintln!(
+                "node {id}: leaders after {led_at:?}, SQL after {:?}",
+                started.elapsed()
+            );
         }
     }
+}
+
+/// The last 20 KB of a node's log.
+fn tail(log: &str) -> &str {
+    let mut start = log.len().saturating_sub(20_000);
+    while !log.is_char_boundary(start) {
+        start += 1;
+    }
+    &log[start..]
 }
 
 /// A node's config. Buffers are written as Parquet after a second and small files merged
@@ -246,22 +278,26 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     unsafe { libc::kill(frozen, libc::SIGSTOP) };
     // Frozen until every group it led has a new leader (acknowledgements may come faster
     // than an election timeout when the device's shard was not one of them).
-    eventually("node 2 sees new leaders for node 1's groups", 60, || async {
-        let r = (c.node(2))
-            .sql("SELECT shard, term, leader FROM system.shards")
-            .await;
-        let rows = match r.status {
-            200 => r.json().as_array().cloned().unwrap_or_default(),
-            _ => return false,
-        };
-        before.iter().all(|(shard, term)| {
-            rows.iter().any(|r| {
-                r["shard"] == shard.as_str()
-                    && r["term"].as_u64().is_some_and(|t| t > *term)
-                    && r["leader"].as_u64().is_some_and(|l| l != 1)
+    eventually(
+        "node 2 sees new leaders for node 1's groups",
+        60,
+        || async {
+            let r = (c.node(2))
+                .sql("SELECT shard, term, leader FROM system.shards")
+                .await;
+            let rows = match r.status {
+                200 => r.json().as_array().cloned().unwrap_or_default(),
+                _ => return false,
+            };
+            before.iter().all(|(shard, term)| {
+                rows.iter().any(|r| {
+                    r["shard"] == shard.as_str()
+                        && r["term"].as_u64().is_some_and(|t| t > *term)
+                        && r["leader"].as_u64().is_some_and(|l| l != 1)
+                })
             })
-        })
-    })
+        },
+    )
     .await;
     until_acked(&mut rx, &mut acked, 360).await;
     unsafe { libc::kill(frozen, libc::SIGCONT) };
