@@ -271,7 +271,7 @@ pub(crate) async fn store_rows(
 ) -> (PubAckReason, Option<String>) {
     match try_store(shared, message, user, None, journal).await {
         Ok(_) => (PubAckReason::Success, None),
-        Err(Refusal { reason, text, .. }) => refuse(shared, message, reason, text).await,
+        Err(Refusal { reason, text, .. }) => Box::pin(refuse(shared, message, reason, text)).await,
     }
 }
 
@@ -326,7 +326,8 @@ pub(crate) async fn try_store(
         &message.payload,
     ) else {
         if let Some(s) = sparkplug::target(&shared.config, &message.topic) {
-            return sparkplug::store(shared, message, user, origin, journal, s).await;
+            // Boxed: its future would otherwise size every message's.
+            return Box::pin(sparkplug::store(shared, message, user, origin, journal, s)).await;
         }
         return alone(journal).await.map_err(refusal_of);
     };

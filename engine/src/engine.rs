@@ -520,17 +520,17 @@ impl IngestPort for Engine {
         p: Publication<'_>,
         journal: Option<Journal>,
     ) -> Result<Option<WriteReceipt>> {
+        // The rare paths' futures are boxed: inline, the largest would size every
+        // message's future (Sparkplug's is several KiB).
         if p.format == Format::Sparkplug {
-            return self.publish_sparkplug(p, journal).await;
+            return Box::pin(self.publish_sparkplug(p, journal)).await;
         }
         // Line protocol in an auto-create database: each measurement is a table, made and
         // widened as InfluxDB's write API does; the message is stored whole or refused.
         if p.auto_create && p.format == Format::LineProtocol && p.fixed.is_empty() {
             let text = std::str::from_utf8(p.payload)
                 .map_err(|_| Error::invalid("line protocol must be UTF-8"))?;
-            let w = self
-                .write_line_protocol(None, p.database, text, 1, false)
-                .await?;
+            let w = Box::pin(self.write_line_protocol(None, p.database, text, 1, false)).await?;
             let lsn = match journal {
                 Some(j) => self.journal(vec![j], true).await?,
                 None => 0,

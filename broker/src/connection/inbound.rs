@@ -303,6 +303,8 @@ pub(super) fn on_publish(
     let user = client.user.clone();
     // Queued for other nodes now, so in the order this client sent it.
     let (relaying, elsewhere) = crate::ingest::relay(&shared, &message);
+    // Its future is boxed for the pending queue: rare paths inside it are boxed in turn
+    // (Sparkplug, refusals, line protocol), so that this one stays small (680 bytes).
     pending.push_back(Box::pin(async move {
         // A lasting session's QoS 2 packet id is kept in the journal until its PUBREL.
         let incoming = (qos == QoS::ExactlyOnce && session.lasting())
