@@ -60,6 +60,11 @@ pub fn raft_config(name: &str) -> io::Result<Config> {
         election_timeout_min: 800,
         election_timeout_max: 1200,
         enable_pre_vote: Some(true),
+        // A full snapshot's send includes the follower's install, which may wait for the
+        // metadata group (`restore_shard`, up to 30 s): at openraft's 200 ms default a slow
+        // install timed out on the leader every time, and as shards snapshot every flush the
+        // next send was a newer snapshot, installed as slowly (a learner never caught up).
+        install_snapshot_timeout: INSTALL_TIMEOUT.as_millis() as u64,
         // Data shards are snapshotted when their rows are in Parquet, not every N entries.
         snapshot_policy: SnapshotPolicy::Never,
         // Behind a snapshot the log is purged but for this many entries: a replica further
@@ -70,6 +75,9 @@ pub fn raft_config(name: &str) -> io::Result<Config> {
     .validate()
     .map_err(io::Error::other)
 }
+
+/// How long a leader waits for a follower to take and install a full snapshot.
+const INSTALL_TIMEOUT: Duration = Duration::from_secs(40);
 
 /// Entries a group keeps in its log behind its snapshot.
 pub(crate) const LOG_KEPT_BEHIND_SNAPSHOT: u64 = 256;
