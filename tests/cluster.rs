@@ -8,6 +8,8 @@ mod bridge;
 mod common;
 #[path = "cluster/delivery.rs"]
 mod delivery;
+#[path = "cluster/membership.rs"]
+mod membership;
 #[path = "cluster/page.rs"]
 mod page;
 #[path = "cluster/retention.rs"]
@@ -94,40 +96,44 @@ impl Cluster {
     async fn settled(&self) {
         for (id, s) in &self.nodes {
             let started = Instant::now();
-            loop {
+            let led = common::poll(30, || async {
                 let (status, body) = own_view(s).await;
                 let view: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
                 let led = (view["shards"].as_array().into_iter().flatten())
                     .filter(|g| g["leader"].as_u64().is_some())
                     .count();
-                if status == 200 && led == GROUPS {
-                    break;
+                match status == 200 && led == GROUPS {
+                    true => Ok(()),
+                    false => Err(format!(
+                        "a leader for {led} groups; its answer: {status} {body}"
+                    )),
                 }
-                if started.elapsed() > Duration::from_secs(30) {
-                    panic!(
-                        "node {id} sees a leader for {led} of its {GROUPS} groups after 30 s\n\
-                         its last answer: {status} {body}\nits log's end:\n{}",
-                        tail(&s.log_text())
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            })
+            .await;
+            if let Err(last) = led {
+                let log = s.log_text();
+                panic!(
+                    "node {id} sees no leader for some of its {GROUPS} groups after 30 s: {last}\nits log's end:\n{}",
+                    tail(&log)
+                );
             }
             let led_at = started.elapsed();
             // Then it answers SQL: it has applied what its groups had committed (a node
             // catching up from the shared store first installs the files it missed).
-            loop {
+            let answered = common::poll(120, || async {
                 let r = s.sql("SELECT count(*) AS n FROM system.shards").await;
-                if r.status == 200 {
-                    break;
+                match r.status {
+                    200 => Ok(()),
+                    _ => Err(format!("{} {}", r.status, r.body)),
                 }
-                assert!(
-                    started.elapsed() < Duration::from_secs(120),
-                    "node {id} answers no SQL after 120 s: {} {}\nits log's end:\n{}",
-                    r.status,
-                    r.body,
-                    tail(&s.log_text())
+            })
+            .await;
+            if let Err(last) = answered {
+                let log = s.log_text();
+                panic!(
+                    "node {id} answers no SQL after 120 s: {last}\nits log's end:\n{}",
+                    tail(&log)
                 );
-                tokio::time::sleep(Duration::from_millis(50)).await;
             }
             eprintln!(
                 "node {id}: leaders after {led_at:?}, SQL after {:?}",
@@ -417,7 +423,7 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
 
     catch_up_from_the_shared_store(&mut c, root.path()).await;
     move_a_shard_leader(&c).await;
-    add_and_remove_a_node(&mut c, root.path()).await;
+    membership::add_and_remove_a_node(&mut c, root.path()).await;
     page::cluster_page(&c).await;
     page::users_and_grants_everywhere(&c).await;
     bridge::once_per_cluster(&mut c, &mosquitto).await;
@@ -643,212 +649,4 @@ async fn rows_once(s: &Server, want: u64, secs: u64, what: &str) {
         (r[0]["n"].as_u64().unwrap(), r[0]["d"].as_u64().unwrap())
     })
     .await;
-}
-
-/// Sends `method path` with a JSON body to `s`: the status and the body's text.
-/// Sends a JSON admin request and checks its status; returns the body.
-async fn call(s: &Server, method: reqwest::Method, path: &str, body: &str, want: u16) -> String {
-    let r = (s.client().request(method.clone(), s.url(path)))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    assert_eq!(status, want, "{method} {path} {body}: {text}");
-    text
-}
-
-/// While a device publishes through node 2, a fourth node joins (started with `join = true`,
-/// added through node 1's admin API): it gets its share of the shards' replicas (learners
-/// that catch up, then voters) and of their leaderships. Then node 1 leaves (removed through
-/// node 4): its replicas move to the others and it leaves the metadata group. No
-/// acknowledged row is lost or doubled on any remaining node; bad requests are refused.
-async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
-    let before = c.node(2).count("SELECT count(*) FROM iot.r").await;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let publisher = tokio::spawn(device(c.node(2).mqtt_port(), 10_000_000, tx, stop.clone()));
-    let mut acked = Vec::new();
-    until_acked(&mut rx, &mut acked, 30).await;
-
-    let one = c
-        .node(1)
-        .rows("SELECT address FROM system.nodes WHERE node_id = 1")
-        .await;
-    let one = one[0]["address"].as_str().unwrap().to_string();
-    let port = free_port();
-    let address = format!("127.0.0.1:{port}");
-    let dir = root.join("n4");
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = node_config(
-        4,
-        port,
-        &root.join("shared"),
-        &format!("1 = \"{one}\", 4 = \"{address}\""),
-        "join = true\n",
-    ) + &c.extra;
-    c.dirs.insert(4, dir.clone());
-    c.configs.insert(4, config.clone());
-    // The new node waits to be added before it serves anything (but its node-to-node
-    // listener, which the members will reach it on).
-    let starting = std::thread::spawn(move || Server::start_with_config(&dir, &config));
-    eventually("node 4 listens for its peers", 30, || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-    })
-    .await;
-    call(
-        c.node(1),
-        reqwest::Method::POST,
-        "/v1/cluster/nodes",
-        "{\"node\": 4}",
-        400,
-    )
-    .await;
-    call(
-        c.node(1),
-        reqwest::Method::POST,
-        "/v1/cluster/nodes",
-        "{\"node\": 4, \"address\": \"nowhere\"}",
-        400,
-    )
-    .await;
-    let body = format!("{{\"node\": 4, \"address\": \"{address}\"}}");
-    let text = call(
-        c.node(1),
-        reqwest::Method::POST,
-        "/v1/cluster/nodes?wait_secs=120",
-        &body,
-        200,
-    )
-    .await;
-    let added: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(added["done"], true, "{text}");
-    let s4 = tokio::task::spawn_blocking(move || starting.join().unwrap())
-        .await
-        .unwrap();
-    c.nodes.insert(4, s4);
-    until_acked(&mut rx, &mut acked, 60).await;
-    // The metadata log was purged behind its snapshots (one every 10 entries here), so
-    // node 4 started from the snapshot: the catalog and the manifest installed at once.
-    let q = "SELECT purged_index AS p FROM system.shards WHERE shard = 'meta'";
-    assert!(c.node(1).rows(q).await[0]["p"].as_u64() > Some(0));
-    let log = c.node(4).log_text();
-    assert!(
-        log.contains("installed the metadata group's snapshot"),
-        "{log}"
-    );
-
-    // Every node knows four members; node 4 is a voter of 4 or 5 shards (of 18 voters),
-    // each shard has 3 voters, and node 4 is the preferred leader of one or two shards and
-    // leads them. It keeps the other shards as a learner, so its SQL sees every row.
-    for id in 1..=4 {
-        let s = c.node(id);
-        eventually_eq(&format!("node {id} sees 4 members"), 30, &4, || {
-            s.count("SELECT count(*) FROM system.nodes WHERE state = 'member'")
-        })
-        .await;
-    }
-    let all = c
-        .node(4)
-        .rows("SELECT shard, voters, preferred_leader FROM system.shards WHERE shard <> 'meta'")
-        .await;
-    assert_eq!(all.len(), GROUPS - 1, "{all:?}");
-    let voters = |r: &serde_json::Value| -> Vec<String> {
-        (r["voters"].as_str().unwrap().split(','))
-            .map(str::to_string)
-            .collect()
-    };
-    assert!(all.iter().all(|r| voters(r).len() == 3), "{all:?}");
-    let mine: Vec<_> = all
-        .iter()
-        .filter(|r| voters(r).contains(&"4".to_string()))
-        .collect();
-    assert!((4..=5).contains(&mine.len()), "{all:?}");
-    let prefers_4 = mine.iter().filter(|r| r["preferred_leader"] == 4).count() as u64;
-    assert!((1..=2).contains(&prefers_4), "{mine:?}");
-    eventually_eq("node 4 leads the shards it should", 30, &prefers_4, || {
-        c.node(4)
-            .count("SELECT count(*) FROM system.shards WHERE leader = 4 AND shard <> 'meta'")
-    })
-    .await;
-    // Rows up to the last acknowledged seq are exactly the acknowledged ones (the device
-    // sends the next only after the PUBACK); node 4 reads them all, flushed or not.
-    let q = format!(
-        "SELECT count(*) FROM iot.r WHERE seq <= {}",
-        acked.iter().max().unwrap()
-    );
-    assert_eq!(c.node(4).count(&q).await, before + acked.len() as u64);
-
-    // Node 1 leaves, removed through node 4 while the device goes on.
-    call(
-        c.node(4),
-        reqwest::Method::DELETE,
-        "/v1/cluster/nodes/9",
-        "",
-        404,
-    )
-    .await;
-    let text = call(
-        c.node(4),
-        reqwest::Method::DELETE,
-        "/v1/cluster/nodes/1?wait_secs=120",
-        "",
-        200,
-    )
-    .await;
-    let removed: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(removed["done"], true, "{text}");
-    until_acked(&mut rx, &mut acked, 90).await;
-    // A removed node's id is not used again.
-    let again = format!("{{\"node\": 1, \"address\": \"{one}\"}}");
-    call(
-        c.node(2),
-        reqwest::Method::POST,
-        "/v1/cluster/nodes",
-        &again,
-        409,
-    )
-    .await;
-    c.nodes.remove(&1).unwrap().kill9();
-    until_acked(&mut rx, &mut acked, 120).await;
-    stop.cancel();
-    publisher.await.unwrap();
-    while let Ok(seq) = rx.try_recv() {
-        acked.push(seq);
-    }
-
-    // The joined node restarts as any member does (its topology comes back from its log).
-    assert_eq!(c.nodes.remove(&4).unwrap().terminate(), 0);
-    c.restart(4);
-
-    // Three nodes again, with a replica of every shard each (replication factor 3), none
-    // on node 1; every row acknowledged before and during the moves is there once.
-    let want = before + acked.len() as u64;
-    for id in 2..=4 {
-        let s = c.node(id);
-        eventually_eq(&format!("node {id} sees 3 members"), 30, &3, || {
-            s.count("SELECT count(*) FROM system.nodes")
-        })
-        .await;
-        eventually_eq(
-            &format!("node {id} holds every shard"),
-            30,
-            &(GROUPS as u64),
-            || s.count("SELECT count(*) FROM system.shards WHERE voters NOT LIKE '%1%'"),
-        )
-        .await;
-        rows_once(
-            s,
-            want,
-            60,
-            &format!("node {id} has every row once after the moves"),
-        )
-        .await;
-        let q = "SELECT count(*) FROM iot.r WHERE seq >= 10000000";
-        assert_eq!(s.count(q).await, acked.len() as u64, "node {id}");
-    }
 }

@@ -200,8 +200,7 @@ pub(crate) async fn added_through_the_api_runs_once(c: &Cluster, m: &Mosquitto) 
     .await;
     assert_eq!(status, 201, "{text}");
     // 503 (the metadata group busy, e.g. electing) says to try again: a client would.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let (status, text) = loop {
+    let (status, text) = crate::common::poll(30, || async {
         let (status, text) = post(
             others[1],
             reqwest::Method::POST,
@@ -209,11 +208,13 @@ pub(crate) async fn added_through_the_api_runs_once(c: &Cluster, m: &Mosquitto) 
             bridge.to_string(),
         )
         .await;
-        if status != 503 || std::time::Instant::now() > deadline {
-            break (status, text);
+        match status {
+            503 => Err(text),
+            _ => Ok((status, text)),
         }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    };
+    })
+    .await
+    .unwrap_or_else(|text| (503, text));
     assert_eq!(status, 409, "added once for the whole cluster: {text}");
     let q = "SELECT node, connected FROM system.bridges WHERE name = 'line'";
     for id in c.nodes.keys() {

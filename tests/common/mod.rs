@@ -424,16 +424,38 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = T>,
 {
+    let polled = poll(secs, || {
+        let got = get();
+        async move {
+            let got = got.await;
+            match got == *want {
+                true => Ok(()),
+                false => Err(format!("{got:?}")),
+            }
+        }
+    })
+    .await;
+    if let Err(last) = polled {
+        panic!("timed out waiting for: {what}\nlast: {last}\nwanted: {want:?}");
+    }
+}
+
+/// Polls `check` until it returns `Ok` (its value is returned) or `secs` pass: then the last
+/// `Err` is returned, for the caller to say what it waited for.
+pub async fn poll<T, F, Fut>(secs: u64, mut check: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
-        let got = get().await;
-        if got == *want {
-            return;
+        let last = match check().await {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            return Err(last);
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for: {what}\nlast: {got:?}\nwanted: {want:?}"
-        );
         tokio::task::yield_now().await;
         std::thread::park_timeout(Duration::from_millis(50));
     }
