@@ -156,15 +156,15 @@ struct Shared {
     metrics: Arc<LogMetrics>,
 }
 
-impl Shared {
-    /// Before leading: lets the tasks ready to run queue their records first. One yield:
-    /// the runtime reads the sockets that are ready and runs what they woke, then comes
-    /// back. On a connection thread that leads (nothing is read while it syncs), the
-    /// messages that came during the last sync then go in one group instead of each alone.
-    async fn gather(&self) {
-        tokio::task::yield_now().await;
-    }
+/// Before leading: lets the tasks ready to run queue their records first. One yield: the
+/// runtime reads the sockets that are ready and runs what they woke, then comes back. On a
+/// connection thread that leads (nothing is read while it syncs), the messages that came
+/// during the last sync then go in one group instead of each alone.
+async fn gather() {
+    tokio::task::yield_now().await;
+}
 
+impl Shared {
     /// Commits the waiting records, one group, then hands the next group to the first
     /// appender still waiting (or commits it too if that appender is gone).
     fn lead(self: &Arc<Self>) {
@@ -460,14 +460,14 @@ impl Wal {
         if lead {
             // Dropped while gathering, the leadership is carried out by its drop.
             let lead = Leadership(Some(s.clone()));
-            s.gather().await;
+            gather().await;
             lead.lead();
         }
         loop {
             match answer.await.map_err(|_| Error::ShuttingDown)? {
                 Turn::Done(r) => return r,
                 Turn::Lead(lead, next) => {
-                    s.gather().await;
+                    gather().await;
                     lead.lead();
                     answer = next;
                 }
