@@ -7,8 +7,8 @@
 //! slows the client through TCP. Control packets (acks, SUBACK, PINGRESP) are encoded as
 //! they arise; the session's queued messages follow within the client's receive maximum
 //! ([`outbound`]). The same task writes the buffer out as the socket takes it: no task or
-//! channel between a stored message and its PUBACK, and an idle connection holds no buffer
-//! beyond a small read buffer.
+//! channel between a stored message and its PUBACK. Reads land in a buffer of the worker
+//! thread's and are copied out, so an idle connection holds no buffer at all.
 
 mod connect;
 mod inbound;
@@ -34,7 +34,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use will::publish_will;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -42,13 +42,31 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a closing connection may take to write what it still has before it is dropped.
 const WRITER_GRACE: Duration = Duration::from_secs(5);
 
-/// Read size of a new connection; it doubles (up to [`MAX_READ`]) while reads fill it, and
-/// halves back while they use a quarter of it, and a drained buffer larger than twice the
-/// read size is given back, so idle connections stay small and busy ones read in bulk.
-const READ_BUF: usize = 1024;
-
-/// The largest read size.
+/// The largest read: what the thread's scratch buffer holds.
 const MAX_READ: usize = 64 * 1024;
+
+thread_local! {
+    /// Each worker thread's read buffer: a read lands here and what it got is copied to the
+    /// connection's buffer, so a connection waiting for data holds none.
+    static SCRATCH: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0; MAX_READ].into_boxed_slice());
+}
+
+/// Reads what the socket has (at most [`MAX_READ`] bytes) and appends it to `buf`; 0 at the
+/// end of the stream.
+pub(super) fn read_scratch<'a, R: AsyncRead + Unpin>(
+    rd: &'a mut R,
+    buf: &'a mut BytesMut,
+) -> impl Future<Output = std::io::Result<usize>> + 'a {
+    std::future::poll_fn(move |cx| {
+        SCRATCH.with_borrow_mut(|scratch| {
+            let mut got = tokio::io::ReadBuf::new(scratch);
+            std::task::ready!(Pin::new(&mut *rd).poll_read(cx, &mut got))?;
+            buf.extend_from_slice(got.filled());
+            std::task::Poll::Ready(Ok(got.filled().len()))
+        })
+    })
+}
 
 /// A pending publish (or PUBREL, or PUBREC of a message in the journal): the packet to send
 /// once it completes, and the message to route then with its targets (a message in the
@@ -74,7 +92,7 @@ pub(crate) async fn serve<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut rd, mut wr) = tokio::io::split(stream);
-    let mut buf = BytesMut::with_capacity(READ_BUF);
+    let mut buf = BytesMut::new();
     // The handshake runs boxed, and what it leaves is boxed: held only while needed, its
     // state does not make every connection's task (what an idle connection costs) larger.
     let Some(hello) = Box::pin(handshake(
@@ -173,7 +191,8 @@ struct Client {
     /// Encoded packets not yet written to the socket.
     out: BytesMut,
     aliases: HashMap<u16, Arc<str>>,
-    will: Option<LastWill>,
+    /// Boxed: most clients have none, and the connection's task holds this for its life.
+    will: Option<Box<LastWill>>,
     user: Option<Arc<str>>,
     /// QoS 1/2 publishes received and not yet acknowledged (bounded by receive maximum).
     unacked: usize,
@@ -192,6 +211,237 @@ impl Client {
     }
 }
 
+/// What the session setup leaves for the connection's loop.
+struct Attached {
+    client: Client,
+    outbound: Outbound,
+    cancel: tokio_util::sync::CancellationToken,
+    conn: u64,
+    generation: u64,
+    expiry: u32,
+    keep_alive: Duration,
+}
+
+/// Checks the CONNECT, attaches the session (taking it over from another node of a
+/// cluster), logs it and sends the CONNACK. Awaited boxed: what it holds meanwhile (the
+/// CONNECT, its will and properties) is not part of every connection's task.
+async fn attach<W>(
+    shared: &Arc<BrokerState>,
+    hello: Box<Hello>,
+    wr: &mut W,
+    peer: std::net::SocketAddr,
+) -> Result<Attached>
+where
+    W: AsyncWrite + Unpin,
+{
+    let cfg = &shared.config;
+    let Hello {
+        version,
+        connect,
+        will,
+        user,
+    } = *hello;
+    let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    let props = connect.properties.clone().unwrap_or_default();
+    let bad_connect = if props.receive_maximum == Some(0) {
+        Some("receive maximum 0")
+    } else if props.max_packet_size == Some(0) {
+        Some("maximum packet size 0")
+    } else if will
+        .as_ref()
+        .is_some_and(|w| std::str::from_utf8(&w.topic).map_or(true, |t| !topic::valid_name(t)))
+    {
+        Some("invalid will topic")
+    } else {
+        None
+    };
+    // `mqtt.max_keep_alive`: an MQTT 5 client asking for more (or for none) is told the
+    // server's in CONNACK; a 3.1.1 client cannot be told, and is refused as Mosquitto
+    // does (0x02).
+    let max_keep_alive = cfg.max_keep_alive;
+    let server_keep_alive = (max_keep_alive > 0
+        && (connect.keep_alive == 0 || connect.keep_alive > max_keep_alive))
+        .then_some(max_keep_alive);
+    if server_keep_alive.is_some() && version == Version::V4 {
+        let code = ConnectReturnCode::ClientIdentifierNotValid;
+        Box::pin(send_connack(wr, version, code, false, None)).await?;
+        return Err(Error::Protocol(format!(
+            "keep alive {} s beyond mqtt.max_keep_alive {max_keep_alive} s",
+            connect.keep_alive
+        )));
+    }
+    if let Some(why) = bad_connect {
+        let code = match version {
+            Version::V5 => ConnectReturnCode::ProtocolError,
+            Version::V4 => ConnectReturnCode::ServiceUnavailable,
+        };
+        Box::pin(send_connack(wr, version, code, false, None)).await?;
+        return Err(Error::Protocol(why.into()));
+    }
+    let problem_info = props.request_problem_info != Some(0);
+    let mut assigned = None;
+    let client_id: Arc<str> = if connect.client_id.is_empty() {
+        if version == Version::V4 && !connect.clean_start {
+            Box::pin(send_connack(
+                wr,
+                version,
+                ConnectReturnCode::ClientIdentifierNotValid,
+                false,
+                None,
+            ))
+            .await?;
+            return Err(Error::Protocol(
+                "empty client id needs a clean session".into(),
+            ));
+        }
+        // Unique across restarts (restored sessions keep their ids) and unlikely to be chosen
+        // by a client: the connection number and the start time in nanoseconds.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let id = format!("sluice-{conn}-{nanos:x}");
+        assigned = Some(id.clone());
+        Arc::from(id)
+    } else {
+        Arc::from(connect.client_id.as_str())
+    };
+    let max_expiry = u32::try_from(shared.max_session_expiry.as_secs()).unwrap_or(u32::MAX);
+    let asked_expiry = match version {
+        Version::V5 => props.session_expiry_interval.unwrap_or(0),
+        Version::V4 if connect.clean_start => 0,
+        Version::V4 => u32::MAX,
+    };
+    let expiry = asked_expiry.min(max_expiry);
+    let key: Arc<str> = if cfg.shared_client_ids {
+        Arc::from(format!("{client_id}#{conn}"))
+    } else {
+        client_id.clone()
+    };
+    // In a cluster, a session of this client on another node moves here.
+    let mut handed = match cfg.shared_client_ids {
+        false => crate::takeover::take_over(shared, &key, connect.clean_start).await,
+        true => Vec::new(),
+    };
+    // What was handed over makes the session present (it is logged below).
+    let took = expiry > 0 && !handed.is_empty() && shared.db.journals();
+    let cancel = shared.shutdown.child_token();
+    let was_lasting = (shared.router.session(&key)).is_some_and(|s| s.lasting());
+    let (session, present, generation) = shared.router.attach(
+        &key,
+        connect.clean_start || cfg.shared_client_ids,
+        expiry,
+        conn,
+        cancel.clone(),
+    );
+    *session.user.lock() = user.clone();
+    let will_message = will.as_ref().and_then(|w| will::will_message(&key, w));
+    *session.will.lock() = will_message.clone();
+    if let Some(r) = shared.router.remote() {
+        r.share_will(&key, will_message.as_ref(), user.clone(), expiry);
+    }
+    // A session that outlives its connection (or replaces one that did) is in the
+    // journal before the CONNACK says it exists.
+    if shared.db.journals() && (expiry > 0 || was_lasting) {
+        let record = Record::Open {
+            client: key.clone(),
+            user: user.clone(),
+            expiry,
+            fresh: !present,
+            will: will_message.filter(|_| expiry > 0),
+        };
+        let logged = shared.db.journal(vec![journal::entry(&record, None)], true);
+        let handed = std::mem::take(&mut handed);
+        let imported = async {
+            logged.await?;
+            match expiry > 0 && !handed.is_empty() {
+                true => crate::takeover::import(shared, handed).await,
+                false => Ok(()),
+            }
+        };
+        if let Err(e) = imported.await {
+            let code = ConnectReturnCode::ServiceUnavailable;
+            Box::pin(send_connack(wr, version, code, false, None)).await?;
+            session.detach(conn);
+            return Err(Error::Protocol(format!("session not logged: {e}")));
+        }
+    }
+    let present = present || took;
+    let connack_props = (version == Version::V5).then(|| ConnAckProperties {
+        session_expiry_interval: (expiry != asked_expiry).then_some(expiry),
+        receive_max: Some(cfg.receive_maximum),
+        max_packet_size: Some(cfg.max_packet_size),
+        assigned_client_identifier: assigned,
+        topic_alias_max: Some(cfg.topic_alias_maximum),
+        retain_available: Some(1),
+        wildcard_subscription_available: Some(1),
+        subscription_identifiers_available: Some(1),
+        shared_subscription_available: Some(1),
+        max_qos: None,
+        user_properties: Vec::new(),
+        reason_string: None,
+        server_keep_alive,
+        response_information: None,
+        server_reference: None,
+        authentication_method: None,
+        authentication_data: None,
+    });
+    Box::pin(send_connack(
+        wr,
+        version,
+        ConnectReturnCode::Success,
+        present,
+        connack_props,
+    ))
+    .await?;
+    tracing::debug!(%peer, client_id = %client_id, ?version, present, "client connected");
+
+    let window = usize::from(
+        props
+            .receive_maximum
+            .unwrap_or(u16::MAX)
+            .min(cfg.max_inflight)
+            .max(1),
+    );
+    let mut outbound = Outbound {
+        version,
+        session: session.clone(),
+        window,
+        max_packet: props
+            .max_packet_size
+            .map(|m| m as usize)
+            .unwrap_or(usize::MAX),
+        alias_max: props.topic_alias_max.unwrap_or(0),
+        aliases: HashMap::new(),
+    };
+    let mut client = Client {
+        version,
+        id: key.clone(),
+        session: session.clone(),
+        out: BytesMut::new(),
+        aliases: HashMap::new(),
+        will: will.map(Box::new),
+        user,
+        unacked: 0,
+        problem_info,
+        acked: Vec::new(),
+    };
+    if present {
+        resend(&mut outbound, &mut client.out);
+    }
+    let keep_alive_secs = server_keep_alive.unwrap_or(connect.keep_alive);
+    let keep_alive = Duration::from_secs(u64::from(keep_alive_secs)) * 3 / 2;
+    Ok(Attached {
+        client,
+        outbound,
+        cancel,
+        conn,
+        generation,
+        expiry,
+        keep_alive,
+    })
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run<R, W>(
     shared: &Arc<BrokerState>,
@@ -206,209 +456,15 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let cfg = &shared.config;
-    // The session is set up in a block of its own, so that the CONNECT's parts are not kept
-    // in the task for the connection's life.
-    let (mut client, mut outbound, cancel, conn, generation, expiry, keep_alive) = {
-        let Hello {
-            version,
-            connect,
-            will,
-            user,
-        } = *hello;
-        let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-        let props = connect.properties.clone().unwrap_or_default();
-        let bad_connect = if props.receive_maximum == Some(0) {
-            Some("receive maximum 0")
-        } else if props.max_packet_size == Some(0) {
-            Some("maximum packet size 0")
-        } else if will
-            .as_ref()
-            .is_some_and(|w| std::str::from_utf8(&w.topic).map_or(true, |t| !topic::valid_name(t)))
-        {
-            Some("invalid will topic")
-        } else {
-            None
-        };
-        // `mqtt.max_keep_alive`: an MQTT 5 client asking for more (or for none) is told the
-        // server's in CONNACK; a 3.1.1 client cannot be told, and is refused as Mosquitto
-        // does (0x02).
-        let max_keep_alive = cfg.max_keep_alive;
-        let server_keep_alive = (max_keep_alive > 0
-            && (connect.keep_alive == 0 || connect.keep_alive > max_keep_alive))
-            .then_some(max_keep_alive);
-        if server_keep_alive.is_some() && version == Version::V4 {
-            let code = ConnectReturnCode::ClientIdentifierNotValid;
-            Box::pin(send_connack(&mut wr, version, code, false, None)).await?;
-            return Err(Error::Protocol(format!(
-                "keep alive {} s beyond mqtt.max_keep_alive {max_keep_alive} s",
-                connect.keep_alive
-            )));
-        }
-        if let Some(why) = bad_connect {
-            let code = match version {
-                Version::V5 => ConnectReturnCode::ProtocolError,
-                Version::V4 => ConnectReturnCode::ServiceUnavailable,
-            };
-            Box::pin(send_connack(&mut wr, version, code, false, None)).await?;
-            return Err(Error::Protocol(why.into()));
-        }
-        let problem_info = props.request_problem_info != Some(0);
-        let mut assigned = None;
-        let client_id: Arc<str> = if connect.client_id.is_empty() {
-            if version == Version::V4 && !connect.clean_start {
-                Box::pin(send_connack(
-                    &mut wr,
-                    version,
-                    ConnectReturnCode::ClientIdentifierNotValid,
-                    false,
-                    None,
-                ))
-                .await?;
-                return Err(Error::Protocol(
-                    "empty client id needs a clean session".into(),
-                ));
-            }
-            // Unique across restarts (restored sessions keep their ids) and unlikely to be chosen
-            // by a client: the connection number and the start time in nanoseconds.
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0);
-            let id = format!("sluice-{conn}-{nanos:x}");
-            assigned = Some(id.clone());
-            Arc::from(id)
-        } else {
-            Arc::from(connect.client_id.as_str())
-        };
-        let max_expiry = u32::try_from(shared.max_session_expiry.as_secs()).unwrap_or(u32::MAX);
-        let asked_expiry = match version {
-            Version::V5 => props.session_expiry_interval.unwrap_or(0),
-            Version::V4 if connect.clean_start => 0,
-            Version::V4 => u32::MAX,
-        };
-        let expiry = asked_expiry.min(max_expiry);
-        let key: Arc<str> = if cfg.shared_client_ids {
-            Arc::from(format!("{client_id}#{conn}"))
-        } else {
-            client_id.clone()
-        };
-        // In a cluster, a session of this client on another node moves here.
-        let mut handed = match cfg.shared_client_ids {
-            false => crate::takeover::take_over(shared, &key, connect.clean_start).await,
-            true => Vec::new(),
-        };
-        // What was handed over makes the session present (it is logged below).
-        let took = expiry > 0 && !handed.is_empty() && shared.db.journals();
-        let cancel = shared.shutdown.child_token();
-        let was_lasting = (shared.router.session(&key)).is_some_and(|s| s.lasting());
-        let (session, present, generation) = shared.router.attach(
-            &key,
-            connect.clean_start || cfg.shared_client_ids,
-            expiry,
-            conn,
-            cancel.clone(),
-        );
-        *session.user.lock() = user.clone();
-        let will_message = will.as_ref().and_then(|w| will::will_message(&key, w));
-        *session.will.lock() = will_message.clone();
-        if let Some(r) = shared.router.remote() {
-            r.share_will(&key, will_message.as_ref(), user.clone(), expiry);
-        }
-        // A session that outlives its connection (or replaces one that did) is in the
-        // journal before the CONNACK says it exists.
-        if shared.db.journals() && (expiry > 0 || was_lasting) {
-            let record = Record::Open {
-                client: key.clone(),
-                user: user.clone(),
-                expiry,
-                fresh: !present,
-                will: will_message.filter(|_| expiry > 0),
-            };
-            let logged = shared.db.journal(vec![journal::entry(&record, None)], true);
-            let handed = std::mem::take(&mut handed);
-            let imported = async {
-                logged.await?;
-                match expiry > 0 && !handed.is_empty() {
-                    true => crate::takeover::import(shared, handed).await,
-                    false => Ok(()),
-                }
-            };
-            if let Err(e) = imported.await {
-                let code = ConnectReturnCode::ServiceUnavailable;
-                Box::pin(send_connack(&mut wr, version, code, false, None)).await?;
-                session.detach(conn);
-                return Err(Error::Protocol(format!("session not logged: {e}")));
-            }
-        }
-        let present = present || took;
-        let connack_props = (version == Version::V5).then(|| ConnAckProperties {
-            session_expiry_interval: (expiry != asked_expiry).then_some(expiry),
-            receive_max: Some(cfg.receive_maximum),
-            max_packet_size: Some(cfg.max_packet_size),
-            assigned_client_identifier: assigned,
-            topic_alias_max: Some(cfg.topic_alias_maximum),
-            retain_available: Some(1),
-            wildcard_subscription_available: Some(1),
-            subscription_identifiers_available: Some(1),
-            shared_subscription_available: Some(1),
-            max_qos: None,
-            user_properties: Vec::new(),
-            reason_string: None,
-            server_keep_alive,
-            response_information: None,
-            server_reference: None,
-            authentication_method: None,
-            authentication_data: None,
-        });
-        Box::pin(send_connack(
-            &mut wr,
-            version,
-            ConnectReturnCode::Success,
-            present,
-            connack_props,
-        ))
-        .await?;
-        tracing::debug!(%peer, client_id = %client_id, ?version, present, "client connected");
-
-        let window = usize::from(
-            props
-                .receive_maximum
-                .unwrap_or(u16::MAX)
-                .min(cfg.max_inflight)
-                .max(1),
-        );
-        let mut outbound = Outbound {
-            version,
-            session: session.clone(),
-            window,
-            max_packet: props
-                .max_packet_size
-                .map(|m| m as usize)
-                .unwrap_or(usize::MAX),
-            alias_max: props.topic_alias_max.unwrap_or(0),
-            aliases: HashMap::new(),
-        };
-        let mut client = Client {
-            version,
-            id: key.clone(),
-            session: session.clone(),
-            out: BytesMut::new(),
-            aliases: HashMap::new(),
-            will,
-            user,
-            unacked: 0,
-            problem_info,
-            acked: Vec::new(),
-        };
-        if present {
-            resend(&mut outbound, &mut client.out);
-        }
-        let keep_alive_secs = server_keep_alive.unwrap_or(connect.keep_alive);
-        let keep_alive = Duration::from_secs(u64::from(keep_alive_secs)) * 3 / 2;
-        (
-            client, outbound, cancel, conn, generation, expiry, keep_alive,
-        )
-    };
+    let Attached {
+        mut client,
+        mut outbound,
+        cancel,
+        conn,
+        generation,
+        expiry,
+        keep_alive,
+    } = Box::pin(attach(shared, hello, &mut wr, peer)).await?;
     let version = client.version;
     let session = client.session.clone();
     let mut deadline = tokio::time::Instant::now() + keep_alive;
@@ -428,27 +484,34 @@ where
     // Messages encoded but held until the journal has their packet ids, and that record.
     let mut held = BytesMut::new();
     let mut sending: Option<Sending> = None;
-    let mut read_size = READ_BUF;
+    // Subscribers of the message just stored, reached after the select (whose output is
+    // then not held across the wait).
+    let mut deliver = Vec::new();
+    // One timer for the keep-alive, moved only when it fires before the (later) deadline.
+    let keep_alive_timer = tokio::time::sleep_until(deadline);
+    tokio::pin!(keep_alive_timer);
     let result: Result<()> = async {
         loop {
             while pending.len() < cap {
-                match codec::read(version, &mut buf, max)? {
-                    Some(p) => {
-                        shared.metrics.packets_in.fetch_add(1, Ordering::Relaxed);
-                        // A PUBLISH is handled at once; other packets may wait (boxed, so
-                        // that their state is held only meanwhile).
-                        let bye = match p {
-                            Packet::Publish(p) => {
-                                on_publish(shared, &mut client, p, &mut pending)?;
-                                false
-                            }
-                            p => Box::pin(handle(shared, &mut client, p, &mut pending)).await?,
-                        };
-                        if bye {
-                            return Ok(());
+                // A PUBLISH is handled at once; other packets may wait (boxed, so that their
+                // state is held only meanwhile; the packet is gone from here by then).
+                let other = {
+                    let Some(p) = codec::read(version, &mut buf, max)? else {
+                        break;
+                    };
+                    shared.metrics.packets_in.fetch_add(1, Ordering::Relaxed);
+                    match p {
+                        Packet::Publish(p) => {
+                            on_publish(shared, &mut client, p, &mut pending)?;
+                            None
                         }
+                        p => Some(Box::pin(handle(shared, &mut client, p, &mut pending))),
                     }
-                    None => break,
+                };
+                if let Some(handled) = other
+                    && handled.await?
+                {
+                    return Ok(());
                 }
             }
             // Checked here, cheaply, so a busy connection that was taken over stops at once;
@@ -472,12 +535,11 @@ where
                     sending = Some(Box::pin(async move { db.journal(vec![entry], true).await }));
                 }
             }
-            if buf.is_empty() && buf.capacity() > 2 * read_size {
-                buf = BytesMut::with_capacity(read_size);
-            } else if buf.capacity() - buf.len() < read_size {
-                buf.reserve(read_size);
+            // Read through the thread's scratch buffer: a connection waiting for its client
+            // holds no read buffer.
+            if buf.is_empty() && buf.capacity() > 0 {
+                buf = BytesMut::new();
             }
-            let spare = buf.capacity() - buf.len();
             // While this side stops reading (the client's window is full of messages still
             // being stored, which may wait for room in the buffers), the client's silence
             // proves nothing: its keep-alive counts again from when reading resumes.
@@ -502,17 +564,11 @@ where
                         }
                         client.send(p);
                     }
-                    // May wait for room in a slow subscriber's queue: reading then stops,
-                    // which slows this publisher.
                     if let Some((m, targets, logged)) = routed {
                         if m.retain && !logged {
                             shared.router.retain(&m, 0);
                         }
-                        // Boxed only when there is someone to deliver to (the wait is
-                        // rare; most stored readings have no subscriber).
-                        if !targets.is_empty() {
-                            Box::pin(crate::router::deliver(targets)).await;
-                        }
+                        deliver = targets;
                     }
                 }
                 Some(r) = async { match sending.as_mut() { Some(f) => Some(f.await), None => None } }, if sending.is_some() => {
@@ -536,25 +592,28 @@ where
                         }
                     }
                 }
-                r = rd.read_buf(&mut buf), if reading => {
+                r = read_scratch(&mut rd, &mut buf), if reading => {
                     let n = r?;
                     if n == 0 {
                         return Ok(());
                     }
                     shared.metrics.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
                     deadline = tokio::time::Instant::now() + keep_alive;
-                    if n >= spare {
-                        read_size = (read_size * 2).min(MAX_READ);
-                    } else if n < read_size / 4 {
-                        read_size = (read_size / 2).max(READ_BUF);
-                    }
                 }
                 // Deliveries queued for this session, or room in the client's window.
                 _ = session.wake_writer.notified() => woken = true,
-                _ = tokio::time::sleep_until(deadline), if !keep_alive.is_zero() && reading => {
-                    return Err(Error::KeepAlive);
+                () = keep_alive_timer.as_mut(), if !keep_alive.is_zero() && reading => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(Error::KeepAlive);
+                    }
+                    keep_alive_timer.as_mut().reset(deadline);
                 }
                 _ = cancel.cancelled() => return Ok(()),
+            }
+            // May wait for room in a slow subscriber's queue: reading then stops, which
+            // slows this publisher. Boxed (most stored readings have no subscriber).
+            if !deliver.is_empty() {
+                Box::pin(crate::router::deliver(std::mem::take(&mut deliver))).await;
             }
         }
     }
@@ -600,7 +659,7 @@ where
         publish_will(
             shared,
             &session,
-            w,
+            *w,
             client.user.clone(),
             generation,
             lasting,

@@ -5,7 +5,7 @@ use crate::codec::{self, Version};
 use crate::error::{Error, Result};
 use bytes::BytesMut;
 use rumqttc::v5::mqttbytes::v5::*;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 pub(super) async fn read_connect<R, W>(
     shared: &BrokerState,
@@ -47,7 +47,7 @@ where
                 }
             };
         }
-        if rd.read_buf(buf).await? == 0 {
+        if super::read_scratch(rd, buf).await? == 0 {
             return Ok(None);
         }
     }
