@@ -664,7 +664,12 @@ async fn configuration_layers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_pruning_skips_files() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path(), &[("SLUICE_QUERY_HOT_CACHE_BYTES", "0")]);
+    // DataFusion's settings come from `DATAFUSION_*` variables (three lanes here).
+    let env = [
+        ("SLUICE_QUERY_HOT_CACHE_BYTES", "0"),
+        ("DATAFUSION_EXECUTION_TARGET_PARTITIONS", "3"),
+    ];
+    let s = Server::start(dir.path(), &env);
     readings(&s).await;
     for h in 10..14 {
         let body = format!("2024-05-01 {h}:05:00,a,{h}\n2024-05-01 {h}:55:00,b,{h}.5");
@@ -680,6 +685,14 @@ async fn partition_pruning_skips_files() {
         .rows("EXPLAIN SELECT temp FROM iot.readings WHERE temp > 0")
         .await;
     assert_eq!(files_in_plan(all), 4);
+    let grouped = s
+        .rows("EXPLAIN SELECT device, lag(temp) OVER (PARTITION BY device ORDER BY ts) FROM iot.readings")
+        .await;
+    let plan = format!("{grouped:?}");
+    assert!(
+        plan.contains("Hash([device@") && plan.contains("], 3)"),
+        "{plan}"
+    );
     let q = "FROM iot.readings WHERE ts >= '2024-05-01 11:00:00' AND ts < '2024-05-01 12:30:00'";
     // (Rows, not a count: a count is answered from synopses where it can be.)
     let pruned = s.rows(&format!("EXPLAIN SELECT temp {q}")).await;

@@ -117,7 +117,7 @@ impl Coded {
             limit: usize,
             key: impl Fn(T) -> Key,
         ) -> Option<Coded> {
-            let mut seen: HashMap<Option<T>, u32> = HashMap::new();
+            let mut seen: foldhash::HashMap<Option<T>, u32> = HashMap::default();
             let mut out = Coded {
                 codes: Vec::with_capacity(len),
                 values: Vec::new(),
@@ -383,7 +383,7 @@ fn grouped(
     // Each row's group, in order of first appearance.
     let mut members: Vec<Vec<u32>> = Vec::new();
     let mut dense: Vec<u32> = Vec::new();
-    let mut sparse: HashMap<u64, u32> = HashMap::new();
+    let mut sparse: foldhash::HashMap<u64, u32> = HashMap::default();
     if radix <= DENSE {
         dense = vec![u32::MAX; radix as usize];
     }

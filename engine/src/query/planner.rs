@@ -287,7 +287,13 @@ fn optimize_at(
 /// A session whose names default to `database`; with `one_partition`, plans run as one
 /// partition (cheaper to plan and start, for small queries run often, such as alerts).
 fn new_session(store: &Arc<Store>, database: &str, one_partition: bool, limit: usize) -> Session {
-    let mut cfg = SessionConfig::new()
+    // DataFusion's own settings may be given as `DATAFUSION_*` environment variables
+    // (`DATAFUSION_EXECUTION_TARGET_PARTITIONS=4`); a bad one leaves all at their defaults.
+    let from_env = SessionConfig::from_env().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "DATAFUSION_* settings not applied");
+        SessionConfig::new()
+    });
+    let mut cfg = from_env
         .with_default_catalog_and_schema("sluice", database)
         .with_create_default_catalog_and_schema(false)
         .with_information_schema(false);

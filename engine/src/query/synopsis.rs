@@ -131,11 +131,16 @@ impl ColumnSynopsis {
                 let p = a.as_primitive::<$t>();
                 let mut sum: i128 = 0;
                 let (mut lo, mut hi) = (i128::MAX, i128::MIN);
-                for v in p.iter().flatten() {
+                let mut add = |v| {
                     let v = i128::from(v);
                     sum += v;
                     lo = lo.min(v);
                     hi = hi.max(v);
+                };
+                // Without NULLs, the values themselves (no per-value validity check).
+                match p.null_count() {
+                    0 => p.values().iter().copied().for_each(&mut add),
+                    _ => p.iter().flatten().for_each(&mut add),
                 }
                 if count > 0 {
                     s.sum = $sum.then_some(Num::Int(sum));
@@ -151,12 +156,16 @@ impl ColumnSynopsis {
                 let mut sum = 0f64;
                 let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
                 let mut nan = false;
-                for v in p.iter().flatten() {
+                let mut add = |v| {
                     let v = f64::from(v);
                     sum += v;
                     nan |= v.is_nan();
                     lo = lo.min(v);
                     hi = hi.max(v);
+                };
+                match p.null_count() {
+                    0 => p.values().iter().copied().for_each(&mut add),
+                    _ => p.iter().flatten().for_each(&mut add),
                 }
                 if count > 0 {
                     s.sum = Some(Num::Float(sum));
