@@ -111,10 +111,11 @@ impl Cluster {
             })
             .await;
             if let Err(last) = led {
-                let log = s.log_text();
-                panic!(
-                    "node {id} sees no leader for some of its {GROUPS} groups after 30 s: {last}\nits log's end:\n{}",
-                    tail(&log)
+                give_up(
+                    s,
+                    &format!(
+                        "node {id} sees no leader for some of its {GROUPS} groups after 30 s: {last}"
+                    ),
                 );
             }
             let led_at = started.elapsed();
@@ -129,11 +130,7 @@ impl Cluster {
             })
             .await;
             if let Err(last) = answered {
-                let log = s.log_text();
-                panic!(
-                    "node {id} answers no SQL after 120 s: {last}\nits log's end:\n{}",
-                    tail(&log)
-                );
+                give_up(s, &format!("node {id} answers no SQL after 120 s: {last}"));
             }
             eprintln!(
                 "node {id}: leaders after {led_at:?}, SQL after {:?}",
@@ -152,13 +149,14 @@ async fn own_view(s: &Server) -> (u16, String) {
     }
 }
 
-/// The last 20 KB of a node's log.
-fn tail(log: &str) -> &str {
+/// Fails the test with `why` and the last 20 KB of node `s`'s log.
+fn give_up(s: &Server, why: &str) -> ! {
+    let log = s.log_text();
     let mut start = log.len().saturating_sub(20_000);
     while !log.is_char_boundary(start) {
         start += 1;
     }
-    &log[start..]
+    panic!("{why}\nits log's end:\n{}", &log[start..]);
 }
 
 /// A node's config. Buffers are written as Parquet after a second and small files merged
@@ -391,13 +389,9 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     c.node(2)
         .sql_ok("CREATE ALERT many EVERY 200 ms WHEN n > 0 AS SELECT count(*) AS n FROM iot.r")
         .await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (mut evaluator, mut evaluations, mut last) = (None, 0, serde_json::Value::Null);
-    while evaluations < 3 {
-        assert!(
-            Instant::now() < deadline,
-            "the alert was evaluated {evaluations} times in 20 s"
-        );
+    // (evaluating node, evaluations seen, the last evaluation's time)
+    let seen = std::cell::RefCell::new((None, 0, serde_json::Value::Null));
+    let evaluated = common::poll(20, || async {
         for id in 1..=3 {
             let rows = c
                 .node(id)
@@ -407,14 +401,22 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
             if at.is_null() {
                 continue;
             }
+            let (evaluator, evaluations, last) = &mut *seen.borrow_mut();
             let e = *evaluator.get_or_insert(id);
             assert_eq!(e, id, "nodes {e} and {id} both evaluate the alert");
-            if at != last {
-                last = at;
-                evaluations += 1;
+            if at != *last {
+                *last = at;
+                *evaluations += 1;
             }
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        match seen.borrow().1 {
+            n if n >= 3 => Ok(()),
+            n => Err(format!("the alert was evaluated {n} times in 20 s")),
+        }
+    })
+    .await;
+    if let Err(last) = evaluated {
+        panic!("{last}");
     }
     c.node(3)
         .sql_ok("CREATE TABLE iot.t2 (ts TIMESTAMP, v DOUBLE) PARTITION BY ymdh(ts)")
@@ -617,16 +619,17 @@ async fn move_a_shard_leader(c: &Cluster) {
     }
     // The old preferred leader leaves it there: it would take it back within 2 s, so the
     // leadership is watched for 5 s and must never leave the chosen node.
-    let watch_until = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < watch_until {
-        let r = c.node(leader).rows(q).await;
-        assert_eq!(
-            r[0]["leader"].as_u64(),
-            Some(to),
-            "shard 0's leadership moved back"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let moved_back = common::poll(5, || async {
+        match c.node(leader).rows(q).await[0]["leader"].as_u64() {
+            Some(l) if l == to => Err(format!("still led by {to}")),
+            other => Ok(other),
+        }
+    })
+    .await;
+    assert!(
+        moved_back.is_err(),
+        "shard 0's leadership moved: {moved_back:?}"
+    );
     let before = c.node(1).count("SELECT count(*) FROM iot.r").await;
     let rows: String = (0..12)
         .map(|d| format!("2026-11-23 14:00:00,m{d},{}\n", 4_000_000 + d))

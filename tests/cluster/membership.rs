@@ -46,31 +46,16 @@ pub(super) async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
             .is_ok()
     })
     .await;
-    call(
+    post(c.node(1), "/v1/cluster/nodes", "{\"node\": 4}", 400).await;
+    post(
         c.node(1),
-        reqwest::Method::POST,
-        "/v1/cluster/nodes",
-        "{\"node\": 4}",
-        400,
-    )
-    .await;
-    call(
-        c.node(1),
-        reqwest::Method::POST,
         "/v1/cluster/nodes",
         "{\"node\": 4, \"address\": \"nowhere\"}",
         400,
     )
     .await;
     let body = format!("{{\"node\": 4, \"address\": \"{address}\"}}");
-    let text = call(
-        c.node(1),
-        reqwest::Method::POST,
-        "/v1/cluster/nodes?wait_secs=120",
-        &body,
-        200,
-    )
-    .await;
+    let text = post(c.node(1), "/v1/cluster/nodes?wait_secs=120", &body, 200).await;
     let added: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(added["done"], true, "{text}");
     let s4 = tokio::task::spawn_blocking(move || starting.join().unwrap())
@@ -130,35 +115,14 @@ pub(super) async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
     assert_eq!(c.node(4).count(&q).await, before + acked.len() as u64);
 
     // Node 1 leaves, removed through node 4 while the device goes on.
-    call(
-        c.node(4),
-        reqwest::Method::DELETE,
-        "/v1/cluster/nodes/9",
-        "",
-        404,
-    )
-    .await;
-    let text = call(
-        c.node(4),
-        reqwest::Method::DELETE,
-        "/v1/cluster/nodes/1?wait_secs=120",
-        "",
-        200,
-    )
-    .await;
+    delete(c.node(4), "/v1/cluster/nodes/9", 404).await;
+    let text = delete(c.node(4), "/v1/cluster/nodes/1?wait_secs=120", 200).await;
     let removed: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(removed["done"], true, "{text}");
     until_acked(&mut rx, &mut acked, 90).await;
     // A removed node's id is not used again.
     let again = format!("{{\"node\": 1, \"address\": \"{one}\"}}");
-    call(
-        c.node(2),
-        reqwest::Method::POST,
-        "/v1/cluster/nodes",
-        &again,
-        409,
-    )
-    .await;
+    post(c.node(2), "/v1/cluster/nodes", &again, 409).await;
     c.nodes.remove(&1).unwrap().kill9();
     until_acked(&mut rx, &mut acked, 120).await;
     stop.cancel();
@@ -197,6 +161,16 @@ pub(super) async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
         let q = "SELECT count(*) FROM iot.r WHERE seq >= 10000000";
         assert_eq!(s.count(q).await, acked.len() as u64, "node {id}");
     }
+}
+
+/// POSTs a JSON admin request and checks its status; returns the body.
+async fn post(s: &Server, path: &str, body: &str, want: u16) -> String {
+    call(s, reqwest::Method::POST, path, body, want).await
+}
+
+/// DELETEs through the admin API and checks the status; returns the body.
+async fn delete(s: &Server, path: &str, want: u16) -> String {
+    call(s, reqwest::Method::DELETE, path, "", want).await
 }
 
 /// Sends a JSON admin request and checks its status; returns the body.

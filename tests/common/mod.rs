@@ -456,8 +456,9 @@ where
         if Instant::now() >= deadline {
             return Err(last);
         }
-        tokio::task::yield_now().await;
-        std::thread::park_timeout(Duration::from_millis(50));
+        // Between checks, the runtime goes on (a blocking wait here would stall the test's
+        // own clients on this thread).
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -4,10 +4,11 @@
 //! `count`, `sum`, `min`, `max` and `avg` over whole partitions be answered without reading
 //! column data ([`crate::query::optimizer`]).
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
 use datafusion::arrow::datatypes::{
-    DataType, Date32Type, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type,
-    TimeUnit, TimestampMicrosecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+    ArrowPrimitiveType, DataType, Date32Type, Float32Type, Float64Type, Int8Type, Int16Type,
+    Int32Type, Int64Type, TimeUnit, TimestampMicrosecondType, UInt8Type, UInt16Type, UInt32Type,
+    UInt64Type,
 };
 use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
@@ -137,11 +138,7 @@ impl ColumnSynopsis {
                     lo = lo.min(v);
                     hi = hi.max(v);
                 };
-                // Without NULLs, the values themselves (no per-value validity check).
-                match p.null_count() {
-                    0 => p.values().iter().copied().for_each(&mut add),
-                    _ => p.iter().flatten().for_each(&mut add),
-                }
+                each_value(p, &mut add);
                 if count > 0 {
                     s.sum = $sum.then_some(Num::Int(sum));
                     s.min = Some(Num::Int(lo));
@@ -163,10 +160,7 @@ impl ColumnSynopsis {
                     lo = lo.min(v);
                     hi = hi.max(v);
                 };
-                match p.null_count() {
-                    0 => p.values().iter().copied().for_each(&mut add),
-                    _ => p.iter().flatten().for_each(&mut add),
-                }
+                each_value(p, &mut add);
                 if count > 0 {
                     s.sum = Some(Num::Float(sum));
                     if !nan {
@@ -193,6 +187,15 @@ impl ColumnSynopsis {
             _ => {}
         }
         s
+    }
+}
+
+/// Calls `f` with each non-NULL value of `p`, in order; a column without NULLs is read
+/// without a validity check per value.
+fn each_value<T: ArrowPrimitiveType>(p: &PrimitiveArray<T>, f: impl FnMut(T::Native)) {
+    match p.null_count() {
+        0 => p.values().iter().copied().for_each(f),
+        _ => p.iter().flatten().for_each(f),
     }
 }
 
