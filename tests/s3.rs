@@ -52,18 +52,12 @@ async fn bucket(prefix: &str) -> (Moto, String, Vec<(String, String)>) {
     let (moto, port) = start_moto();
     let endpoint = format!("http://127.0.0.1:{port}");
     // Retried while moto finishes starting (its port may answer before it serves).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let r = loop {
-        match (reqwest::Client::new())
-            .put(format!("{endpoint}/sluice-test"))
-            .send()
-            .await
-        {
-            Ok(r) => break r,
-            Err(e) => assert!(Instant::now() < deadline, "create bucket: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let created = common::poll(30, || async {
+        let put = reqwest::Client::new().put(format!("{endpoint}/sluice-test"));
+        put.send().await.map_err(|e| e.to_string())
+    })
+    .await;
+    let r = created.unwrap_or_else(|e| panic!("create bucket: {e}"));
     assert!(r.status().is_success(), "create bucket: {}", r.status());
     let env = [
         ("SLUICE_STORAGE_URL", format!("s3://sluice-test/{prefix}")),

@@ -119,18 +119,14 @@ async fn agreed_runner(c: &Cluster) -> (Option<u64>, String) {
 
 /// Waits until the nodes agree on where the bridge runs (see [`agreed_runner`]).
 async fn running_on(c: &Cluster) -> u64 {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let (n, seen) = agreed_runner(c).await;
-        if let Some(n) = n {
-            return n;
+    let agreed = crate::common::poll(60, || async {
+        match agreed_runner(c).await {
+            (Some(n), _) => Ok(n),
+            (None, seen) => Err(seen),
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no one node runs the bridge as every node says: {seen}"
-        );
-        std::thread::park_timeout(std::time::Duration::from_millis(100));
-    }
+    })
+    .await;
+    agreed.unwrap_or_else(|seen| panic!("no one node runs the bridge as every node says: {seen}"))
 }
 
 /// Messages published to the bridged broker are stored once; the node running the bridge
