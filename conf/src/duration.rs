@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// Parses a number followed by a unit (ms, s, m, h, d, w and their long forms, plural or
+/// Parses a number followed by a unit (ms, s, m, h, d, w, y (365 days) and their long forms, plural or
 /// not, with or without a space between).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
@@ -20,6 +20,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "h" | "hour" | "hours" => n * 3600.0,
         "d" | "day" | "days" => n * 86400.0,
         "w" | "week" | "weeks" => n * 7.0 * 86400.0,
+        "y" | "year" | "years" => n * 365.0 * 86400.0,
         other => return Err(format!("unknown duration unit '{other}' in '{text}'")),
     };
     if !secs.is_finite() || secs < 0.0 {

@@ -30,6 +30,7 @@ mod maintenance;
 mod meta_state;
 mod query_port;
 mod replicated;
+mod rollups;
 
 pub use replicated::{ExpiredPartition, FileChange, MergedFiles, ShardFile};
 
@@ -412,6 +413,12 @@ impl Engine {
         wait: bool,
         journal: Vec<Journal>,
     ) -> Result<Option<u64>> {
+        if self.store.catalog.snapshot().rollups.contains_key(&def.id) {
+            return Err(Error::invalid(format!(
+                "'{}' is a rollup: its rows come from its source table",
+                def.name
+            )));
+        }
         let log = self.log.get().ok_or_else(|| Error::Replication {
             reason: "this node has not joined its cluster yet".into(),
         })?;

@@ -18,6 +18,7 @@ pub(crate) mod parts;
 pub(crate) mod pg_catalog;
 pub(crate) mod planner;
 pub(crate) mod provider;
+pub(crate) mod rollup;
 pub(crate) mod statements;
 pub(crate) mod synopsis;
 pub(crate) mod system;

@@ -11,6 +11,7 @@ pub(crate) mod files;
 pub(crate) mod hot;
 pub(crate) mod latest;
 pub(crate) mod partition;
+pub(crate) mod rollup;
 pub(crate) mod state;
 pub(crate) mod storage;
 

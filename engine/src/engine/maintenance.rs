@@ -203,13 +203,26 @@ impl Engine {
         let batches = frozen.chunks.iter().map(|c| c.batch.clone()).collect();
         let meta = (self.write_file(t, key, &stem, batches)).await?;
         let rows = meta.rows;
+        // The rollups' partial rows of these rows, committed with them.
+        let all: Vec<_> = frozen.chunks.iter().map(|c| c.batch.clone()).collect();
+        let rolled = self.roll_up(t, &all, &stem).await?;
         self.change_manifest(m, |next| {
             let pm = next.partition(def.id, key);
             pm.files.push(meta.clone());
             pm.flushed_lsn = pm.flushed_lsn.max(frozen.max_lsn);
+            for r in &rolled {
+                next.partition(r.table.def().id, r.key)
+                    .files
+                    .push(r.file.clone());
+            }
         })
         .await?;
         let mut parts = t.parts.write();
+        // Under the source's lock, as a rollup's query reads both (`crate::query::rollup`).
+        for r in rolled {
+            let mut rparts = r.table.parts.write();
+            r.table.partition_mut(&mut rparts, r.key).files.push(r.file);
+        }
         if let Some(p) = parts.get_mut(&key) {
             p.files.push(meta);
             p.flushed_lsn = p.flushed_lsn.max(frozen.max_lsn);
@@ -306,6 +319,11 @@ impl Engine {
             let bytes = self.store.storage.get(&f.path).await?;
             batches.extend(blocking(move || Storage::decode_parquet(bytes)).await?);
         }
+        // A rollup's partial rows of one bucket and key become one.
+        let def = t.def();
+        if let Some(r) = self.store.catalog.snapshot().rollups.get(&def.id).cloned() {
+            batches = blocking(move || super::rollups::fold_partials(&r, &def, &batches)).await?;
+        }
         self.write_file(t, key, stem, batches).await
     }
 
@@ -357,7 +375,12 @@ impl Engine {
                 .filter(|(_, p)| p.time_range().is_some_and(|(_, hi)| hi < cutoff))
                 .map(|(k, _)| *k)
                 .collect();
+            let rolled_up = !self.store.catalog.snapshot().rollups_of(def.id).is_empty();
             for key in expired {
+                if rolled_up {
+                    // The rows still in memory go to the rollups before they go.
+                    self.flush_partition(&mut m, &t, key).await?;
+                }
                 // The tombstone LSN covers every record applied to the partition, so replay
                 // does not bring the dropped rows back.
                 let (files, lsn) = {

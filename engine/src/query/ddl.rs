@@ -5,7 +5,7 @@
 //! and `ALTER TABLE t SET (json_mappings = '...')` read as written; errors carry sqlparser's
 //! line and column. Anything else is a query and goes to DataFusion.
 
-use crate::alerts::{self, AlertDef};
+use crate::alerts::AlertDef;
 use crate::error::{Error, Result};
 use crate::store::catalog::ColumnDef;
 use crate::store::partition::PartitionFn;
@@ -166,6 +166,15 @@ pub(crate) enum Statement {
     DropAlert {
         /// Name.
         name: String,
+        /// IF EXISTS.
+        if_exists: bool,
+    },
+    /// `CREATE ROLLUP [IF NOT EXISTS] name AS SELECT ... [WITH (ttl = ...)]`.
+    CreateRollup(Box<RollupSpec>),
+    /// `DROP ROLLUP [IF EXISTS] name`.
+    DropRollup {
+        /// Rollup.
+        name: TableRef,
         /// IF EXISTS.
         if_exists: bool,
     },
@@ -419,103 +428,6 @@ impl P<'_> {
         Ok(Some(if negative { format!("-{text}") } else { text }))
     }
 
-    /// After `CREATE ALERT`: options in any order, then `AS` and the query (the rest of the
-    /// text, kept as written).
-    fn create_alert(&mut self, sql: &str) -> Result<Statement> {
-        let if_not_exists = self.if_not_exists();
-        let name = self.ident()?;
-        let mut interval_ms = 1000;
-        let mut condition = None;
-        let mut publish = true;
-        let mut webhook = None;
-        loop {
-            if self.word("EVERY") {
-                interval_ms = self.interval()?;
-            } else if self.word("WHEN") {
-                condition = Some(alerts::condition(&mut self.p)?);
-            } else if self.words(&["NO", "PUBLISH"]) {
-                publish = false;
-            } else if self.word("PUBLISH") {
-                publish = true;
-            } else if self.word("WEBHOOK") {
-                let t = self.p.next_token();
-                match t.token {
-                    Token::SingleQuotedString(url) => webhook = Some(url),
-                    _ => {
-                        return self
-                            .p
-                            .expected("the webhook URL in single quotes", t)
-                            .map_err(perr);
-                    }
-                }
-            } else if self.word("AS") {
-                break;
-            } else {
-                let t = self.p.peek_token();
-                return (self.p)
-                    .expected("EVERY, WHEN, PUBLISH, NO PUBLISH, WEBHOOK or AS <query>", t)
-                    .map_err(perr);
-            }
-        }
-        let start = self.p.peek_token();
-        if start.token == Token::EOF {
-            return self.p.expected("a query after AS", start).map_err(perr);
-        }
-        let at = alerts::byte_offset(sql, start.span.start.line, start.span.start.column);
-        let query = sql[at..]
-            .trim()
-            .trim_end_matches(';')
-            .trim_end()
-            .to_string();
-        let Some(condition) = condition else {
-            return Err(Error::sql(
-                "CREATE ALERT needs WHEN <column> <op> <number> or WHEN ANY ROWS",
-            ));
-        };
-        Ok(Statement::CreateAlert {
-            def: AlertDef {
-                name,
-                query,
-                database: self.database.to_string(),
-                condition,
-                interval_ms,
-                publish,
-                webhook,
-                owner: None,
-            },
-            if_not_exists,
-        })
-    }
-
-    /// `'5 s'`, `5 SECONDS`, `500 ms`, `2 MINUTES`: in milliseconds.
-    fn interval(&mut self) -> Result<u64> {
-        let t = self.p.next_token();
-        let text = match t.token {
-            Token::SingleQuotedString(s) => s,
-            Token::Number(n, _) => match &self.p.peek_token().token {
-                Token::Word(w)
-                    if w.quote_style.is_none()
-                        && !["WHEN", "AS", "PUBLISH", "NO", "WEBHOOK"]
-                            .iter()
-                            .any(|k| w.value.eq_ignore_ascii_case(k)) =>
-                {
-                    let unit = w.value.clone();
-                    self.p.next_token();
-                    format!("{n} {unit}")
-                }
-                _ => n,
-            },
-            _ => {
-                return self
-                    .p
-                    .expected("an interval such as '5 seconds'", t)
-                    .map_err(perr);
-            }
-        };
-        let d = sluice_conf::parse_duration(&text).map_err(Error::sql)?;
-        Ok(d.as_millis() as u64)
-    }
-
     fn insert(&mut self) -> Result<Statement> {
         let name = self.table_ref()?;
         let columns = if self.p.consume_token(&Token::LParen) {
@@ -662,6 +574,9 @@ pub(crate) fn parse_in(sql: &str, database: &str) -> Result<Statement> {
         if p.word("ALERT") {
             return p.create_alert(sql);
         }
+        if p.word("ROLLUP") {
+            return p.create_rollup(sql);
+        }
         if p.word("USER") {
             let if_not_exists = p.if_not_exists();
             let name = p.ident()?;
@@ -707,6 +622,12 @@ pub(crate) fn parse_in(sql: &str, database: &str) -> Result<Statement> {
             let name = p.table_ref()?;
             p.end()?;
             return Ok(Statement::DropTable { name, if_exists });
+        }
+        if p.word("ROLLUP") {
+            let if_exists = p.words(&["IF", "EXISTS"]);
+            let name = p.table_ref()?;
+            p.end()?;
+            return Ok(Statement::DropRollup { name, if_exists });
         }
         return Ok(Statement::Query);
     }
@@ -794,5 +715,8 @@ pub(crate) fn parse_in(sql: &str, database: &str) -> Result<Statement> {
     Ok(Statement::Query)
 }
 
+mod alert;
+mod rollup;
+pub(crate) use rollup::RollupSpec;
 #[cfg(test)]
 mod tests;

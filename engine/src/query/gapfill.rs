@@ -290,7 +290,7 @@ fn bucket_call(e: &Expr) -> Option<(&'static str, Vec<&Expr>)> {
     Some((plain, arguments(&f.args)?))
 }
 
-fn arguments(args: &FunctionArguments) -> Option<Vec<&Expr>> {
+pub(crate) fn arguments(args: &FunctionArguments) -> Option<Vec<&Expr>> {
     let FunctionArguments::List(list) = args else {
         return None;
     };

@@ -639,6 +639,10 @@ impl Engine {
             }
             if let Some(id) = self.check_table(database, &r)? {
                 tables.extend(self.store.tables.get(id));
+                // A rollup's answer changes with its source's rows.
+                if let Some(rollup) = self.store.catalog.snapshot().rollups.get(&id) {
+                    tables.extend(self.store.tables.get(rollup.source));
+                }
                 if !reads.iter().any(|d| d == db) {
                     reads.push(db.to_string());
                 }

@@ -117,6 +117,13 @@ impl SchemaProvider for DatabaseSchema {
         let Some(state) = self.store.tables.get(def.id) else {
             return Ok(None);
         };
+        if let Some(rollup) = cat.rollups.get(&def.id) {
+            let source = self.store.tables.get(rollup.source);
+            let table = SluiceTable::new(state, self.store.clone());
+            return source
+                .map(|s| crate::query::rollup::view(table, s, rollup.clone()))
+                .transpose();
+        }
         Ok(Some(Arc::new(SluiceTable {
             schema: state.schema(),
             def: state.def(),
@@ -174,6 +181,17 @@ pub(crate) struct ScanSet {
 }
 
 impl SluiceTable {
+    /// The whole table `state` (no `WHERE PARTS` list).
+    pub(crate) fn new(state: Arc<TableState>, store: Arc<Store>) -> Self {
+        Self {
+            schema: state.schema(),
+            def: state.def(),
+            state,
+            store,
+            parts: None,
+        }
+    }
+
     /// The table's definition.
     pub(crate) fn def(&self) -> Arc<TableDef> {
         self.def.clone()

@@ -57,6 +57,8 @@ impl Statement {
             Statement::CreateAlert { .. } => "CREATE ALERT",
             Statement::DropAlert { .. } => "DROP ALERT",
             Statement::Flush(_) => "FLUSH",
+            Statement::CreateRollup(_) => "CREATE ROLLUP",
+            Statement::DropRollup { .. } => "DROP ROLLUP",
             _ => "SELECT",
         }
     }
@@ -163,6 +165,14 @@ impl Engine {
             }
             Statement::DropTable { name, if_exists } => {
                 self.drop_table(&name, if_exists).await?;
+                Ok(no_rows())
+            }
+            Statement::CreateRollup(spec) => {
+                self.create_rollup(*spec).await?;
+                Ok(no_rows())
+            }
+            Statement::DropRollup { name, if_exists } => {
+                self.drop_rollup(&name, if_exists).await?;
                 Ok(no_rows())
             }
             Statement::AddColumn {
@@ -338,6 +348,12 @@ impl Engine {
         for c in columns {
             valid_name("column", &c.name)?;
         }
+        if self.is_rollup(name) {
+            return Err(Error::invalid(format!(
+                "'{}' is a rollup: its columns come from its query",
+                name.table
+            )));
+        }
         self.change_table(name, |next| {
             for column in columns {
                 if next.column_index(&column.name).is_some() {
@@ -361,6 +377,12 @@ impl Engine {
             }
             Ok(())
         })
+    }
+
+    /// Whether `name` is a rollup.
+    pub(crate) fn is_rollup(&self, name: &TableRef) -> bool {
+        let cat = self.store.catalog.snapshot();
+        (cat.table(&name.database, &name.table)).is_ok_and(|d| cat.rollups.contains_key(&d.id))
     }
 
     /// Changes a table's definition in one catalog change; when `change` fails the catalog
@@ -487,7 +509,7 @@ impl Engine {
         created.map(|_| ())
     }
 
-    async fn drop_table(&self, name: &TableRef, if_exists: bool) -> Result<()> {
+    pub(crate) async fn drop_table(&self, name: &TableRef, if_exists: bool) -> Result<()> {
         // In a cluster the catalog change waits for the metadata group, whose apply takes
         // the manifest lock to install files: not held across it there. The dropped table's
         // files this node knows go to the graveyard (deleted once queries on any node are
@@ -498,7 +520,7 @@ impl Engine {
             false => Some(self.manifest.lock().await),
         };
         let removed = self.store.catalog.change(|d| {
-            let Some(db) = d.databases.get_mut(&name.database) else {
+            if !d.databases.contains_key(&name.database) {
                 return if if_exists {
                     Ok(None)
                 } else {
@@ -506,9 +528,23 @@ impl Engine {
                         database: name.database.clone(),
                     })
                 };
-            };
+            }
+            if let Ok(def) = d.table(&name.database, &name.table)
+                && let Some((id, _)) = d.rollups_of(def.id).first()
+            {
+                let rollup = d.tables().find(|t| t.id == *id);
+                return Err(Error::invalid(format!(
+                    "table '{}' has rollup '{}': drop it first (DROP ROLLUP)",
+                    name.table,
+                    rollup.map_or("?", |t| t.name.as_str())
+                )));
+            }
+            let db = d.databases.get_mut(&name.database).expect("checked");
             match db.remove(&name.table) {
-                Some(def) => Ok(Some(def)),
+                Some(def) => {
+                    d.rollups.remove(&def.id);
+                    Ok(Some(def))
+                }
                 None if if_exists => Ok(None),
                 None => Err(Error::UnknownTable {
                     database: name.database.clone(),

@@ -1,4 +1,5 @@
-//! `system.tables`, `system.partitions`, `system.files` and `system.dead_letters`: the
+//! `system.tables`, `system.partitions`, `system.files`, `system.rollups` and
+//! `system.dead_letters`: the
 //! catalog, storage state and refused messages as SQL tables, built fresh for each query;
 //! plus tables other layers serve through [`crate::IngestPort::add_system_table`].
 
@@ -15,7 +16,7 @@ use datafusion::datasource::TableProvider;
 use datafusion::error::Result as DfResult;
 use std::sync::Arc;
 
-const NAMES: [&str; 4] = ["tables", "partitions", "files", "dead_letters"];
+const NAMES: [&str; 5] = ["tables", "partitions", "files", "rollups", "dead_letters"];
 
 /// The `system` schema.
 #[derive(Debug)]
@@ -181,6 +182,74 @@ impl SystemSchema {
                     parts.iter().map(|p| p.range.map(|r| r.1)).collect(),
                 )
                 .batch(),
+            "rollups" => {
+                let cat = self.store.catalog.snapshot();
+                let rollups: Vec<_> = (cat.tables())
+                    .filter_map(|t| Some((t, cat.rollups.get(&t.id)?)))
+                    .collect();
+                let source = |id: u64| cat.tables().find(|t| t.id == id).map(|t| t.name.clone());
+                let of = |t: &crate::store::catalog::TableDef, f: &dyn Fn(&PartRow) -> u64| {
+                    (parts.iter())
+                        .filter(|p| p.db == t.database && p.table == t.name)
+                        .map(f)
+                        .sum::<u64>()
+                };
+                let aggs = |r: &crate::store::rollup::RollupDef| {
+                    let each = r.aggregates.iter().map(|a| {
+                        let arg = a.column.as_deref().unwrap_or("*");
+                        format!("{}({arg}) AS {}", a.func.name(), a.name)
+                    });
+                    each.collect::<Vec<_>>().join(", ")
+                };
+                Cols::default()
+                    .str(
+                        "database_name",
+                        rollups.iter().map(|(t, _)| t.database.clone()).collect(),
+                    )
+                    .str(
+                        "rollup_name",
+                        rollups.iter().map(|(t, _)| t.name.clone()).collect(),
+                    )
+                    .str(
+                        "source_table",
+                        rollups
+                            .iter()
+                            .map(|(_, r)| source(r.source).unwrap_or_default())
+                            .collect(),
+                    )
+                    .u64(
+                        "bucket_seconds",
+                        rollups
+                            .iter()
+                            .map(|(_, r)| (r.stride_micros / 1_000_000) as u64)
+                            .collect(),
+                    )
+                    .str(
+                        "keys",
+                        rollups.iter().map(|(_, r)| r.keys.join(", ")).collect(),
+                    )
+                    .str("aggregates", rollups.iter().map(|(_, r)| aggs(r)).collect())
+                    .opt_u64(
+                        "ttl_seconds",
+                        rollups.iter().map(|(t, _)| t.ttl_secs).collect(),
+                    )
+                    .u64(
+                        "stored_rows",
+                        rollups.iter().map(|(t, _)| of(t, &|p| p.rows)).collect(),
+                    )
+                    .u64(
+                        "files",
+                        rollups
+                            .iter()
+                            .map(|(t, _)| of(t, &|p| p.files.len() as u64))
+                            .collect(),
+                    )
+                    .str(
+                        "query",
+                        rollups.iter().map(|(_, r)| r.sql.clone()).collect(),
+                    )
+                    .batch()
+            }
             "dead_letters" => {
                 let letters = self.store.dead_letters.snapshot();
                 let text = |p: &[u8]| std::str::from_utf8(p).ok().map(str::to_string);

@@ -18,8 +18,14 @@ use std::sync::Arc;
 
 /// The `system` tables a plain user may read, each showing only its rows: tables,
 /// partitions and files of the databases it may read, its own sessions and alerts.
-pub(crate) const SHOWN_TO_USERS: [&str; 5] =
-    ["tables", "partitions", "files", "sessions", "alerts"];
+pub(crate) const SHOWN_TO_USERS: [&str; 6] = [
+    "tables",
+    "partitions",
+    "files",
+    "rollups",
+    "sessions",
+    "alerts",
+];
 
 impl Engine {
     /// Whether `user` may read every database in `reads`.
@@ -76,6 +82,8 @@ impl Engine {
             Statement::DropDatabase { .. } => admin("drop databases"),
             Statement::CreateTable(_) => admin("create tables"),
             Statement::DropTable { .. } => admin("drop tables"),
+            Statement::CreateRollup(_) => admin("create rollups"),
+            Statement::DropRollup { .. } => admin("drop rollups"),
             Statement::AddColumn { .. } | Statement::SetOptions { .. } => admin("alter tables"),
             Statement::Flush(_) => admin("flush tables"),
             Statement::CreateUser { .. } | Statement::DropUser { .. } => admin("manage users"),

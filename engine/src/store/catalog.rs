@@ -147,6 +147,9 @@ pub struct CatalogData {
     /// own, in `broker/bridges.json`).
     #[serde(default, skip_serializing_if = "ApiBridges::is_empty")]
     pub bridges: ApiBridges,
+    /// Rollup table id -> what it keeps ([`crate::store::rollup`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rollups: BTreeMap<u64, crate::store::rollup::RollupDef>,
     /// In a cluster: the metadata group's log index of the change this is (0 on a single
     /// node). Entries at or below it are already here when the log is replayed.
     #[serde(default)]
@@ -182,6 +185,7 @@ impl Default for CatalogData {
             grants: BTreeMap::new(),
             alerts: BTreeMap::new(),
             bridges: ApiBridges::default(),
+            rollups: BTreeMap::new(),
             raft_index: 0,
         }
     }
@@ -205,6 +209,14 @@ impl CatalogData {
     /// Every table, in name order.
     pub fn tables(&self) -> impl Iterator<Item = &Arc<TableDef>> {
         self.databases.values().flat_map(|t| t.values())
+    }
+
+    /// The rollups kept from table `source`: each one's id and definition.
+    pub fn rollups_of(&self, source: u64) -> Vec<(u64, &crate::store::rollup::RollupDef)> {
+        (self.rollups.iter())
+            .filter(|(_, r)| r.source == source)
+            .map(|(id, r)| (*id, r))
+            .collect()
     }
 
     /// Whether table `id` was ever created here (it may have been dropped since): ids are

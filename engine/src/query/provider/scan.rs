@@ -35,24 +35,9 @@ impl Scan {
         let lanes = self.lanes;
         let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
         if !set.files.is_empty() {
-            let mut source = ParquetSource::new(t.schema.clone())
-                .with_enable_page_index(true)
-                .with_pushdown_filters(false);
-            if let Some(p) = &self.predicate {
-                source = source.with_predicate(p.clone());
-            }
-            let mut groups: Vec<Vec<PartitionedFile>> =
-                vec![Vec::new(); lanes.min(set.files.len())];
-            let n = groups.len();
-            for (i, (path, size)) in set.files.into_iter().enumerate() {
-                groups[i % n].push(PartitionedFile::new(path, size));
-            }
-            let conf = FileScanConfigBuilder::new(t.store.storage.url.clone(), Arc::new(source))
-                .with_file_groups(groups.into_iter().map(FileGroup::new).collect())
-                .with_projection_indices(self.projection.clone())?
-                .with_limit(self.limit)
-                .build();
-            inputs.push(DataSourceExec::from_data_source(conf));
+            let projection = self.projection.clone();
+            let predicate = self.predicate.clone();
+            inputs.push(t.parquet(set.files, predicate, projection, self.limit, lanes)?);
         }
         if !set.batches.is_empty() || inputs.is_empty() {
             let n = lanes.min(set.batches.len()).max(1);
@@ -87,6 +72,35 @@ impl ScanMetrics {
 }
 
 impl SluiceTable {
+    /// A plan reading `files` of this table (path and size) in `lanes` partitions, pruned
+    /// by `predicate` (statistics and page index; the rows are not filtered).
+    pub(crate) fn parquet(
+        &self,
+        files: Vec<(String, u64)>,
+        predicate: Option<Arc<dyn PhysicalExpr>>,
+        projection: Option<Vec<usize>>,
+        limit: Option<usize>,
+        lanes: usize,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let mut source = ParquetSource::new(self.schema.clone())
+            .with_enable_page_index(true)
+            .with_pushdown_filters(false);
+        if let Some(p) = predicate {
+            source = source.with_predicate(p);
+        }
+        let mut groups: Vec<Vec<PartitionedFile>> = vec![Vec::new(); lanes.min(files.len()).max(1)];
+        let n = groups.len();
+        for (i, (path, size)) in files.into_iter().enumerate() {
+            groups[i % n].push(PartitionedFile::new(path, size));
+        }
+        let conf = FileScanConfigBuilder::new(self.store.storage.url.clone(), Arc::new(source))
+            .with_file_groups(groups.into_iter().map(FileGroup::new).collect())
+            .with_projection_indices(projection)?
+            .with_limit(limit)
+            .build();
+        Ok(DataSourceExec::from_data_source(conf))
+    }
+
     /// Loads a file the hot cache missed into it in the background, if there is room.
     fn warm(&self, path: &str, bytes: u64) {
         // Decoded columns take a few times the compressed size.
