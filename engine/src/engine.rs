@@ -32,7 +32,7 @@ mod query_port;
 mod replicated;
 mod rollups;
 
-pub use replicated::{ExpiredPartition, FileChange, MergedFiles, ShardFile};
+pub use replicated::{ExpiredPartition, FileChange, MergedFiles, RollupFile, ShardFile};
 
 /// The engine. Cheap to share behind an `Arc`.
 pub struct Engine {

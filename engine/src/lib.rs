@@ -33,7 +33,9 @@ pub(crate) mod store;
 pub mod types;
 
 pub use alerts::{AlertDef, AlertSink, AlertStatus, Condition};
-pub use engine::{Engine, ExpiredPartition, FileChange, MergedFiles, ShardFile, now_micros};
+pub use engine::{
+    Engine, ExpiredPartition, FileChange, MergedFiles, RollupFile, ShardFile, now_micros,
+};
 pub use error::{Error, ErrorKind, Result};
 pub use ingest::decode::Format;
 pub use ingest::origin::Origin;

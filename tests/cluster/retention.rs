@@ -1,6 +1,7 @@
 //! Files in a cluster: `FLUSH TABLE` writes a table's buffered rows on every shard's
 //! leader; a table's TTL drops its expired partitions (files on the shared store and rows
-//! still in the shards' buffers) on every node, and keeps the others.
+//! still in the shards' buffers) on every node, and keeps the others, while a rollup of the
+//! table keeps its counts.
 //! (Set after the rows are in, so that they are seen stored first.) Then the table is
 //! dropped: its files leave the shared store, as does a file no table names (a flush whose
 //! commit never came), while a live table's files stay.
@@ -16,9 +17,16 @@ pub(crate) async fn ttl_expires_on_every_node(c: &Cluster) {
              PARTITION BY ymdh(ts)",
         )
         .await;
+    // A rollup made on one node is kept by every shard's leader and read on every node.
+    c.node(ids[1])
+        .sql_ok(
+            "CREATE ROLLUP iot.ttl_hourly AS SELECT date_bin('1 hour', ts) AS hour, device, \
+             count(*) AS n, max(seq) AS top FROM iot.ttl GROUP BY 1, 2",
+        )
+        .await;
     for id in &ids {
-        super::eventually("the TTL table reaches every node", 20, || async {
-            c.node(*id).sql("DESCRIBE iot.ttl").await.status == 200
+        super::eventually("the TTL table and its rollup reach every node", 20, || async {
+            c.node(*id).sql("DESCRIBE iot.ttl_hourly").await.status == 200
         })
         .await;
     }
@@ -38,6 +46,12 @@ pub(crate) async fn ttl_expires_on_every_node(c: &Cluster) {
         (r[0]["old"].as_u64(), r[0]["new"].as_u64())
     };
     assert_eq!(count(ids[2]).await, (Some(30), Some(5)));
+    let rolled = "SELECT sum(n) AS n, max(top) AS top, count(*) AS groups FROM iot.ttl_hourly";
+    let rolled = |id: u64| async move {
+        let r = c.node(id).rows(rolled).await;
+        (r[0]["n"].as_u64(), r[0]["top"].as_u64(), r[0]["groups"].as_u64())
+    };
+    assert_eq!(rolled(ids[0]).await, (Some(35), Some(34), Some(35)));
     // FLUSH TABLE: each shard's leader writes what it buffers and commits the files (with
     // buffers written after a second here, it may find them written already).
     let r = c.node(ids[0]).rows("FLUSH TABLE iot.ttl").await;
@@ -52,6 +66,11 @@ pub(crate) async fn ttl_expires_on_every_node(c: &Cluster) {
         )
         .await;
     }
+    let files = "SELECT files FROM system.rollups WHERE rollup_name = 'ttl_hourly'";
+    for id in &ids {
+        assert!(c.node(*id).rows(files).await[0]["files"].as_u64() > Some(0));
+        assert_eq!(rolled(*id).await, (Some(35), Some(34), Some(35)), "node {id}");
+    }
     // With a TTL the old partition goes on every node (its rows, whether in files or
     // buffers); the current one stays.
     c.node(ids[2])
@@ -65,6 +84,8 @@ pub(crate) async fn ttl_expires_on_every_node(c: &Cluster) {
             || count(*id),
         )
         .await;
+        // The rollup keeps the expired rows' counts.
+        assert_eq!(rolled(*id).await, (Some(35), Some(34), Some(35)), "node {id}");
     }
 }
 
@@ -100,6 +121,7 @@ pub(crate) async fn dropped_and_orphaned_files_go(c: &Cluster, shared: &Path) {
     let stray = shared.join("tables/999999/7/stray-1.parquet");
     std::fs::create_dir_all(stray.parent().unwrap()).unwrap();
     std::fs::write(&stray, b"not a parquet file").unwrap();
+    c.node(ids[1]).sql_ok("DROP ROLLUP iot.ttl_hourly").await;
     c.node(ids[1]).sql_ok("DROP TABLE iot.ttl").await;
     super::eventually(
         "the dropped table's files and the stray file go",

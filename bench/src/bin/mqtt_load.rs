@@ -65,6 +65,12 @@ struct Args {
     /// Skip Mosquitto.
     #[arg(long)]
     no_mosquitto: bool,
+    /// Measure Sluice with one rollup on the loaded table (1-minute buckets per device:
+    /// avg, min, max and count of temp) against Sluice without, alternating, instead of
+    /// against Mosquitto. Each load's CPU then also counts a `FLUSH TABLE` after it, where
+    /// the rollup's rows are folded.
+    #[arg(long)]
+    rollup: bool,
 }
 
 /// messages/s, p50 ms, p99 ms, server CPU µs per message (all servers' together).
@@ -91,10 +97,17 @@ fn main() -> Result<()> {
         let sides: Vec<(&str, Vec<Figures>)> = if args.cluster > 1 {
             let (c, stall) = rt.block_on(run_cluster(&sluice, &round_dir, &args))?;
             failovers.push(stall);
-            let s = rt.block_on(run_sluice(&sluice, &round_dir, &args))?;
+            let s = rt.block_on(run_sluice(&sluice, &round_dir, &args, false))?;
             vec![("cluster", c), ("single node", s)]
+        } else if args.rollup {
+            // Which goes first alternates between rounds.
+            let (a, b) = (round % 2 == 1, round % 2 == 0);
+            let first = rt.block_on(run_sluice(&sluice, &round_dir.join("a"), &args, a))?;
+            let second = rt.block_on(run_sluice(&sluice, &round_dir.join("b"), &args, b))?;
+            let (with, without) = if a { (first, second) } else { (second, first) };
+            vec![("with rollup", with), ("without", without)]
         } else {
-            let s = rt.block_on(run_sluice(&sluice, &round_dir, &args))?;
+            let s = rt.block_on(run_sluice(&sluice, &round_dir, &args, false))?;
             let mut sides = vec![("Sluice", s)];
             if !args.no_mosquitto {
                 sides.push(("Mosquitto", rt.block_on(run_mosquitto(&round_dir, &args))?));
@@ -118,7 +131,9 @@ fn main() -> Result<()> {
     };
     let ours: Vec<Figures> = ours.iter_mut().filter_map(median).collect();
     let theirs: Vec<Figures> = theirs.iter_mut().filter_map(median).collect();
-    let (us, them) = if args.cluster > 1 {
+    let (us, them) = if args.rollup {
+        ("Sluice with a rollup".to_string(), "Sluice without")
+    } else if args.cluster > 1 {
         (
             format!(
                 "{}-node cluster, replication factor {}",
@@ -199,13 +214,29 @@ fn main() -> Result<()> {
 
 /// Each window's load against one `sluice serve` (on the same server in turn); checks every
 /// message was stored.
-async fn run_sluice(bin: &Path, dir: &Path, args: &Args) -> Result<Vec<Figures>> {
+async fn run_sluice(bin: &Path, dir: &Path, args: &Args, rollup: bool) -> Result<Vec<Figures>> {
     let sluice = Sluice::start(bin, dir)?;
     sluice.sql("CREATE DATABASE bench").await?;
     sluice.sql(&create_table(&args.payload)).await?;
+    if rollup {
+        sluice
+            .sql(
+                "CREATE ROLLUP bench.per_minute AS SELECT date_bin('1 minute', ts) AS bucket, \
+                 device, avg(temp), min(temp), max(temp), count(*) FROM bench.readings GROUP BY 1, 2",
+            )
+            .await?;
+    }
     let mut all = Vec::new();
     for (w, args) in windows(args).enumerate() {
-        all.push(load(&sluice.mqtt, sluice.pid(), &args).await?);
+        let cpu0 = sluice_bench::cpu_secs(sluice.pid())?;
+        let mut f = load(&sluice.mqtt, sluice.pid(), &args).await?;
+        if args.rollup {
+            // The flush folds the rollup's rows: counted with the load.
+            sluice.sql("FLUSH TABLE bench.readings").await?;
+            let messages = (args.messages / args.connections) * args.connections;
+            f.3 = (sluice_bench::cpu_secs(sluice.pid())? - cpu0) * 1e6 / messages as f64;
+        }
+        all.push(f);
         let count = sluice
             .sql("SELECT count(*) AS n FROM bench.readings")
             .await?;

@@ -205,7 +205,7 @@ impl Engine {
         let rows = meta.rows;
         // The rollups' partial rows of these rows, committed with them.
         let all: Vec<_> = frozen.chunks.iter().map(|c| c.batch.clone()).collect();
-        let rolled = self.roll_up(t, &all, &stem).await?;
+        let (_, rolled) = self.roll_up(t, &all, &stem).await?;
         self.change_manifest(m, |next| {
             let pm = next.partition(def.id, key);
             pm.files.push(meta.clone());

@@ -46,6 +46,24 @@ pub struct ShardFile {
     pub through: u64,
     /// The file.
     pub file: FileMeta,
+    /// The rollups of the table whose partial rows of these rows are in `rollup_files`
+    /// (every rollup the table has when the change is installed must be among them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rolled: Vec<u64>,
+    /// Those partial rows: files of the rollup tables.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rollup_files: Vec<RollupFile>,
+}
+
+/// A rollup's file of partial rows, committed with the rows of its source it folds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RollupFile {
+    /// The rollup table.
+    pub table_id: u64,
+    /// Its partition key.
+    pub partition: u64,
+    /// The file.
+    pub file: FileMeta,
 }
 
 /// Small files of one partition merged into one, as the metadata group commits it.
@@ -92,7 +110,12 @@ impl FileChange {
     /// The files the change adds.
     fn new_paths(&self) -> Vec<String> {
         match self {
-            Self::Flushed(f) => f.iter().map(|f| f.file.path.clone()).collect(),
+            Self::Flushed(f) => (f.iter())
+                .flat_map(|f| {
+                    let rollups = f.rollup_files.iter().map(|r| r.file.path.clone());
+                    std::iter::once(f.file.path.clone()).chain(rollups)
+                })
+                .collect(),
             Self::Merged(m) => m.iter().map(|m| m.file.path.clone()).collect(),
             Self::Expired(_) => Vec::new(),
         }
@@ -317,7 +340,15 @@ impl Engine {
             return Ok(None);
         };
         let stem = format!("s{shard}-{through:020}");
-        let file = self.write_file(t, key, &stem, batches).await?;
+        let file = self.write_file(t, key, &stem, batches.clone()).await?;
+        let (rolled, files) = self.roll_up(t, &batches, &stem).await?;
+        let rollup_files = (files.into_iter())
+            .map(|r| RollupFile {
+                table_id: r.table.def().id,
+                partition: r.key,
+                file: r.file,
+            })
+            .collect();
         Ok(Some(ShardFile {
             table_id: def.id,
             partition: key,
@@ -325,6 +356,8 @@ impl Engine {
             after,
             through,
             file,
+            rolled,
+            rollup_files,
         }))
     }
 
@@ -507,12 +540,18 @@ impl Engine {
         // Files of tables dropped meanwhile are left out (and do not block the rest).
         let live = |table_id: u64| self.store.tables.get(table_id);
         let fits = match change {
+            // ... and it folds the rows into every rollup the table has now (one made
+            // since the leader wrote it: the leader writes it again).
             FileChange::Flushed(files) => files.iter().all(|f| {
-                live(f.table_id).is_none_or(|t| {
-                    let parts = t.parts.read();
-                    let shard = parts.get(&f.partition).and_then(|p| p.shards.get(&f.shard));
-                    shard.map_or(0, |r| r.flushed) == f.after
-                })
+                let cat = self.store.catalog.snapshot();
+                let rollups = cat.rollups_of(f.table_id);
+                let rolled = rollups.iter().all(|(id, _)| f.rolled.contains(id));
+                rolled
+                    && live(f.table_id).is_none_or(|t| {
+                        let parts = t.parts.read();
+                        let shard = parts.get(&f.partition).and_then(|p| p.shards.get(&f.shard));
+                        shard.map_or(0, |r| r.flushed) == f.after
+                    })
             }),
             FileChange::Merged(merged) => merged.iter().all(|f| {
                 live(f.table_id).is_none_or(|t| {
@@ -555,6 +594,11 @@ impl Engine {
                 let pm = next.partition(f.table_id, f.partition);
                 pm.files.push(f.file.clone());
                 pm.shards.insert(f.shard, f.through);
+                for r in f.rollup_files.iter().filter(|r| live(r.table_id).is_some()) {
+                    next.partition(r.table_id, r.partition)
+                        .files
+                        .push(r.file.clone());
+                }
             }
             for f in &merged {
                 let pm = next.partition(f.table_id, f.partition);
@@ -595,6 +639,14 @@ impl Engine {
         for f in flushed {
             let Some(t) = live(f.table_id) else { continue };
             let mut parts = t.parts.write();
+            // Under the source's lock, as a rollup's query reads both.
+            for r in &f.rollup_files {
+                let Some(rt) = live(r.table_id) else { continue };
+                let mut rparts = rt.parts.write();
+                rt.partition_mut(&mut rparts, r.partition)
+                    .files
+                    .push(r.file.clone());
+            }
             let p = t.partition_mut(&mut parts, f.partition);
             p.files.push(f.file.clone());
             let released = t.shard_rows(p, f.shard).persisted(f.through);

@@ -24,16 +24,18 @@ pub(crate) struct RolledUp {
 
 impl Engine {
     /// Writes, for each rollup of `source`, the partial rows of `batches` (rows of
-    /// `source`) as its files; the caller commits them with the source's change.
+    /// `source`) as its files; the caller commits them with the source's change. Returns
+    /// the rollups folded (some may have no file: no rows had a time) and the files.
     pub(crate) async fn roll_up(
         &self,
         source: &TableState,
         batches: &[RecordBatch],
         stem: &str,
-    ) -> Result<Vec<RolledUp>> {
+    ) -> Result<(Vec<u64>, Vec<RolledUp>)> {
         let cat = self.store.catalog.snapshot();
+        let rollups = cat.rollups_of(source.def().id);
         let mut out = Vec::new();
-        for (id, def) in cat.rollups_of(source.def().id) {
+        for &(id, def) in &rollups {
             let Some(table) = self.store.tables.get(id) else {
                 continue;
             };
@@ -47,20 +49,20 @@ impl Engine {
                 });
             }
         }
-        Ok(out)
+        Ok((rollups.iter().map(|(id, _)| *id).collect(), out))
     }
 
     /// `CREATE ROLLUP`: the rollup table, with the partial rows of the source's files (its
     /// rows in memory are folded by queries until they are flushed, and then by the flush).
     /// Made under the manifest lock, so no flush moves rows between the two meanwhile.
     pub(crate) async fn create_rollup(&self, spec: RollupSpec) -> Result<()> {
-        if self.clustered() {
-            return Err(Error::invalid(
-                "CREATE ROLLUP is not available on a cluster node yet",
-            ));
-        }
         crate::query::statements::valid_name("rollup", &spec.name.table)?;
-        let mut m = self.manifest.lock().await;
+        // In a cluster the catalog change waits for the metadata group, whose apply takes
+        // the manifest lock: not held there (and nothing is backfilled, see below).
+        let mut m = match self.clustered() {
+            true => None,
+            false => Some(self.manifest.lock().await),
+        };
         let cat = self.store.catalog.snapshot();
         let src = cat
             .table(&spec.source.database, &spec.source.table)?
@@ -117,10 +119,22 @@ impl Engine {
             .tables
             .get(src.id)
             .ok_or_else(|| Error::invalid("the source table has no state"))?;
-        let written = self.backfill(&source, &def, &table).await?;
-        let made = self
-            .register_rollup(&mut m, &spec.name, &table, def, &written)
-            .await;
+        let written = match &m {
+            Some(_) => self.backfill(&source, &def, &table).await?,
+            // Shard leaders elsewhere persist rows without this node's lock: from the
+            // rollup's catalog change on, each of their flushes must fold its rows into it
+            // (the metadata group refuses one that does not), but files persisted before
+            // are not folded here.
+            None if source.parts.read().values().any(|p| !p.files.is_empty()) => {
+                return Err(Error::invalid(format!(
+                    "on a cluster a rollup is made before its table has files; {} has some (make the rollup on a new table, or on a single node)",
+                    spec.source.table
+                )));
+            }
+            None => Vec::new(),
+        };
+        let made =
+            (self.register_rollup(m.as_deref_mut(), &spec.name, &table, def, &written)).await;
         if made.is_err() {
             self.store.tables.remove(id);
             let paths = written.iter().map(|(_, f)| f.path.clone()).collect();
@@ -166,7 +180,7 @@ impl Engine {
     /// Puts the backfilled files in the manifest and the rollup in the catalog.
     async fn register_rollup(
         &self,
-        m: &mut Manifest,
+        mut m: Option<&mut Manifest>,
         name: &TableRef,
         table: &Arc<TableState>,
         def: RollupDef,
@@ -174,7 +188,9 @@ impl Engine {
     ) -> Result<()> {
         let rdef = table.def();
         let id = rdef.id;
-        if !written.is_empty() {
+        if let Some(m) = m.as_deref_mut()
+            && !written.is_empty()
+        {
             self.change_manifest(m, |next| {
                 for (key, file) in written {
                     next.partition(id, *key).files.push(file.clone());
@@ -209,7 +225,10 @@ impl Engine {
             d.rollups.insert(id, def.clone());
             Ok(())
         });
-        if made.is_err() && !written.is_empty() {
+        if let Some(m) = m
+            && made.is_err()
+            && !written.is_empty()
+        {
             self.change_manifest(m, |next| {
                 next.tables.remove(&id);
             })
