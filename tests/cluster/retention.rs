@@ -25,9 +25,11 @@ pub(crate) async fn ttl_expires_on_every_node(c: &Cluster) {
         )
         .await;
     for id in &ids {
-        super::eventually("the TTL table and its rollup reach every node", 20, || async {
-            c.node(*id).sql("DESCRIBE iot.ttl_hourly").await.status == 200
-        })
+        super::eventually(
+            "the TTL table and its rollup reach every node",
+            20,
+            || async { c.node(*id).sql("DESCRIBE iot.ttl_hourly").await.status == 200 },
+        )
         .await;
     }
     let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
@@ -49,7 +51,11 @@ pub(crate) async fn ttl_expires_on_every_node(c: &Cluster) {
     let rolled = "SELECT sum(n) AS n, max(top) AS top, count(*) AS groups FROM iot.ttl_hourly";
     let rolled = |id: u64| async move {
         let r = c.node(id).rows(rolled).await;
-        (r[0]["n"].as_u64(), r[0]["top"].as_u64(), r[0]["groups"].as_u64())
+        (
+            r[0]["n"].as_u64(),
+            r[0]["top"].as_u64(),
+            r[0]["groups"].as_u64(),
+        )
     };
     assert_eq!(rolled(ids[0]).await, (Some(35), Some(34), Some(35)));
     // FLUSH TABLE: each shard's leader writes what it buffers and commits the files (with
@@ -69,7 +75,11 @@ pub(crate) async fn ttl_expires_on_every_node(c: &Cluster) {
     let files = "SELECT files FROM system.rollups WHERE rollup_name = 'ttl_hourly'";
     for id in &ids {
         assert!(c.node(*id).rows(files).await[0]["files"].as_u64() > Some(0));
-        assert_eq!(rolled(*id).await, (Some(35), Some(34), Some(35)), "node {id}");
+        assert_eq!(
+            rolled(*id).await,
+            (Some(35), Some(34), Some(35)),
+            "node {id}"
+        );
     }
     // With a TTL the old partition goes on every node (its rows, whether in files or
     // buffers); the current one stays.
@@ -85,7 +95,11 @@ pub(crate) async fn ttl_expires_on_every_node(c: &Cluster) {
         )
         .await;
         // The rollup keeps the expired rows' counts.
-        assert_eq!(rolled(*id).await, (Some(35), Some(34), Some(35)), "node {id}");
+        assert_eq!(
+            rolled(*id).await,
+            (Some(35), Some(34), Some(35)),
+            "node {id}"
+        );
     }
 }
 

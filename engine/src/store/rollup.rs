@@ -23,9 +23,8 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::common::ScalarValue;
+use datafusion::arrow::row::{RowConverter, SortField};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// An aggregate function a rollup keeps.
@@ -220,9 +219,6 @@ impl RollupDef {
     }
 }
 
-/// One group's bucket, key values and aggregate states.
-type Group = (i64, Vec<ScalarValue>, Vec<State>);
-
 /// One aggregate's state in one group.
 #[derive(Debug, Clone, Copy)]
 enum State {
@@ -264,20 +260,51 @@ fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
 }
 
 /// Folds rows into a rollup's partial rows: raw rows of the source ([`Fold::raw`]) or
-/// partial rows of the rollup itself ([`Fold::partial`]), then [`Fold::finish`].
+/// partial rows of the rollup itself ([`Fold::partial`]), then [`Fold::finish`]. Groups are
+/// found by the bytes of their bucket and key values in Arrow's row format; each
+/// aggregate's states lie in one vector, updated a column at a time.
 pub(crate) struct Fold<'a> {
     def: &'a RollupDef,
     kinds: Vec<Kind>,
-    groups: HashMap<(i64, Vec<ScalarValue>), Vec<State>>,
+    /// The key columns as rows (`None`: no keys).
+    rows: Option<RowConverter>,
+    /// Bucket (8 bytes) and key row -> group number.
+    index: foldhash::HashMap<Box<[u8]>, u32>,
+    /// Each group's bucket.
+    buckets: Vec<i64>,
+    /// Group `g`'s state of aggregate `j` at `g * aggregates + j`.
+    states: Vec<State>,
+}
+
+/// A row converter for the key columns `keys` of `table`.
+fn key_rows(keys: &[String], table: &TableDef) -> Result<Option<RowConverter>> {
+    let fields = (keys.iter())
+        .map(|k| {
+            let i = (table.column_index(k))
+                .ok_or_else(|| Error::invalid(format!("no key column '{k}' in {}", table.name)))?;
+            Ok(SortField::new(table.columns[i].ty.arrow()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    match fields.is_empty() {
+        true => Ok(None),
+        false => Ok(Some(RowConverter::new(fields)?)),
+    }
 }
 
 impl<'a> Fold<'a> {
     /// An empty fold for `def` over `source`.
     pub(crate) fn new(def: &'a RollupDef, source: &TableDef) -> Result<Self> {
+        Self::with(def, def.kinds(source)?, key_rows(&def.keys, source)?)
+    }
+
+    fn with(def: &'a RollupDef, kinds: Vec<Kind>, rows: Option<RowConverter>) -> Result<Self> {
         Ok(Self {
-            kinds: def.kinds(source)?,
             def,
-            groups: HashMap::new(),
+            kinds,
+            rows,
+            index: Default::default(),
+            buckets: Vec::new(),
+            states: Vec::new(),
         })
     }
 
@@ -292,11 +319,7 @@ impl<'a> Fold<'a> {
                     .ok_or_else(|| Error::invalid(format!("rollup lacks column '{}'", a.name))),
             })
             .collect::<Result<_>>()?;
-        Ok(Self {
-            kinds,
-            def,
-            groups: HashMap::new(),
-        })
+        Self::with(def, kinds, key_rows(&def.keys, rollup)?)
     }
 
     fn initial(&self) -> Vec<State> {
@@ -372,21 +395,50 @@ impl<'a> Fold<'a> {
         inputs: &[Input],
         partial: bool,
     ) -> Result<()> {
-        let keys: Vec<&ArrayRef> = (self.def.keys.iter())
-            .map(|k| column(batch, k))
+        let keys: Vec<ArrayRef> = (self.def.keys.iter())
+            .map(|k| column(batch, k).cloned())
             .collect::<Result<_>>()?;
+        let rows = match &self.rows {
+            Some(c) => Some(c.convert_columns(&keys)?),
+            None => None,
+        };
         let initial = self.initial();
+        let n = initial.len();
+        let mut scratch = Vec::with_capacity(64);
+        let mut group_of = Vec::with_capacity(buckets.len());
         for (r, bucket) in buckets.iter().enumerate() {
-            let Some(bucket) = *bucket else { continue };
-            let key: Vec<ScalarValue> = (keys.iter())
-                .map(|a| ScalarValue::try_from_array(a, r))
-                .collect::<std::result::Result<_, _>>()?;
-            let states = self
-                .groups
-                .entry((bucket, key))
-                .or_insert_with(|| initial.clone());
-            for ((s, input), a) in states.iter_mut().zip(inputs).zip(&self.def.aggregates) {
-                update(s, input, r, a.func, partial);
+            let Some(bucket) = *bucket else {
+                group_of.push(u32::MAX);
+                continue;
+            };
+            scratch.clear();
+            scratch.extend_from_slice(&bucket.to_le_bytes());
+            if let Some(rows) = &rows {
+                scratch.extend_from_slice(rows.row(r).as_ref());
+            }
+            let g = match self.index.get(scratch.as_slice()) {
+                Some(g) => *g,
+                None => {
+                    let g = self.buckets.len() as u32;
+                    self.index.insert(scratch.as_slice().into(), g);
+                    self.buckets.push(bucket);
+                    self.states.extend_from_slice(&initial);
+                    g
+                }
+            };
+            group_of.push(g);
+        }
+        for (j, (input, a)) in inputs.iter().zip(&self.def.aggregates).enumerate() {
+            for (r, g) in group_of.iter().enumerate() {
+                if *g != u32::MAX {
+                    update(
+                        &mut self.states[*g as usize * n + j],
+                        input,
+                        r,
+                        a.func,
+                        partial,
+                    );
+                }
             }
         }
         Ok(())
@@ -395,25 +447,31 @@ impl<'a> Fold<'a> {
     /// The partial rows, by the rollup table's partition key, as batches of its schema.
     pub(crate) fn finish(self, rollup: &TableDef) -> Result<Vec<(u64, RecordBatch)>> {
         let schema = rollup.arrow_schema();
-        let mut by_part: BTreeMap<u64, Vec<Group>> = BTreeMap::new();
-        for ((bucket, key), states) in self.groups {
-            let part = rollup.partition.key(&Value::Timestamp(bucket));
-            by_part.entry(part).or_default().push((bucket, key, states));
+        let n = self.def.aggregates.len();
+        let mut key_of: Vec<&[u8]> = vec![&[]; self.buckets.len()];
+        for (k, g) in &self.index {
+            key_of[*g as usize] = &k[8..];
         }
+        let part = |g: u32| {
+            rollup
+                .partition
+                .key(&Value::Timestamp(self.buckets[g as usize]))
+        };
+        let mut order: Vec<u32> = (0..self.buckets.len() as u32).collect();
+        order.sort_unstable_by_key(|g| (part(*g), self.buckets[*g as usize]));
         let mut out = Vec::new();
-        for (part, mut rows) in by_part {
-            rows.sort_by_key(|r| r.0);
+        for run in order.chunk_by(|a, b| part(*a) == part(*b)) {
+            let bucket = run.iter().map(|g| self.buckets[*g as usize]);
             let mut cols: Vec<ArrayRef> = vec![Arc::new(
-                TimestampMicrosecondArray::from_iter_values(rows.iter().map(|r| r.0)),
+                TimestampMicrosecondArray::from_iter_values(bucket),
             )];
-            for (i, k) in self.def.keys.iter().enumerate() {
-                let field = schema.field_with_name(k)?;
-                let values = rows.iter().map(|r| r.1[i].clone());
-                let arr = ScalarValue::iter_to_array(values)?;
-                cols.push(cast(&arr, field.data_type())?);
+            if let Some(c) = &self.rows {
+                let parser = c.parser();
+                let rows = run.iter().map(|g| parser.parse(key_of[*g as usize]));
+                cols.extend(c.convert_rows(rows)?);
             }
             for (j, (a, k)) in self.def.aggregates.iter().zip(&self.kinds).enumerate() {
-                let states = rows.iter().map(|r| r.2[j]);
+                let states = run.iter().map(|g| self.states[*g as usize * n + j]);
                 match a.func {
                     AggFn::Avg => {
                         let (s, n): (Vec<_>, Vec<_>) = states
@@ -443,7 +501,8 @@ impl<'a> Fold<'a> {
                     }
                 }
             }
-            out.push((part, RecordBatch::try_new(schema.clone(), cols)?));
+            let first = run.first().copied().unwrap_or_default();
+            out.push((part(first), RecordBatch::try_new(schema.clone(), cols)?));
         }
         Ok(out)
     }
