@@ -215,7 +215,7 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--only", default="")
     ap.add_argument("--hot-cache", type=int, default=0,
-                    help="query.hot_cache_bytes (default: Sluice's own, 2 GiB)")
+                    help="query.hot_cache_bytes (default: Sluice's own, 25%% of the memory)")
     a = ap.parse_args()
 
     t = time.perf_counter()

@@ -147,8 +147,9 @@ impl Default for RetentionConfig {
 pub struct QueryConfig {
     /// Memory for decoded Parquet files (the hot cache): files written by flushes and
     /// compactions stay here, least recently used first out, so queries on recent partitions
-    /// never read Parquet. 0 turns the cache off.
-    pub hot_cache_bytes: usize,
+    /// never read Parquet. Bytes, or a share of the machine's memory (`"25%"`: of the
+    /// physical memory, or of the cgroup's limit when lower). 0 turns the cache off.
+    pub hot_cache_bytes: MemoryBudget,
     /// Memory one query may hold for its operators (sorts and aggregations spill to disk
     /// past it, others fail with `resources_exhausted`); other queries go on. Queries run
     /// often and planned small (alerts) share one such budget.
@@ -161,9 +162,59 @@ pub struct QueryConfig {
 impl Default for QueryConfig {
     fn default() -> Self {
         Self {
-            hot_cache_bytes: 2 * 1024 * 1024 * 1024,
+            hot_cache_bytes: MemoryBudget::Share("25%".into()),
             max_memory_bytes: 1024 * 1024 * 1024,
             timeout: "5m".into(),
         }
+    }
+}
+
+/// An amount of memory: bytes, or a share of the machine's (`"25%"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MemoryBudget {
+    /// Bytes.
+    Bytes(usize),
+    /// `"N%"` of the memory this process may use, or bytes as text.
+    Share(String),
+}
+
+impl MemoryBudget {
+    /// The budget in bytes on this machine.
+    pub fn bytes(&self) -> Result<usize, String> {
+        let text = match self {
+            Self::Bytes(n) => return Ok(*n),
+            Self::Share(t) => t.trim(),
+        };
+        let Some(pct) = text.strip_suffix('%') else {
+            return (text.parse::<usize>())
+                .map_err(|_| format!("'{text}' is neither bytes nor a share such as '25%'"));
+        };
+        let pct: f64 = (pct.trim().parse().ok())
+            .filter(|p: &f64| (0.0..=100.0).contains(p))
+            .ok_or_else(|| format!("'{text}' is not a share of 0% to 100%"))?;
+        Ok((machine_memory() as f64 * pct / 100.0) as usize)
+    }
+}
+
+/// The memory this process may use: the physical memory (`/proc/meminfo`), or the cgroup's
+/// limit when lower; 8 GiB when neither can be read.
+pub fn machine_memory() -> u64 {
+    let physical = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    });
+    let limit = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok());
+    match (physical, limit) {
+        (Some(p), Some(l)) => p.min(l),
+        (Some(p), None) => p,
+        (None, Some(l)) => l,
+        (None, None) => 8 << 30,
     }
 }

@@ -25,8 +25,8 @@ pub use bridge::{BridgeConfig, BridgeTopic};
 pub use cluster::ClusterConfig;
 pub use duration::parse_duration;
 pub use engine::{
-    BufferConfig, CompactionConfig, Durability, QueryConfig, RetentionConfig, StorageConfig,
-    WalConfig,
+    BufferConfig, CompactionConfig, Durability, MemoryBudget, QueryConfig, RetentionConfig,
+    StorageConfig, WalConfig, machine_memory,
 };
 pub use error::{Error, Result};
 pub use http::HttpConfig;
@@ -219,6 +219,13 @@ impl Config {
                 reason,
             })?;
         }
+        self.query
+            .hot_cache_bytes
+            .bytes()
+            .map_err(|reason| Error::Invalid {
+                key: "query.hot_cache_bytes".into(),
+                reason,
+            })?;
         let positive = [
             (
                 "buffer.partition_max_rows",

@@ -162,3 +162,22 @@ fn validate_names_the_key() {
             .contains("buffer.max_age")
     );
 }
+
+#[test]
+fn the_hot_cache_is_bytes_or_a_share_of_the_memory() {
+    let memory = crate::machine_memory() as usize;
+    let share = |t: &str| crate::MemoryBudget::Share(t.into()).bytes();
+    assert_eq!(share("25%"), Ok(memory / 4));
+    assert_eq!(share("1048576"), Ok(1 << 20));
+    assert_eq!(crate::MemoryBudget::Bytes(0).bytes(), Ok(0));
+    assert!(share("150%").unwrap_err().contains("0% to 100%"));
+    let mut c = Config::default();
+    c.apply_env([("SLUICE_QUERY_HOT_CACHE_BYTES".into(), "4096".into())])
+        .unwrap();
+    assert_eq!(c.query.hot_cache_bytes.bytes(), Ok(4096));
+    let from_file: Config = toml::from_str("[query]\nhot_cache_bytes = 8192").unwrap();
+    assert_eq!(from_file.query.hot_cache_bytes.bytes(), Ok(8192));
+    c.query.hot_cache_bytes = crate::MemoryBudget::Share("lots".into());
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("query.hot_cache_bytes"), "{err}");
+}

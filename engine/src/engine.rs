@@ -210,7 +210,9 @@ impl Engine {
             tables,
             storage,
             dead_letters: crate::ingest::dead_letter::DeadLetters::open(&dir)?,
-            hot: crate::store::hot::HotCache::new(config.query.hot_cache_bytes),
+            hot: crate::store::hot::HotCache::new(
+                config.query.hot_cache_bytes.bytes().unwrap_or(0),
+            ),
             origins: sink.origins.clone(),
             extra_system: Default::default(),
         });

@@ -43,7 +43,7 @@ async fn open(dir: &std::path::Path, hot_cache: Option<usize>) -> Arc<Engine> {
         ..Default::default()
     };
     if let Some(bytes) = hot_cache {
-        config.query.hot_cache_bytes = bytes;
+        config.query.hot_cache_bytes = sluice_conf::MemoryBudget::Bytes(bytes);
     }
     Engine::open(config).await.unwrap()
 }
