@@ -258,7 +258,15 @@ impl Engine {
                 ])
             }
             Statement::Describe(name) => {
-                let def = self.table(&name.database, &name.table)?;
+                let mut def = self.table(&name.database, &name.table)?;
+                if let Some(r) = self.store.catalog.snapshot().rollups.get(&def.id) {
+                    // What its queries answer with, not its partial rows.
+                    let columns = r.answer_columns(&def);
+                    def = Arc::new(TableDef {
+                        columns,
+                        ..(*def).clone()
+                    });
+                }
                 let pc = def.partition_column;
                 table_output(vec![
                     (
@@ -298,7 +306,11 @@ impl Engine {
             }
             Statement::ShowCreateTable(name) => {
                 let def = self.table(&name.database, &name.table)?;
-                table_output(vec![("statement", strings(vec![def.create_sql()]))])
+                let sql = match self.store.catalog.snapshot().rollups.get(&def.id) {
+                    Some(r) => r.create_sql(&def),
+                    None => def.create_sql(),
+                };
+                table_output(vec![("statement", strings(vec![sql]))])
             }
             Statement::Insert {
                 name,

@@ -219,6 +219,38 @@ impl RollupDef {
     }
 }
 
+impl RollupDef {
+    /// The columns a query of the rollup answers with (its stored columns but with each
+    /// average as one `Float64`), for `DESCRIBE`.
+    pub fn answer_columns(&self, rollup: &TableDef) -> Vec<ColumnDef> {
+        let mut cols: Vec<ColumnDef> = rollup.columns[..1 + self.keys.len()].to_vec();
+        for a in &self.aggregates {
+            let ty = match a.func {
+                AggFn::Avg => Some(ColumnType::Float64),
+                _ => (rollup.column_index(&a.name)).map(|i| rollup.columns[i].ty),
+            };
+            cols.push(ColumnDef {
+                name: a.name.clone(),
+                ty: ty.unwrap_or(ColumnType::Float64),
+                nullable: true,
+            });
+        }
+        cols
+    }
+
+    /// `CREATE ROLLUP` text that makes `rollup` again.
+    pub fn create_sql(&self, rollup: &TableDef) -> String {
+        let ttl = rollup.ttl_secs.map(|s| format!(" WITH (ttl = '{s}s')"));
+        format!(
+            "CREATE ROLLUP {}.{} AS {}{}",
+            rollup.database,
+            rollup.name,
+            self.sql,
+            ttl.unwrap_or_default()
+        )
+    }
+}
+
 /// One aggregate's state in one group.
 #[derive(Debug, Clone, Copy)]
 enum State {

@@ -138,6 +138,19 @@ async fn a_rollup_stays_exact_through_late_rows_flushes_compaction_and_restarts(
     let e = open(dir.path()).await;
     assert_eq!(ok(&e, ROLLUP).await, ok(&e, RAW).await);
     assert!(ok(&e, one).await.contains("| b      | 7.0      |"));
+    // DESCRIBE shows what queries answer; SHOW CREATE TABLE the statement that makes it.
+    let described = ok(&e, "DESCRIBE t.m1").await;
+    assert!(
+        described.contains("| avg_temp    | Float64   |"),
+        "{described}"
+    );
+    assert!(!described.contains("__sum"), "{described}");
+    let shown = ok(&e, "SHOW CREATE TABLE t.m1").await;
+    assert!(
+        shown.contains("CREATE ROLLUP t.m1 AS SELECT date_bin('1 minute', time) AS bucket"),
+        "{shown}"
+    );
+    assert!(shown.contains("WITH (ttl = '31536000s')"), "{shown}");
     // A rollup is written only by its source, and outlives nothing it depends on.
     let refused = run(
         &e,
