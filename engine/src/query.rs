@@ -12,6 +12,7 @@ pub(crate) mod functions;
 pub(crate) mod gapfill;
 pub(crate) mod groups;
 pub(crate) mod kept;
+pub(crate) mod keyed_sort;
 pub(crate) mod latest;
 pub(crate) mod optimizer;
 pub(crate) mod parts;

@@ -310,6 +310,7 @@ fn new_session(store: &Arc<Store>, database: &str, one_partition: bool, limit: u
         .with_runtime_env(runtime)
         .with_default_features()
         .with_query_planner(Arc::new(crate::query::optimizer::SluiceQueryPlanner))
+        .with_physical_optimizer_rule(Arc::new(crate::query::keyed_sort::KeyedSortRule))
         .build();
     let ctx = SessionContext::new_with_state(state);
     ctx.register_catalog(

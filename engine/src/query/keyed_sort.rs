@@ -1,0 +1,600 @@
+//! Sorting by key columns then one number or time column, the order IoT window functions
+//! and dashboards ask for (`PARTITION BY device ORDER BY time`, `ORDER BY device, time`):
+//! [`KeyedSortExec`] replaces DataFusion's `SortExec` there ([`KeyedSortRule`]).
+//!
+//! Instead of comparing rows (each comparison a `memcmp` of the keys' row format), it gives
+//! each distinct key its rank (the keys' row format hashed once per row, the distinct keys
+//! sorted once), places the rows by rank with a counting sort that keeps their order, and
+//! then sorts each key's rows by the last column, which rows arriving in time order mostly
+//! are already (checked first). A partition's rows are held in memory; when the query's
+//! memory budget cannot hold them, the rows go on to DataFusion's own sort, which spills.
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::compute::{cast, interleave_record_batch};
+use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, SchemaRef};
+use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::expressions::Column;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use futures::{StreamExt, TryStreamExt};
+use std::sync::Arc;
+
+/// Output batches' rows.
+const BATCH_ROWS: usize = 8192;
+
+/// Puts [`KeyedSortExec`] in place of each `SortExec` it can do.
+#[derive(Debug)]
+pub(crate) struct KeyedSortRule;
+
+impl PhysicalOptimizerRule for KeyedSortRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let keyed = node.downcast_ref::<SortExec>().and_then(KeyedSortExec::of);
+            Ok(match keyed {
+                Some(k) => Transformed::yes(Arc::new(k) as Arc<dyn ExecutionPlan>),
+                None => Transformed::no(node),
+            })
+        })
+        .data()
+    }
+
+    fn name(&self) -> &str {
+        "sluice_keyed_sort"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// How the last sort column's values compare: as integers or as floats.
+#[derive(Debug, Clone, Copy)]
+enum Last {
+    Int,
+    Float,
+}
+
+/// A `SortExec` by key columns then a number or time column, without a limit, each input
+/// partition sorted on its own (or a single one).
+#[derive(Debug)]
+pub(crate) struct KeyedSortExec {
+    /// The sort it replaces (run instead when memory runs short).
+    sort: SortExec,
+    /// Key columns (their indexes) and the last column's.
+    keys: Vec<usize>,
+    last: usize,
+    kind: Last,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl KeyedSortExec {
+    /// The replacement for `sort`, when it is one this can do.
+    fn of(sort: &SortExec) -> Option<Self> {
+        let input = sort.input();
+        let single = input.properties().partitioning.partition_count() == 1;
+        if sort.fetch().is_some() || !(sort.preserve_partitioning() || single) {
+            return None;
+        }
+        let exprs: Vec<_> = sort.expr().iter().collect();
+        if exprs.len() < 2 {
+            return None;
+        }
+        let schema = input.schema();
+        let column = |e: &Arc<dyn PhysicalExpr>| e.downcast_ref::<Column>().map(Column::index);
+        let columns: Vec<usize> = exprs
+            .iter()
+            .map(|e| column(&e.expr))
+            .collect::<Option<_>>()?;
+        let (last, keys) = columns.split_last()?;
+        let kind = match schema.field(*last).data_type() {
+            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => Last::Int,
+            DataType::UInt8 | DataType::UInt16 | DataType::UInt32 => Last::Int,
+            DataType::Timestamp(..) | DataType::Date32 => Last::Int,
+            DataType::Float32 | DataType::Float64 => Last::Float,
+            _ => return None,
+        };
+        let fields: Vec<SortField> = (keys.iter().zip(&exprs))
+            .map(|(k, e)| {
+                SortField::new_with_options(schema.field(*k).data_type().clone(), e.options)
+            })
+            .collect();
+        if !RowConverter::supports_fields(&fields) {
+            return None;
+        }
+        Some(Self {
+            sort: sort.clone(),
+            keys: keys.to_vec(),
+            last: *last,
+            kind,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    fn ordering(&self) -> &LexOrdering {
+        self.sort.expr()
+    }
+}
+
+impl DisplayAs for KeyedSortExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("SluiceKeyedSort: ")?;
+        self.sort.fmt_as(t, f)
+    }
+}
+
+impl ExecutionPlan for KeyedSortExec {
+    fn name(&self) -> &'static str {
+        "SluiceKeyedSort"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.sort.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.sort.input()]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        self.sort.apply_expressions(f)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let [child] = <[_; 1]>::try_from(children)
+            .map_err(|_| DataFusionError::Internal("SluiceKeyedSort has one input".into()))?;
+        let sort = SortExec::new(self.sort.expr().clone(), child)
+            .with_preserve_partitioning(self.sort.preserve_partitioning());
+        Ok(Arc::new(Self::of(&sort).ok_or_else(|| {
+            DataFusionError::Internal("SluiceKeyedSort's new input does not fit it".into())
+        })?))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let input = self.sort.input().execute(partition, context.clone())?;
+        let schema = self.schema();
+        let sorted = MetricBuilder::new(&self.metrics).global_counter("keyed_rows");
+        let spilled = MetricBuilder::new(&self.metrics).global_counter("handed_to_sort");
+        let elapsed = MetricBuilder::new(&self.metrics).elapsed_compute(partition);
+        let this = Arc::new(Self {
+            sort: self.sort.clone(),
+            keys: self.keys.clone(),
+            last: self.last,
+            kind: self.kind,
+            metrics: self.metrics.clone(),
+        });
+        let out = futures::stream::once(async move {
+            let reservation = MemoryConsumer::new(format!("SluiceKeyedSort[{partition}]"))
+                .register(context.memory_pool());
+            let mut input = input;
+            let mut batches = Vec::new();
+            while let Some(batch) = input.next().await {
+                let batch = batch?;
+                if reservation.try_grow(batch.get_array_memory_size()).is_err() {
+                    // Too big for memory: DataFusion's sort (which spills) takes the rows
+                    // read so far and the rest.
+                    drop(reservation);
+                    spilled.add(1);
+                    let rest = futures::stream::iter(batches.into_iter().map(Ok))
+                        .chain(futures::stream::once(async { Ok(batch) }))
+                        .chain(input);
+                    return this.by_datafusion(
+                        Box::pin(RecordBatchStreamAdapter::new(
+                            this.sort.input().schema(),
+                            rest,
+                        )),
+                        context,
+                    );
+                }
+                batches.push(batch);
+            }
+            let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+            sorted.add(rows);
+            let _timer = elapsed.timer();
+            let order = this.order(&batches)?;
+            let refs: Vec<&RecordBatch> = batches.iter().collect();
+            let out: Vec<DfResult<RecordBatch>> = match refs.is_empty() {
+                true => Vec::new(),
+                false => (order.chunks(BATCH_ROWS))
+                    .map(|c| Ok(interleave_record_batch(&refs, c)?))
+                    .collect(),
+            };
+            drop(reservation);
+            Ok(Box::pin(RecordBatchStreamAdapter::new(
+                this.schema(),
+                futures::stream::iter(out),
+            )) as SendableRecordBatchStream)
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out)))
+    }
+}
+
+impl KeyedSortExec {
+    /// Sorts `rows` (the input's, as a stream) with DataFusion's `SortExec`.
+    fn by_datafusion(
+        &self,
+        rows: SendableRecordBatchStream,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let once = datafusion::physical_plan::streaming::StreamingTableExec::try_new(
+            rows.schema(),
+            vec![Arc::new(Once {
+                schema: rows.schema(),
+                stream: parking_lot::Mutex::new(Some(rows)),
+            })],
+            None,
+            Vec::<LexOrdering>::new(),
+            false,
+            None,
+        )?;
+        let sort = SortExec::new(self.ordering().clone(), Arc::new(once));
+        sort.execute(0, context)
+    }
+
+    /// The rows of `batches` in order: (batch, row) pairs.
+    fn order(&self, batches: &[RecordBatch]) -> DfResult<Vec<(usize, usize)>> {
+        let options: Vec<_> = self.ordering().iter().map(|e| e.options).collect();
+        let schema = self.sort.input().schema();
+        let (key_of, rank) = match schema.field(self.keys[0]).data_type() {
+            DataType::Utf8 if self.keys.len() == 1 => text_ranks(batches, self.keys[0], options[0]),
+            _ => self.row_ranks(batches, &options)?,
+        };
+        let distinct = rank.len();
+        // Counting sort by rank, keeping the rows' order within a key.
+        let mut start = vec![0usize; distinct + 1];
+        for keys in &key_of {
+            for k in keys {
+                start[rank[*k as usize] as usize + 1] += 1;
+            }
+        }
+        for i in 1..start.len() {
+            start[i] += start[i - 1];
+        }
+        let total = start[distinct];
+        let mut next = start.clone();
+        let mut order = vec![(0usize, 0usize); total];
+        for (b, keys) in key_of.iter().enumerate() {
+            for (r, k) in keys.iter().enumerate() {
+                let at = &mut next[rank[*k as usize] as usize];
+                order[*at] = (b, r);
+                *at += 1;
+            }
+        }
+        // Each key's rows by the last column.
+        let last_options = options.last().copied().unwrap_or_default();
+        let values = self.last_values(batches)?;
+        // A row's place: NULL or not (bit 127), its value (bits 63-126), its position
+        // in the key's rows (bits 0-62, so that equal values keep their order).
+        let place = |(b, r): (usize, usize), pos: usize| -> u128 {
+            let (null_after, v) = match values[b][r] {
+                None => (!last_options.nulls_first, 0),
+                Some(v) => (
+                    last_options.nulls_first,
+                    if last_options.descending { !v } else { v },
+                ),
+            };
+            (u128::from(null_after) << 127) | (u128::from(v) << 63) | pos as u128
+        };
+        let (mut places, mut copy) = (Vec::new(), Vec::new());
+        for w in start.windows(2) {
+            let group = &mut order[w[0]..w[1]];
+            places.clear();
+            places.extend(group.iter().enumerate().map(|(i, at)| place(*at, i)));
+            if places.is_sorted() {
+                continue;
+            }
+            // Stable and run-adaptive: rows that came in a few time-ordered runs merge.
+            places.sort();
+            copy.clear();
+            copy.extend_from_slice(group);
+            let mask = (1u128 << 63) - 1;
+            for (slot, p) in group.iter_mut().zip(&places) {
+                *slot = copy[(p & mask) as usize];
+            }
+        }
+        Ok(order)
+    }
+
+    /// Each row's key number (per batch) and each key number's rank, the keys compared in
+    /// Arrow's row format (which orders them as the sort's options say).
+    fn row_ranks(
+        &self,
+        batches: &[RecordBatch],
+        options: &[datafusion::arrow::compute::SortOptions],
+    ) -> DfResult<(Vec<Vec<u32>>, Vec<u32>)> {
+        let schema = self.sort.input().schema();
+        let fields: Vec<SortField> = (self.keys.iter().zip(options))
+            .map(|(k, o)| SortField::new_with_options(schema.field(*k).data_type().clone(), *o))
+            .collect();
+        let converter = RowConverter::new(fields)?;
+        let mut index: foldhash::HashMap<Box<[u8]>, u32> = Default::default();
+        let mut distinct: Vec<Box<[u8]>> = Vec::new();
+        let mut key_of: Vec<Vec<u32>> = Vec::with_capacity(batches.len());
+        for b in batches {
+            let cols: Vec<ArrayRef> = self.keys.iter().map(|k| b.column(*k).clone()).collect();
+            let rows = converter.convert_columns(&cols)?;
+            let mut keys = Vec::with_capacity(b.num_rows());
+            for r in rows.iter() {
+                let k = match index.get(r.as_ref()) {
+                    Some(k) => *k,
+                    None => {
+                        let k = distinct.len() as u32;
+                        index.insert(r.as_ref().into(), k);
+                        distinct.push(r.as_ref().into());
+                        k
+                    }
+                };
+                keys.push(k);
+            }
+            key_of.push(keys);
+        }
+        Ok((
+            key_of,
+            ranks(distinct.len(), |a, b| distinct[a].cmp(&distinct[b])),
+        ))
+    }
+
+    /// The last sort column's values per batch and row, as order-preserving unsigned
+    /// integers (`None`: NULL).
+    fn last_values(&self, batches: &[RecordBatch]) -> DfResult<Vec<Vec<Option<u64>>>> {
+        let flip = 1u64 << 63;
+        (batches.iter())
+            .map(|b| {
+                let col = b.column(self.last);
+                Ok(match self.kind {
+                    Last::Int => {
+                        // Timestamps keep their unit's values: no ties made.
+                        let col = cast(col, &DataType::Int64)?;
+                        let a = col.as_primitive::<Int64Type>();
+                        (0..a.len())
+                            .map(|i| a.is_valid(i).then(|| a.value(i) as u64 ^ flip))
+                            .collect()
+                    }
+                    Last::Float => {
+                        let col = cast(col, &DataType::Float64)?;
+                        let a = col.as_primitive::<Float64Type>();
+                        (0..a.len())
+                            .map(|i| {
+                                a.is_valid(i).then(|| {
+                                    // IEEE 754 bits in total order.
+                                    let bits = a.value(i).to_bits();
+                                    if bits & flip != 0 { !bits } else { bits ^ flip }
+                                })
+                            })
+                            .collect()
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+/// Each key's rank, the keys numbered `0..n` and compared by `cmp`.
+fn ranks(n: usize, cmp: impl Fn(usize, usize) -> std::cmp::Ordering) -> Vec<u32> {
+    let mut by_rank: Vec<u32> = (0..n as u32).collect();
+    by_rank.sort_unstable_by(|a, b| cmp(*a as usize, *b as usize));
+    let mut rank = vec![0u32; n];
+    for (r, k) in by_rank.iter().enumerate() {
+        rank[*k as usize] = r as u32;
+    }
+    rank
+}
+
+/// [`KeyedSortExec::row_ranks`] for one text key: its values hashed as they are.
+fn text_ranks(
+    batches: &[RecordBatch],
+    column: usize,
+    options: datafusion::arrow::compute::SortOptions,
+) -> (Vec<Vec<u32>>, Vec<u32>) {
+    let mut index: foldhash::HashMap<Option<&str>, u32> = Default::default();
+    let mut distinct: Vec<Option<&str>> = Vec::new();
+    let key_of = (batches.iter())
+        .map(|b| {
+            let a = b.column(column).as_string::<i32>();
+            (0..a.len())
+                .map(|i| {
+                    let v = a.is_valid(i).then(|| a.value(i));
+                    *index.entry(v).or_insert_with(|| {
+                        distinct.push(v);
+                        distinct.len() as u32 - 1
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    let rank = ranks(distinct.len(), |a, b| match (distinct[a], distinct[b]) {
+        (None, None) => std::cmp::Ordering::Equal,
+        (None, Some(_)) if options.nulls_first => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (Some(_), None) if options.nulls_first => std::cmp::Ordering::Greater,
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (Some(x), Some(y)) if options.descending => y.cmp(x),
+        (Some(x), Some(y)) => x.cmp(y),
+    });
+    (key_of, rank)
+}
+
+/// One stream, handed out once (the rows a [`KeyedSortExec`] passes to DataFusion's sort).
+struct Once {
+    schema: SchemaRef,
+    stream: parking_lot::Mutex<Option<SendableRecordBatchStream>>,
+}
+
+impl std::fmt::Debug for Once {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Once")
+    }
+}
+
+impl datafusion::physical_plan::streaming::PartitionStream for Once {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        match self.stream.lock().take() {
+            Some(s) => s,
+            None => Box::pin(RecordBatchStreamAdapter::new(
+                self.schema.clone(),
+                futures::stream::once(async {
+                    Err(DataFusionError::Internal(
+                        "rows handed to the sort twice".into(),
+                    ))
+                }),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{StringArray, TimestampMicrosecondArray};
+    use datafusion::arrow::compute::SortOptions;
+    use datafusion::arrow::datatypes::{Field, Schema, TimeUnit};
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+    use datafusion::physical_expr::PhysicalSortExpr;
+
+    /// Rows of 40 devices (one NULL), times shuffled, each (device, time) once, in batches.
+    fn input() -> (SchemaRef, Vec<RecordBatch>) {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("device", DataType::Utf8, true),
+            Field::new(
+                "time",
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+                true,
+            ),
+            Field::new("tens", DataType::Int64, false),
+        ]));
+        let mut rows = Vec::new();
+        let mut x = 7u64;
+        for i in 0..40_000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let d = (i % 40 != 0).then(|| format!("d{}", i % 40));
+            // Mostly rising times with some out of order; one NULL time per device.
+            let t = (i >= 40).then(|| (i as i64) * 1000 - ((x >> 40) % 3) as i64 * 40_007);
+            rows.push((d, t, (i / 4000) as i64));
+        }
+        let batches = rows
+            .chunks(300)
+            .map(|c| {
+                let d: StringArray = c.iter().map(|r| r.0.clone()).collect();
+                let t: TimestampMicrosecondArray = c.iter().map(|r| r.1).collect();
+                let v =
+                    datafusion::arrow::array::Int64Array::from_iter_values(c.iter().map(|r| r.2));
+                RecordBatch::try_new(schema.clone(), vec![Arc::new(d), Arc::new(t), Arc::new(v)])
+                    .unwrap()
+            })
+            .collect();
+        (schema, batches)
+    }
+
+    async fn run(
+        plan: Arc<dyn ExecutionPlan>,
+        memory: usize,
+    ) -> (Vec<RecordBatch>, Option<MetricsSet>) {
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(memory, 1.0)
+            .build_arc()
+            .unwrap();
+        let config =
+            datafusion::prelude::SessionConfig::new().with_sort_spill_reservation_bytes(1024);
+        let ctx = Arc::new(
+            TaskContext::default()
+                .with_runtime(runtime)
+                .with_session_config(config),
+        );
+        let out = plan.execute(0, ctx).unwrap().try_collect().await.unwrap();
+        (out, plan.metrics())
+    }
+
+    #[tokio::test]
+    async fn sorts_as_datafusion_does_in_every_direction_and_hands_over_when_memory_is_short() {
+        let (schema, batches) = input();
+        for (desc_key, desc_time, nulls_first) in [
+            (false, false, false),
+            (true, false, true),
+            (false, true, true),
+            (true, true, false),
+        ] {
+            let opt = |descending| SortOptions {
+                descending,
+                nulls_first,
+            };
+            // A text key (hashed as text), or keys in the row format: text and a number.
+            let mut keys = vec![PhysicalSortExpr::new(
+                Arc::new(Column::new("device", 0)),
+                opt(desc_key),
+            )];
+            if desc_key == nulls_first {
+                let tens = Arc::new(Column::new("tens", 2));
+                keys.push(PhysicalSortExpr::new(tens, opt(!desc_key)));
+            }
+            keys.push(PhysicalSortExpr::new(
+                Arc::new(Column::new("time", 1)),
+                opt(desc_time),
+            ));
+            let ordering = LexOrdering::new(keys).unwrap();
+            let source = MemorySourceConfig::try_new_exec(
+                std::slice::from_ref(&batches),
+                schema.clone(),
+                None,
+            )
+            .unwrap();
+            let sort = SortExec::new(ordering, source);
+            let keyed = Arc::new(KeyedSortExec::of(&sort).expect("a keyed sort"));
+            let (want, _) = run(Arc::new(sort), usize::MAX).await;
+            let want = datafusion::arrow::compute::concat_batches(&schema, &want).unwrap();
+            let (got, metrics) = run(keyed.clone(), usize::MAX).await;
+            let got = datafusion::arrow::compute::concat_batches(&schema, &got).unwrap();
+            assert_eq!(got, want, "{desc_key} {desc_time} {nulls_first}");
+            let metrics = metrics.unwrap();
+            assert_eq!(
+                metrics.sum_by_name("keyed_rows").unwrap().as_usize(),
+                40_000
+            );
+            // Memory for a few batches only: DataFusion's sort (spilling) gets the rows.
+            let (got, metrics) = run(keyed, 512 * 1024).await;
+            let got = datafusion::arrow::compute::concat_batches(&schema, &got).unwrap();
+            assert_eq!(got, want);
+            assert_eq!(
+                metrics
+                    .unwrap()
+                    .sum_by_name("handed_to_sort")
+                    .unwrap()
+                    .as_usize(),
+                1
+            );
+        }
+    }
+}
