@@ -421,6 +421,21 @@ fn grouped(
                 .for_each(|g| g.synopsis.push(ColumnSynopsis::default()));
             continue;
         }
+        if !ColumnSynopsis::summed(column.data_type()) {
+            // Only counted: no gather (of text, say) for that.
+            let nulls = column.null_count() > 0;
+            for (g, m) in groups.iter_mut().zip(&members) {
+                let count = match nulls {
+                    true => m.iter().filter(|r| column.is_valid(**r as usize)).count(),
+                    false => m.len(),
+                };
+                g.synopsis.push(ColumnSynopsis {
+                    count: count as u64,
+                    ..Default::default()
+                });
+            }
+            continue;
+        }
         let taken = take(column.as_ref(), &at, None).ok()?;
         let mut offset = 0;
         for g in &mut groups {

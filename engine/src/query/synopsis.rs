@@ -120,6 +120,26 @@ impl ColumnSynopsis {
         self.ordered = both_ordered;
     }
 
+    /// Whether [`ColumnSynopsis::of`] sums and bounds a column of this type (the others
+    /// are only counted).
+    pub fn summed(ty: &DataType) -> bool {
+        use DataType::*;
+        matches!(
+            ty,
+            Int8 | Int16
+                | Int32
+                | Int64
+                | UInt8
+                | UInt16
+                | UInt32
+                | UInt64
+                | Float32
+                | Float64
+                | Date32
+                | Timestamp(TimeUnit::Microsecond, _)
+        )
+    }
+
     /// The synopsis of one array.
     pub fn of(a: &ArrayRef) -> Self {
         let count = (a.len() - a.null_count()) as u64;
