@@ -468,18 +468,9 @@ impl TableProvider for SluiceTable {
                 .collect();
             (shown, parts.len())
         };
-        let predicate = match conjunction(filters.to_vec()) {
-            Some(expr) => {
-                let df_schema = DFSchema::try_from(self.schema.clone())?;
-                Some(state.create_physical_expr(expr, &df_schema)?)
-            }
-            None => None,
-        };
+        let (predicate, projected) =
+            predicate_and_schema(state, &self.schema, filters, projection)?;
         let lanes = state.config().target_partitions().max(1);
-        let projected = match projection {
-            Some(p) => Arc::new(self.schema.project(p)?),
-            None => self.schema.clone(),
-        };
         let properties = PlanProperties::new(
             EquivalenceProperties::new(projected.clone()),
             Partitioning::UnknownPartitioning(lanes),
@@ -507,6 +498,28 @@ impl TableProvider for SluiceTable {
             metrics,
         }))
     }
+}
+
+/// A scan's `filters` as one physical predicate over `schema` (for Parquet's statistics
+/// and page index), and the schema its `projection` gives.
+pub(crate) fn predicate_and_schema(
+    state: &dyn Session,
+    schema: &SchemaRef,
+    filters: &[Expr],
+    projection: Option<&Vec<usize>>,
+) -> DfResult<(Option<Arc<dyn PhysicalExpr>>, SchemaRef)> {
+    let predicate = match conjunction(filters.to_vec()) {
+        Some(expr) => {
+            let df_schema = DFSchema::try_from(schema.clone())?;
+            Some(state.create_physical_expr(expr, &df_schema)?)
+        }
+        None => None,
+    };
+    let projected = match projection {
+        Some(p) => Arc::new(schema.project(p)?),
+        None => schema.clone(),
+    };
+    Ok((predicate, projected))
 }
 
 /// A read-only in-memory table (system tables, SHOW results).

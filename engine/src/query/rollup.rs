@@ -13,13 +13,12 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::Column;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{Column, DFSchema};
 use datafusion::datasource::{TableType, provider_as_source};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::functions_aggregate::expr_fn::{max, min, sum};
-use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, LogicalPlanBuilder, TableProviderFilterPushDown, cast};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -110,17 +109,8 @@ impl TableProvider for Partials {
         filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let predicate = match conjunction(filters.to_vec()) {
-            Some(expr) => {
-                let df_schema = DFSchema::try_from(self.schema.clone())?;
-                Some(state.create_physical_expr(expr, &df_schema)?)
-            }
-            None => None,
-        };
-        let projected = match projection {
-            Some(p) => Arc::new(self.schema.project(p)?),
-            None => self.schema.clone(),
-        };
+        let (predicate, projected) =
+            crate::query::provider::predicate_and_schema(state, &self.schema, filters, projection)?;
         let properties = PlanProperties::new(
             EquivalenceProperties::new(projected.clone()),
             Partitioning::UnknownPartitioning(1),

@@ -6,6 +6,18 @@ use crate::ports::{QueryOptions, QueryPort};
 use futures::TryStreamExt;
 use std::sync::Arc;
 
+/// A new engine with the table `t.m` (time, device, temp).
+async fn fresh() -> (tempfile::TempDir, Arc<Engine>) {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path()).await;
+    ok(
+        &e,
+        "CREATE TABLE t.m (time TIMESTAMP, device STRING, temp DOUBLE) PARTITION BY yyyymmdd(time)",
+    )
+    .await;
+    (dir, e)
+}
+
 async fn open(dir: &std::path::Path) -> Arc<Engine> {
     let mut config = sluice_conf::Config {
         data_dir: dir.to_path_buf(),
@@ -54,13 +66,7 @@ const RAW: &str = "SELECT date_bin(INTERVAL '1 minute', time) AS bucket, device,
 
 #[tokio::test]
 async fn a_rollup_stays_exact_through_late_rows_flushes_compaction_and_restarts() {
-    let dir = tempfile::tempdir().unwrap();
-    let e = open(dir.path()).await;
-    ok(
-        &e,
-        "CREATE TABLE t.m (time TIMESTAMP, device STRING, temp DOUBLE) PARTITION BY yyyymmdd(time)",
-    )
-    .await;
+    let (dir, e) = fresh().await;
     // Rows persisted before the rollup exists are folded when it is made.
     insert(
         &e,
@@ -167,13 +173,7 @@ async fn a_rollup_stays_exact_through_late_rows_flushes_compaction_and_restarts(
 
 #[tokio::test]
 async fn bad_rollups_are_refused_with_reasons() {
-    let dir = tempfile::tempdir().unwrap();
-    let e = open(dir.path()).await;
-    ok(
-        &e,
-        "CREATE TABLE t.m (time TIMESTAMP, device STRING, temp DOUBLE) PARTITION BY yyyymmdd(time)",
-    )
-    .await;
+    let (_dir, e) = fresh().await;
     let cases = [
         (
             "SELECT device, avg(temp) FROM t.m GROUP BY 1",
