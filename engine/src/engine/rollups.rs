@@ -64,9 +64,13 @@ impl Engine {
             false => Some(self.manifest.lock().await),
         };
         let cat = self.store.catalog.snapshot();
-        let src = cat
-            .table(&spec.source.database, &spec.source.table)?
-            .clone();
+        // Named as queries name it: `readings` finds `fleet.readings` when only one
+        // database has a table of that name.
+        let (db, table) = (&spec.source.database, &spec.source.table);
+        let src = match crate::query::provider::resolve(&cat, db, table) {
+            Some(def) => def.clone(),
+            None => cat.table(db, table)?.clone(),
+        };
         if cat.rollups.contains_key(&src.id) {
             return Err(Error::invalid(format!(
                 "{} is a rollup; a rollup reads a table",

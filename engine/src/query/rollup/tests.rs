@@ -208,7 +208,8 @@ async fn bad_rollups_are_refused_with_reasons() {
         assert!(err.contains(why), "{q}: {err}");
     }
     // time_bucket counts from TimescaleDB's origin; the rollup is named by its aliases.
-    ok(&e, "CREATE ROLLUP t.w AS SELECT time_bucket(INTERVAL '7 days', time) AS week, sum(temp) AS total FROM t.m GROUP BY week").await;
+    // The source named as queries name it (`m` is `t.m`, the one table of that name).
+    ok(&e, "CREATE ROLLUP t.w AS SELECT time_bucket(INTERVAL '7 days', time) AS week, sum(temp) AS total FROM m GROUP BY week").await;
     insert(&e, &[("a", 0, 0, Some(2.5))]).await;
     assert!(
         ok(&e, "SELECT * FROM t.w")
