@@ -241,6 +241,27 @@ print("\n".join(out))
          1767322800.0|9.125"
     );
 
+    // A rollup through psql: its command tags, and the columns its queries answer with in
+    // information_schema (not its stored partial ones).
+    let out = admin(
+        "shop",
+        &[
+            "-c",
+            "CREATE ROLLUP shop.per_hour AS SELECT date_bin('1 hour', time) AS hour, item, \
+             count(*) AS n FROM shop.orders GROUP BY 1, 2",
+            "-c",
+            "select column_name, data_type from information_schema.columns \
+             where table_name = 'per_hour' order by ordinal_position",
+            "-c",
+            "DROP ROLLUP shop.per_hour",
+        ],
+    );
+    assert!(out.status.success(), "{}", errors(&out));
+    assert_eq!(
+        text(&out),
+        "CREATE ROLLUP\nhour|timestamp without time zone\nitem|text\nn|bigint\nDROP ROLLUP"
+    );
+
     // The PostgreSQL JDBC driver, from a small Java program.
     let jar = common::installed_tool(
         "SLUICE_PG_JDBC",

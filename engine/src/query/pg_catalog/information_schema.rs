@@ -76,7 +76,9 @@ pub(super) fn schema(
     let mut columns = Vec::new();
     for (d, ts) in databases() {
         for (t, def) in ts {
-            for (i, c) in def.columns.iter().enumerate() {
+            // A rollup shows the columns its queries answer with.
+            let answered = cat.rollups.get(&def.id).map(|r| r.answer_columns(def));
+            for (i, c) in answered.as_ref().unwrap_or(&def.columns).iter().enumerate() {
                 let (data_type, udt) = pg_names(c.ty);
                 columns.push(vec![
                     s("sluice"),
