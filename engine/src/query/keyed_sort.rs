@@ -3,11 +3,12 @@
 //! [`KeyedSortExec`] replaces DataFusion's `SortExec` there ([`KeyedSortRule`]).
 //!
 //! Instead of comparing rows (each comparison a `memcmp` of the keys' row format), it gives
-//! each distinct key its rank (the keys' row format hashed once per row, the distinct keys
-//! sorted once), places the rows by rank with a counting sort that keeps their order, and
-//! then sorts each key's rows by the last column, which rows arriving in time order mostly
-//! are already (checked first). A partition's rows are held in memory; when the query's
-//! memory budget cannot hold them, the rows go on to DataFusion's own sort, which spills.
+//! each distinct key its rank (one text key hashed as text, other keys in their row format;
+//! the distinct keys sorted once), places the rows by rank with a counting sort that keeps
+//! their order, and then sorts each key's rows by the last column, which rows arriving in
+//! time order mostly are already (checked first). The output is taken from the input
+//! concatenated in order. A partition's rows are held in memory; when the query's memory
+//! budget cannot hold them, the rows go on to DataFusion's own sort, which spills.
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{cast, concat_batches, take_record_batch};
