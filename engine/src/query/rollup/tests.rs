@@ -209,12 +209,16 @@ async fn bad_rollups_are_refused_with_reasons() {
     }
     // time_bucket counts from TimescaleDB's origin; the rollup is named by its aliases.
     // The source named as queries name it (`m` is `t.m`, the one table of that name).
-    ok(&e, "CREATE ROLLUP t.w AS SELECT time_bucket(INTERVAL '7 days', time) AS week, sum(temp) AS total FROM m GROUP BY week").await;
+    // No keys; a time's newest value kept as a time, through a flush and a merge.
+    ok(&e, "CREATE ROLLUP t.w AS SELECT time_bucket(INTERVAL '7 days', time) AS week, sum(temp) AS total, max(time) AS last_seen FROM m GROUP BY week").await;
     insert(&e, &[("a", 0, 0, Some(2.5))]).await;
+    ok(&e, "FLUSH TABLE t.m").await;
+    insert(&e, &[("b", 3, 9, Some(1.0)), ("a", 1, 0, None)]).await;
+    let want = "| 2024-04-29T00:00:00 | 3.5   | 2024-05-01T10:03:09 |";
     assert!(
-        ok(&e, "SELECT * FROM t.w")
-            .await
-            .contains("| 2024-04-29T00:00:00 | 2.5   |")
+        ok(&e, "SELECT * FROM t.w").await.contains(want),
+        "{}",
+        ok(&e, "SELECT * FROM t.w").await
     );
     e.shutdown().await.unwrap();
 }
