@@ -62,15 +62,15 @@ impl Mosquitto {
             .spawn()
             .expect("mosquitto (Debian package mosquitto)");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "mosquitto did not start: {}",
-                std::fs::read_to_string(self.conf.with_extension("log")).unwrap_or_default()
-            );
-            std::thread::park_timeout(Duration::from_millis(20));
-        }
+        let log = self.conf.with_extension("log");
+        common::wait_until(
+            20,
+            || {
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                format!("mosquitto did not start: {log}")
+            },
+            || std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok(),
+        );
     }
 
     /// SIGTERM (Mosquitto saves its persistence file) and wait.
@@ -493,11 +493,11 @@ fn start_rumqttd() -> u16 {
     std::thread::spawn(move || {
         let _ = rumqttd::Broker::new(config).start();
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "rumqttd did not start");
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
+    common::wait_until(
+        20,
+        || "rumqttd did not start".into(),
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+    );
     port
 }
 

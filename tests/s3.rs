@@ -34,15 +34,21 @@ fn start_moto() -> (Moto, u16) {
                 "moto_server is needed (pip install 'moto[server]'; scripts/test.sh installs it)",
             );
         let mut moto = Moto(child);
-        loop {
-            assert!(Instant::now() < deadline, "moto_server did not start");
-            if moto.0.try_wait().unwrap().is_some() {
-                break;
-            }
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return (moto, port);
-            }
-            std::thread::park_timeout(Duration::from_millis(50));
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .as_secs()
+            .max(1);
+        let mut exited = false;
+        common::wait_until(
+            left,
+            || "moto_server did not start".into(),
+            || {
+                exited = moto.0.try_wait().unwrap().is_some();
+                exited || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+            },
+        );
+        if !exited {
+            return (moto, port);
         }
     }
 }

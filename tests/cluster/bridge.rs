@@ -41,14 +41,11 @@ impl Mosquitto {
             .stderr(Stdio::null())
             .spawn()
             .expect("mosquitto (apt-get install mosquitto)");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "mosquitto did not start"
-            );
-            std::thread::park_timeout(std::time::Duration::from_millis(20));
-        }
+        crate::common::wait_until(
+            10,
+            || "mosquitto did not start".into(),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        );
         Mosquitto { child, port }
     }
 

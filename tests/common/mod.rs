@@ -344,14 +344,16 @@ impl Server {
     /// SIGTERM, then the exit code.
     pub fn terminate(mut self) -> i32 {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code().unwrap_or(-1);
-            }
-            assert!(Instant::now() < deadline, "sluice did not stop on SIGTERM");
-            std::thread::park_timeout(Duration::from_millis(20));
-        }
+        let mut status = None;
+        wait_until(
+            60,
+            || "sluice did not stop on SIGTERM".into(),
+            || {
+                status = self.child.try_wait().unwrap();
+                status.is_some()
+            },
+        );
+        status.and_then(|s| s.code()).unwrap_or(-1)
     }
 
     pub fn log_text(&self) -> String {
@@ -459,6 +461,16 @@ where
         // Between checks, the runtime goes on (a blocking wait here would stall the test's
         // own clients on this thread).
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits, in code without a runtime, until `ready` holds; past `secs` it panics with
+/// `what()` (which says what did not happen, with any log that tells why).
+pub fn wait_until(secs: u64, what: impl Fn() -> String, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !ready() {
+        assert!(Instant::now() < deadline, "{}", what());
+        std::thread::park_timeout(Duration::from_millis(20));
     }
 }
 
