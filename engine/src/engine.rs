@@ -415,7 +415,7 @@ impl Engine {
         wait: bool,
         journal: Vec<Journal>,
     ) -> Result<Option<u64>> {
-        if self.store.catalog.snapshot().rollups.contains_key(&def.id) {
+        if self.store.catalog.is_rollup(def.id) {
             return Err(Error::invalid(format!(
                 "'{}' is a rollup: its rows come from its source table",
                 def.name

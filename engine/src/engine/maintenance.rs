@@ -200,12 +200,11 @@ impl Engine {
         // Encoded against the current schema, the one `time_column` indexes (frozen rows
         // may predate an ALTER).
         let stem = format!("{:020}", frozen.max_lsn);
-        let batches = frozen.chunks.iter().map(|c| c.batch.clone()).collect();
-        let meta = (self.write_file(t, key, &stem, batches)).await?;
+        let batches: Vec<_> = frozen.chunks.iter().map(|c| c.batch.clone()).collect();
+        let meta = (self.write_file(t, key, &stem, batches.clone())).await?;
         let rows = meta.rows;
         // The rollups' partial rows of these rows, committed with them.
-        let all: Vec<_> = frozen.chunks.iter().map(|c| c.batch.clone()).collect();
-        let (_, rolled) = self.roll_up(t, &all, &stem).await?;
+        let (_, rolled) = self.roll_up(t, &batches, &stem).await?;
         self.change_manifest(m, |next| {
             let pm = next.partition(def.id, key);
             pm.files.push(meta.clone());

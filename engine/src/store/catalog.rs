@@ -242,6 +242,9 @@ pub(crate) struct Catalog {
     write: parking_lot::Mutex<()>,
     /// Set in a cluster: changes are committed there, not written here directly.
     log: std::sync::OnceLock<Arc<dyn CatalogLog>>,
+    /// Whether any rollup exists: writes ask [`Catalog::is_rollup`] of every append, which
+    /// then costs one load while there is none.
+    any_rollups: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for dyn CatalogLog {
@@ -281,6 +284,7 @@ impl Catalog {
         };
         Ok(Self {
             path,
+            any_rollups: (!data.rollups.is_empty()).into(),
             data: RwLock::new(Arc::new(data)),
             write: parking_lot::Mutex::new(()),
             log: std::sync::OnceLock::new(),
@@ -290,6 +294,20 @@ impl Catalog {
     /// The current catalog (a cheap snapshot).
     pub(crate) fn snapshot(&self) -> Arc<CatalogData> {
         self.data.read().clone()
+    }
+
+    /// Whether table `id` is a rollup (whose rows only its source's flushes write).
+    pub(crate) fn is_rollup(&self, id: u64) -> bool {
+        self.any_rollups.load(std::sync::atomic::Ordering::Acquire)
+            && self.data.read().rollups.contains_key(&id)
+    }
+
+    /// Makes `next` the current catalog.
+    fn publish(&self, next: CatalogData) {
+        let any = !next.rollups.is_empty();
+        self.any_rollups
+            .store(any, std::sync::atomic::Ordering::Release);
+        *self.data.write() = Arc::new(next);
     }
 
     /// Applies `change` to a copy, persists it, then publishes it. The change returns a value
@@ -310,7 +328,7 @@ impl Catalog {
             &self.path,
             &serde_json::to_vec_pretty(&next).expect("serialisable"),
         )?;
-        *self.data.write() = Arc::new(next);
+        self.publish(next);
         Ok(out)
     }
 
@@ -354,7 +372,7 @@ impl Catalog {
             &self.path,
             &serde_json::to_vec_pretty(&next).expect("serialisable"),
         )?;
-        *self.data.write() = Arc::new(next);
+        self.publish(next);
         Ok(true)
     }
 

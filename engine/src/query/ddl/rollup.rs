@@ -328,16 +328,10 @@ fn text(e: &Expr) -> Option<String> {
     }
 }
 
-/// Microseconds since the epoch of an RFC 3339 time or a UTC `YYYY-MM-DD[ HH:MM:SS]`.
+/// Microseconds since the epoch of a time as a timestamp column reads it.
 fn timestamp(t: &str) -> Option<i64> {
-    if let Ok(d) = chrono::DateTime::parse_from_rfc3339(t) {
-        return Some(d.timestamp_micros());
+    match crate::ingest::decode::parse_text(crate::types::ColumnType::Timestamp, t) {
+        Ok(crate::types::Value::Timestamp(us)) => Some(us),
+        _ => None,
     }
-    for f in ["%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S"] {
-        if let Ok(d) = chrono::NaiveDateTime::parse_from_str(t, f) {
-            return Some(d.and_utc().timestamp_micros());
-        }
-    }
-    let d = chrono::NaiveDate::parse_from_str(t, "%Y-%m-%d").ok()?;
-    Some(d.and_hms_opt(0, 0, 0)?.and_utc().timestamp_micros())
 }

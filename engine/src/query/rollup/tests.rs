@@ -199,6 +199,10 @@ async fn bad_rollups_are_refused_with_reasons() {
             "SELECT date_bin('1 minute', time), avg(nope) FROM t.m GROUP BY 1",
             "no column 'nope'",
         ),
+        (
+            "SELECT date_bin('1 hour', time, 'soon'), avg(temp) FROM t.m GROUP BY 1",
+            "the origin is a timestamp",
+        ),
     ];
     for (q, why) in cases {
         let err = run(&e, &format!("CREATE ROLLUP t.bad AS {q}"))
@@ -214,6 +218,13 @@ async fn bad_rollups_are_refused_with_reasons() {
     insert(&e, &[("a", 0, 0, Some(2.5))]).await;
     ok(&e, "FLUSH TABLE t.m").await;
     insert(&e, &[("b", 3, 9, Some(1.0)), ("a", 1, 0, None)]).await;
+    // An origin shifts the buckets.
+    ok(&e, "CREATE ROLLUP t.h AS SELECT date_bin('1 hour', time, '2024-05-01 00:30:00') AS hour, count(*) AS n FROM t.m GROUP BY 1").await;
+    assert!(
+        ok(&e, "SELECT * FROM t.h")
+            .await
+            .contains("| 2024-05-01T09:30:00 | 3 |")
+    );
     let want = "| 2024-04-29T00:00:00 | 3.5   | 2024-05-01T10:03:09 |";
     assert!(
         ok(&e, "SELECT * FROM t.w").await.contains(want),
