@@ -26,7 +26,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use std::sync::Arc;
 
 fn col(name: &str) -> Expr {
@@ -202,24 +202,33 @@ impl ExecutionPlan for PartialsExec {
                 .collect();
             (self.table.scan_set(&self.keys, &self.rows, None)?, live)
         };
-        let rdef = self.table.def();
-        let fold = || -> crate::error::Result<Vec<RecordBatch>> {
-            let mut fold = Fold::new(&self.def, &self.source.def())?;
-            for b in &live {
-                fold.raw(b)?;
-            }
-            Ok(fold.finish(&rdef)?.into_iter().map(|(_, b)| b).collect())
-        };
-        let mut batches = fold().map_err(|e| DataFusionError::External(Box::new(e)))?;
-        batches.extend(set.batches);
-        let project = |b: RecordBatch| -> DfResult<RecordBatch> {
-            match &self.projection {
+        // The unflushed rows are folded when the stream is first polled, off the runtime's
+        // threads (a large buffer takes a while).
+        let (def, source, rdef) = (self.def.clone(), self.source.def(), self.table.def());
+        let projection = self.projection.clone();
+        let project = move |b: RecordBatch| -> DfResult<RecordBatch> {
+            match &projection {
                 Some(p) => Ok(b.project(p)?),
                 None => Ok(b),
             }
         };
-        let batches: Vec<RecordBatch> =
-            batches.into_iter().map(project).collect::<DfResult<_>>()?;
+        let stored = set.batches;
+        let folded = async move {
+            let fold = move || -> crate::error::Result<Vec<RecordBatch>> {
+                let mut fold = Fold::new(&def, &source)?;
+                for b in &live {
+                    fold.raw(b)?;
+                }
+                Ok(fold.finish(&rdef)?.into_iter().map(|(_, b)| b).collect())
+            };
+            let joined = tokio::task::spawn_blocking(fold).await;
+            let folded = joined
+                .map_err(|e| DataFusionError::External(Box::new(e)))?
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            let all = folded.into_iter().chain(stored).map(project);
+            Ok::<_, DataFusionError>(futures::stream::iter(all))
+        };
+        let memory = futures::stream::once(folded).try_flatten();
         let files = match set.files.is_empty() {
             true => None,
             false => {
@@ -234,7 +243,6 @@ impl ExecutionPlan for PartialsExec {
             }
         };
         let schema = self.properties.eq_properties.schema().clone();
-        let memory = futures::stream::iter(batches.into_iter().map(Ok));
         let stream = memory.chain(futures::stream::iter(files).flatten());
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
