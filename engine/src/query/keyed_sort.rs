@@ -164,9 +164,11 @@ impl ExecutionPlan for KeyedSortExec {
             .map_err(|_| DataFusionError::Internal("SluiceKeyedSort has one input".into()))?;
         let sort = SortExec::new(self.sort.expr().clone(), child)
             .with_preserve_partitioning(self.sort.preserve_partitioning());
-        Ok(Arc::new(Self::of(&sort).ok_or_else(|| {
-            DataFusionError::Internal("SluiceKeyedSort's new input does not fit it".into())
-        })?))
+        // An input this cannot sort is sorted by DataFusion.
+        Ok(match Self::of(&sort) {
+            Some(keyed) => Arc::new(keyed),
+            None => Arc::new(sort),
+        })
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
