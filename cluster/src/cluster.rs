@@ -46,6 +46,8 @@ pub struct Cluster {
     pub(crate) preferred: Arc<Mutex<BTreeMap<u32, u64>>>,
     /// Delivery across nodes.
     pub(crate) relay: Arc<crate::relay::Relay>,
+    /// Shards whose replica here has caught up (`crate::reads`).
+    pub(crate) ready: Mutex<BTreeSet<u32>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -174,7 +176,18 @@ impl Cluster {
             queues,
             preferred,
             relay,
+            ready: Mutex::new(BTreeSet::new()),
         });
+        let server = Arc::downgrade(&cluster);
+        let _ = cluster.relay.rows_server.set(Arc::new(move |body| {
+            let c = server.upgrade();
+            Box::pin(async move {
+                match c {
+                    Some(c) => c.serve_rows(body).await,
+                    None => Err("the node is stopping".into()),
+                }
+            })
+        }));
         let flusher = Arc::downgrade(&cluster);
         let _ = cluster.relay.flusher.set(Arc::new(move |table| {
             let c = flusher.upgrade();
@@ -191,6 +204,7 @@ impl Cluster {
                 cluster: Arc::downgrade(&cluster),
                 engine: Arc::downgrade(engine),
             }),
+            cluster.clone(),
         );
         let t = cluster.topology();
         for p in &t.placement {

@@ -35,6 +35,7 @@ mod error;
 mod meta;
 pub mod placement;
 mod raft;
+mod reads;
 mod reconcile;
 mod relay;
 mod shard;

@@ -139,7 +139,8 @@ impl Cluster {
     async fn lead_shard(&self, t: &Topology, p: &ShardPlacement, raft: &GroupRaft) {
         let target: BTreeSet<u64> = p.replicas.iter().copied().collect();
         let group = GroupId::Shard(p.shard);
-        let learners: BTreeSet<u64> = t.nodes.keys().copied().collect();
+        // No replicas beyond the placement: other nodes read the shard's rows from here.
+        let learners = BTreeSet::new();
         let Some(at) = (self.change_voters(group, raft, &target, &learners, &t.nodes)).await else {
             return;
         };
@@ -180,6 +181,7 @@ impl Cluster {
     /// deleted and its rows leave this node's buffers (files keep them).
     async fn close_shard(&self, shard: u32) {
         tracing::info!(shard, "the shard's replica left this node; closing it");
+        self.released(shard);
         if let Err(e) = self.node.close_group(GroupId::Shard(shard)).await {
             tracing::warn!(shard, error = %e, "removing a closed shard's log");
         }

@@ -40,6 +40,11 @@ mod wills;
 /// as files and commits them; the files written.
 pub(crate) type Flusher = Arc<dyn Fn(u64) -> BoxFuture<'static, Result<u64, String>> + Send + Sync>;
 
+/// What a [`SHARD_ROWS`](net::SHARD_ROWS) call runs on this node: the request's rows of a
+/// shard replicated here.
+pub(crate) type RowsServer =
+    Arc<dyn Fn(Bytes) -> BoxFuture<'static, Result<Vec<u8>, String>> + Send + Sync>;
+
 /// How long a peer has to answer a call before it counts as not answering.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a connecting client waits for a node to hand its session over.
@@ -181,6 +186,8 @@ pub(crate) struct Relay {
     pub(crate) dropped: AtomicU64,
     /// Answers [`FLUSH`] calls (set by the cluster).
     pub(crate) flusher: OnceLock<Flusher>,
+    /// Answers [`SHARD_ROWS`](net::SHARD_ROWS) calls (set by the cluster).
+    pub(crate) rows_server: OnceLock<RowsServer>,
     cancel: CancellationToken,
     me: Weak<Relay>,
 }
@@ -217,6 +224,7 @@ impl Relay {
             received: Mutex::new(HashMap::new()),
             dropped: AtomicU64::new(0),
             flusher: OnceLock::new(),
+            rows_server: OnceLock::new(),
             cancel,
             me: me.clone(),
         });
@@ -470,6 +478,10 @@ impl Relay {
                 let files = flush(table).await?;
                 crate::to_cbor(&files).map_err(|e| e.to_string())
             }
+            net::SHARD_ROWS => match self.rows_server.get().cloned() {
+                Some(serve) => serve(body).await,
+                None => Err(format!("node {} has not started", self.node.id())),
+            },
             GIVE => {
                 let (client, held): (String, serde_bytes_vec::Held) =
                     crate::from_cbor(&body).map_err(|e| e.to_string())?;

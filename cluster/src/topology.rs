@@ -65,11 +65,11 @@ impl Topology {
         }
     }
 
-    /// Whether `node` keeps a replica of `shard`: every node of the cluster does (a voter
-    /// where the placement puts one, else a learner, so that every node's SQL sees every
-    /// shard's unflushed rows), and so does a node that left while it is still a voter.
+    /// Whether `node` keeps a replica of `shard`: where the placement puts one, and while
+    /// it is still one of the shard's voters (moving away). Other nodes read the shard's
+    /// unflushed rows from its replicas (`crate::reads`).
     pub(crate) fn keeps(&self, shard: u32, node: u64) -> bool {
-        self.nodes.contains_key(&node) || self.holders(shard).contains(&node)
+        self.holders(shard).contains(&node)
     }
 
     /// The nodes that are or should be `shard`'s voters (the committed ones first): where

@@ -157,23 +157,27 @@ impl WriteLog for Cluster {
     }
 
     async fn read_barrier(&self) -> sluice_engine::Result<()> {
-        // Every shard this node keeps a replica of (a voter or a learner; not one whose
-        // leader has not added this node yet).
-        let me = self.node.id();
-        let shards: Vec<GroupId> = (0..self.shards)
-            .map(GroupId::Shard)
-            .filter(|g| {
-                (self.node.group(*g)).is_some_and(|r| {
-                    let m = r.metrics().borrow_watched().membership_config.clone();
-                    m.membership().nodes().any(|(id, _)| *id == me)
-                })
-            })
-            .collect();
-        let groups = std::iter::once(GroupId::Meta).chain(shards);
-        futures::future::try_join_all(groups.map(|g| self.node.read_barrier(g)))
-            .await
-            .map(|_| ())
-            .map_err(replication)
+        // Every shard this node is a replica of (a voter or a learner; not one whose
+        // leader has not added this node yet). A shard whose barrier fails here (its replica
+        // closing, or cut off) is read from its other replicas instead, as the shards this
+        // node holds no replica of are (`crate::reads`).
+        let shards: Vec<u32> = (0..self.shards).filter(|s| self.replica_here(*s)).collect();
+        let meta = self.node.read_barrier(GroupId::Meta);
+        let each = shards.iter().map(|s| async move {
+            match self.node.read_barrier(GroupId::Shard(*s)).await {
+                Ok(()) => Some(*s),
+                Err(e) => {
+                    tracing::debug!(shard = s, error = %e, "read barrier failed; reading it elsewhere");
+                    self.released(*s);
+                    None
+                }
+            }
+        });
+        let (meta, held) = futures::future::join(meta, futures::future::join_all(each)).await;
+        meta.map_err(replication)?;
+        let held: Vec<u32> = held.into_iter().flatten().collect();
+        self.caught_up(&held);
+        Ok(())
     }
 }
 

@@ -215,6 +215,7 @@ impl Engine {
             ),
             origins: sink.origins.clone(),
             extra_system: Default::default(),
+            reader: Default::default(),
         });
         let alerts = Arc::new(Alerts::open(&dir));
         alerts.sync(cat.alerts.values());

@@ -11,6 +11,7 @@ pub(crate) mod files;
 pub(crate) mod hot;
 pub(crate) mod latest;
 pub(crate) mod partition;
+pub(crate) mod remote;
 pub(crate) mod rollup;
 pub(crate) mod state;
 pub(crate) mod storage;
@@ -36,4 +37,20 @@ pub(crate) struct Store {
     /// `system` tables other layers serve (the broker's `system.bridges`).
     pub(crate) extra_system:
         parking_lot::RwLock<std::collections::HashMap<String, crate::ports::SystemRows>>,
+    /// On a cluster node: the shards it holds no replica of, and reading their rows.
+    pub(crate) reader: std::sync::OnceLock<Arc<dyn remote::ShardReader>>,
+}
+
+impl Store {
+    /// The reader of the shards this node holds no replica of (none on a single node).
+    pub(crate) fn reader(&self) -> Option<&Arc<dyn remote::ShardReader>> {
+        self.reader.get()
+    }
+
+    /// Whether some shard's rows are not held here. Queries then read them from the
+    /// shard's replicas; what is kept from this node's rows alone (synopses of buffered
+    /// rows, the last-value cache, kept results) cannot answer.
+    pub(crate) fn partial(&self) -> bool {
+        (self.reader.get()).is_some_and(|r| !r.remote_shards().is_empty())
+    }
 }

@@ -8,7 +8,8 @@ use std::path::Path;
 
 /// While a device publishes through node 2, a fourth node joins (started with `join = true`,
 /// added through node 1's admin API): it gets its share of the shards' replicas (learners
-/// that catch up, then voters) and of their leaderships. Then node 1 leaves (removed through
+/// that catch up, then voters) and of their leaderships; each node then keeps only the
+/// shards placed on it, and reads the others' unflushed rows from their replicas. Then node 1 leaves (removed through
 /// node 4): its replicas move to the others and it leaves the metadata group. No
 /// acknowledged row is lost or doubled on any remaining node; bad requests are refused.
 pub(super) async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
@@ -73,9 +74,9 @@ pub(super) async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
         "{log}"
     );
 
-    // Every node knows four members; node 4 is a voter of 4 or 5 shards (of 18 voters),
-    // each shard has 3 voters, and node 4 is the preferred leader of one or two shards and
-    // leads them. It keeps the other shards as a learner, so its SQL sees every row.
+    // Every node knows four members; each shard has 3 voters, and a node keeps replicas
+    // only of the shards placed on it (no learners): node 4 of 4 or 5 shards (of 18
+    // voters), and it is the preferred leader of one or two of them and leads them.
     for id in 1..=4 {
         let s = c.node(id);
         eventually_eq(&format!("node {id} sees 4 members"), 30, &4, || {
@@ -83,22 +84,34 @@ pub(super) async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
         })
         .await;
     }
-    let all = c
-        .node(4)
-        .rows("SELECT shard, voters, preferred_leader FROM system.shards WHERE shard <> 'meta'")
-        .await;
-    assert_eq!(all.len(), GROUPS - 1, "{all:?}");
     let voters = |r: &serde_json::Value| -> Vec<String> {
         (r["voters"].as_str().unwrap().split(','))
             .map(str::to_string)
             .collect()
     };
-    assert!(all.iter().all(|r| voters(r).len() == 3), "{all:?}");
-    let mine: Vec<_> = all
-        .iter()
-        .filter(|r| voters(r).contains(&"4".to_string()))
-        .collect();
-    assert!((4..=5).contains(&mine.len()), "{all:?}");
+    let q = "SELECT shard, voters, preferred_leader FROM system.shards WHERE shard <> 'meta'";
+    let mut placed = std::collections::BTreeMap::new();
+    for id in 1..=4u64 {
+        let me = id.to_string();
+        let held = || async {
+            let rows = c.node(id).rows(q).await;
+            let here = rows
+                .iter()
+                .all(|r| voters(r).len() == 3 && voters(r).contains(&me));
+            (here && (4..=5).contains(&rows.len())).then_some(rows)
+        };
+        eventually(
+            &format!("node {id} keeps only its 4-5 shards"),
+            30,
+            || async { held().await.is_some() },
+        )
+        .await;
+        for r in held().await.unwrap() {
+            placed.insert(r["shard"].as_str().unwrap().to_string(), voters(&r));
+        }
+    }
+    assert_eq!(placed.len(), GROUPS - 1, "{placed:?}");
+    let mine: Vec<_> = c.node(4).rows(q).await;
     let prefers_4 = mine.iter().filter(|r| r["preferred_leader"] == 4).count() as u64;
     assert!((1..=2).contains(&prefers_4), "{mine:?}");
     eventually_eq("node 4 leads the shards it should", 30, &prefers_4, || {
@@ -107,12 +120,21 @@ pub(super) async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
     })
     .await;
     // Rows up to the last acknowledged seq are exactly the acknowledged ones (the device
-    // sends the next only after the PUBACK); node 4 reads them all, flushed or not.
+    // sends the next only after the PUBACK); every node reads them all, flushed or not:
+    // the unflushed rows of the shards it holds no replica of from those shards' replicas.
+    let more = acked.len() + 10;
+    until_acked(&mut rx, &mut acked, more).await;
     let q = format!(
         "SELECT count(*) FROM iot.r WHERE seq <= {}",
         acked.iter().max().unwrap()
     );
-    assert_eq!(c.node(4).count(&q).await, before + acked.len() as u64);
+    for id in 1..=4 {
+        assert_eq!(
+            c.node(id).count(&q).await,
+            before + acked.len() as u64,
+            "node {id}"
+        );
+    }
 
     // Node 1 leaves, removed through node 4 while the device goes on.
     delete(c.node(4), "/v1/cluster/nodes/9", 404).await;
@@ -161,6 +183,10 @@ pub(super) async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
         let q = "SELECT count(*) FROM iot.r WHERE seq >= 10000000";
         assert_eq!(s.count(q).await, acked.len() as u64, "node {id}");
     }
+    // A 3.1.1 PUBACK does not say a message was refused (kept in `system.dead_letters`):
+    // none was, while replicas closed and moved under the device's writes.
+    let q = "SELECT count(*) FROM system.dead_letters WHERE client_id = 'cluster-device-10000000'";
+    assert_eq!(c.node(2).count(q).await, 0);
 }
 
 /// POSTs a JSON admin request and checks its status; returns the body.

@@ -75,6 +75,9 @@ pub(crate) const GIVE: u8 = 22;
 pub(crate) const FLUSH: u8 = 23;
 /// What became of a node's earlier runs' wills (`crate::relay`).
 pub(crate) const WILLS: u8 = 24;
+/// A shard's buffered rows of a table, for a query on a node holding no replica of it
+/// (`crate::reads`).
+pub(crate) const SHARD_ROWS: u8 = 25;
 
 const PIPELINE: usize = 64;
 /// Largest frame accepted (a snapshot is one frame).

@@ -95,6 +95,9 @@ pub struct Node {
     streams: Mutex<HashMap<(u64, u64), AppendStream>>,
     /// Where routes and relayed messages go (`crate::relay`).
     relay: std::sync::OnceLock<std::sync::Weak<crate::relay::Relay>>,
+    /// The node that last took a write for a group this node has no replica of: where
+    /// the next one goes first.
+    led_by: Mutex<HashMap<GroupId, u64>>,
 }
 
 /// A replication stream from a leader: its requests go to the group's raft in order, and
@@ -226,6 +229,7 @@ impl Node {
             peers: RwLock::new(BTreeMap::new()),
             streams: Mutex::new(HashMap::new()),
             relay: std::sync::OnceLock::new(),
+            led_by: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -279,10 +283,11 @@ impl Node {
         replicas: &[u64],
     ) -> Result<Response, WriteError> {
         let deadline = tokio::time::Instant::now() + WRITE_DEADLINE;
-        let local = self.group(group);
-        let mut target = local
-            .as_ref()
-            .and_then(|r| r.metrics().borrow_watched().current_leader);
+        let mut local = self.group(group);
+        let mut target = match &local {
+            Some(r) => r.metrics().borrow_watched().current_leader,
+            None => self.led_by.lock().get(&group).copied(),
+        };
         let mut turn = 0usize;
         let mut last;
         loop {
@@ -307,7 +312,12 @@ impl Node {
                     .await
             };
             match answer {
-                WriteAnswer::Done(r) => return Ok(r),
+                WriteAnswer::Done(r) => {
+                    if local.is_none() {
+                        self.led_by.lock().insert(group, to);
+                    }
+                    return Ok(r);
+                }
                 WriteAnswer::Failed(e) => return Err(WriteError::Failed(e)),
                 WriteAnswer::NotLeader(leader) => {
                     last = format!("node {to} does not lead it");
@@ -315,6 +325,8 @@ impl Node {
                 }
                 WriteAnswer::Unknown(e) => {
                     last = format!("node {to}: {e}");
+                    // A replica closed meanwhile leaves this node's groups.
+                    local = self.group(group);
                 }
             }
             if tokio::time::Instant::now() >= deadline {
@@ -407,6 +419,9 @@ impl Node {
             Err(RaftError::APIError(e @ ClientWriteError::LogEntryDiscarded(_))) => {
                 WriteAnswer::Unknown(e.to_string())
             }
+            // The replica stopped (it left this node: the shard moved): the write may have
+            // been committed; the group's leader elsewhere takes it again.
+            Err(e @ RaftError::Fatal(_)) => WriteAnswer::Unknown(e.to_string()),
             Err(e) => WriteAnswer::Failed(e.to_string()),
         }
     }
@@ -604,12 +619,16 @@ impl Handler for Node {
                 };
                 to_cbor(&answer).map_err(|e| e.to_string())
             }
-            net::ROUTES | net::RELAY | net::TAKE | net::GIVE | net::FLUSH | net::WILLS => {
-                match self.relay.get().and_then(|r| r.upgrade()) {
-                    Some(relay) => relay.handle(kind, body).await,
-                    None => Err(format!("node {} relays nothing yet", self.id)),
-                }
-            }
+            net::ROUTES
+            | net::RELAY
+            | net::TAKE
+            | net::GIVE
+            | net::FLUSH
+            | net::WILLS
+            | net::SHARD_ROWS => match self.relay.get().and_then(|r| r.upgrade()) {
+                Some(relay) => relay.handle(kind, body).await,
+                None => Err(format!("node {} relays nothing yet", self.id)),
+            },
             k => Err(format!("unknown request kind {k}")),
         }
     }

@@ -157,7 +157,9 @@ impl Engine {
         &self,
         log: Arc<dyn WriteLog>,
         catalog: Arc<dyn crate::store::catalog::CatalogLog>,
+        reader: Arc<dyn crate::store::remote::ShardReader>,
     ) {
+        let _ = self.store.reader.set(reader);
         let l = log.clone();
         self.alerts
             .set_active(Arc::new(move || l.evaluates_alerts()));
@@ -710,6 +712,27 @@ impl Engine {
     /// files stay, and its rows are on its other replicas).
     pub fn forget_shard(&self, shard: u32) {
         self.store.tables.drop_shard_through(shard, u64::MAX);
+    }
+
+    /// Answers another node's query for this node's replica of a shard (after its read
+    /// barrier): the shard's buffered rows of the table and partitions `request` names, as
+    /// [`crate::store::remote::RowsAnswer::encode`] writes them.
+    pub fn shard_rows(&self, request: &crate::store::remote::RowsRequest) -> Result<Vec<u8>> {
+        let Some(table) = self.store.tables.get(request.table_id) else {
+            return Err(Error::Replication {
+                reason: format!("table {} is not known on this node", request.table_id),
+            });
+        };
+        let answer = crate::store::remote::serve(&table, request, || self.manifest_index())?;
+        answer.encode(&table.schema())
+    }
+
+    /// The shards' buffered rows this node holds changed (a replica caught up): the
+    /// last-value caches, kept while it held only some of them, start over.
+    pub fn shards_changed(&self) {
+        for t in self.store.tables.all() {
+            t.rows_removed();
+        }
     }
 
     /// Installs a catalog change committed at `raft_index` of the metadata group, bringing

@@ -449,6 +449,10 @@ impl Answering for LatestNode {
         ctx: &Arc<TaskContext>,
         _now: chrono::DateTime<Utc>,
     ) -> DfResult<Option<RecordBatch>> {
+        if self.table.store().partial() {
+            // The cache sees only the rows of the shards this node holds.
+            return Ok(None);
+        }
         let state = self.table.state();
         let def = state.def();
         let types: Vec<_> = def.columns.iter().map(|c| c.ty).collect();

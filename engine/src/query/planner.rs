@@ -380,7 +380,9 @@ impl Engine {
             .get(&okey)
             .filter(|r| r.version == version)
             .map(|r| {
-                let hit = (!options.no_result_cache).then(|| r.result()).flatten();
+                // A node holding only some shards does not see every change of a table.
+                let keep = !options.no_result_cache && !self.store.partial();
+                let hit = keep.then(|| r.result()).flatten();
                 (r.planned.clone(), r.physical.clone(), hit, r.timeless)
             });
         if let Some((planned, ..)) = &reused {
@@ -499,7 +501,7 @@ impl Engine {
         };
         let stream = datafusion::physical_plan::execute_stream(physical, task)?;
         let mut stream = bounded(stream, lease, deadline, (timeout.clone(), limit));
-        if !reuse || !timeless || options.no_result_cache {
+        if !reuse || !timeless || options.no_result_cache || self.store.partial() {
             return Ok(QueryOutput { schema, stream });
         }
         let mut batches = Vec::new();

@@ -16,6 +16,7 @@ use crate::query::synopsis::ColumnSynopsis;
 use crate::store::Store;
 use crate::store::catalog::{CatalogData, DEFAULT_DATABASE, SYSTEM_DATABASE, TableDef};
 use crate::store::chunk::{Pick, RowFilter};
+use crate::store::remote::Remote;
 use crate::store::state::{Partition, TableState};
 use crate::store::storage::{FileMeta, Storage};
 use crate::types::Value;
@@ -45,7 +46,6 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, Partitioning, PlanProperties};
 use futures::StreamExt;
-use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -202,36 +202,48 @@ impl SluiceTable {
         &self.state
     }
 
+    /// The engine's stores.
+    pub(crate) fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
     /// Whether this reference reads the whole table (no `WHERE PARTS` list).
     pub(crate) fn whole(&self) -> bool {
         self.parts.is_none()
     }
 
-    /// The partitions that `filter` and the `WHERE PARTS` list admit, and how many there are.
+    /// The partitions that `filter` and the `WHERE PARTS` list admit.
     fn selected<'a>(
         &self,
         parts: &'a BTreeMap<u64, Partition>,
         filter: &KeyFilter,
     ) -> Vec<(u64, &'a Partition)> {
-        let (mut lo, mut hi) = (filter.lo, filter.hi);
-        let selector = self
-            .parts
-            .as_ref()
-            .map(|spec| spec.selector(parts.iter().filter(|(_, p)| p.rows() > 0).map(|(k, _)| *k)));
-        if let Some(s) = &selector {
-            let (a, b) = s.bounds();
-            lo = lo.max(a);
-            hi = hi.min(b);
-        }
+        let admits = self.admitted(parts, filter, &BTreeSet::new());
+        let (lo, hi) = admits.bounds();
         if lo > hi {
-            // Contradictory bounds, or no partition named: nothing can match.
             return Vec::new();
         }
-        parts
-            .range(lo..=hi)
-            .filter(|(k, _)| filter.admits(**k) && selector.as_ref().is_none_or(|s| s.admits(**k)))
+        (parts.range(lo..=hi))
+            .filter(|(k, _)| admits.admits(**k))
             .map(|(k, p)| (*k, p))
             .collect()
+    }
+
+    /// Which partition keys `filter` and the `WHERE PARTS` list admit, among this node's
+    /// partitions and `remote` (keys with rows only on other nodes: a `last n` counts them).
+    fn admitted<'f>(
+        &self,
+        parts: &BTreeMap<u64, Partition>,
+        filter: &'f KeyFilter,
+        remote: &BTreeSet<u64>,
+    ) -> Admitted<'f> {
+        let selector = self.parts.as_ref().map(|spec| {
+            let local = parts.iter().filter(|(_, p)| p.rows() > 0).map(|(k, _)| *k);
+            let mut keys: BTreeSet<u64> = local.collect();
+            keys.extend(remote);
+            spec.selector(keys.into_iter())
+        });
+        Admitted { filter, selector }
     }
 
     /// Collects the files and buffered rows of the partitions that `filter` admits.
@@ -243,6 +255,7 @@ impl SluiceTable {
         filter: &KeyFilter,
         rows: &RowFilter,
         projection: Option<&[usize]>,
+        remote: &Remote,
     ) -> DfResult<ScanSet> {
         let parts = self.state.parts.read();
         let mut set = ScanSet::default();
@@ -256,7 +269,10 @@ impl SluiceTable {
                 picked.push(b);
             }
         };
-        for (_, p) in self.selected(&parts, filter) {
+        let admits = self.admitted(&parts, filter, &remote.keys());
+        let (lo, hi) = admits.bounds();
+        let local = (parts.range(lo..=hi.max(lo))).filter(|(k, _)| admits.admits(**k));
+        for (_, p) in local {
             for f in &p.files {
                 match self.store.hot.get(&f.path) {
                     Some(chunks) => {
@@ -271,10 +287,17 @@ impl SluiceTable {
                     None => set.files.push((f.path.clone(), f.bytes)),
                 }
             }
-            for c in p.unflushed_chunks(&self.schema) {
+            for c in p.unflushed_chunks_of(&self.schema, &|s| remote.holds(s)) {
                 take(rows.pick(&c, projection), &mut set.batches);
             }
         }
+        let projected = match projection {
+            Some(p) => Arc::new(self.schema.project(p)?),
+            None => self.schema.clone(),
+        };
+        let fetched = remote.rows_of(&parts, |k| admits.admits(k), &projected, projection);
+        set.batches
+            .extend(fetched.map_err(|e| DataFusionError::External(Box::new(e)))?);
         // In batches of a chunk's size: bounded copies, spread over the lanes.
         for rows in at.chunks(crate::store::buffer::SEAL_ROWS) {
             set.batches
@@ -289,6 +312,10 @@ impl SluiceTable {
     /// theirs or from their rows. `None` when that cannot be done: a file without group
     /// synopses by those columns that is not in the hot cache, a filter they cannot decide.
     pub(crate) fn groups_where(&self, answer: &mut Answer, filter: &RowFilter) -> Option<()> {
+        if self.store.partial() {
+            // Other nodes hold some shards' buffered rows: the plan reads them.
+            return None;
+        }
         let (lo, hi, keys) = self.time_bounds(filter)?;
         // What to read, taken under the lock; the grouping (which may take a while) after
         // it, so that rows being applied do not wait for it.
@@ -384,6 +411,9 @@ impl SluiceTable {
         columns: &[usize],
         filter: &RowFilter,
     ) -> Option<(u64, Vec<ColumnSynopsis>)> {
+        if self.store.partial() {
+            return None;
+        }
         let (lo, hi, keys) = self.time_bounds(filter)?;
         let parts = self.state.parts.read();
         let mut rows = 0;
@@ -488,15 +518,48 @@ impl TableProvider for SluiceTable {
             lanes,
         });
         let metrics = ExecutionPlanMetricsSet::new();
+        // The rows other nodes hold are read when the scan runs (`EXPLAIN` then shows no
+        // input).
+        let planned = match self.store.partial() {
+            true => None,
+            false => Some(scan.input(&ScanMetrics::new(&metrics), &Remote::default())?),
+        };
         Ok(Arc::new(ScanExec {
-            planned: Some(scan.input(&ScanMetrics::new(&metrics))?),
+            planned,
             scan,
             shown,
             of,
             properties: Arc::new(properties),
-            input: Mutex::new(None),
+            input: Default::default(),
             metrics,
         }))
+    }
+}
+
+/// The partition keys a table reference admits: its filters' and its `WHERE PARTS` list's.
+struct Admitted<'f> {
+    filter: &'f KeyFilter,
+    selector: Option<crate::query::parts::PartsSelector>,
+}
+
+impl Admitted<'_> {
+    /// The lowest and highest key admitted (`lo > hi`: none; contradictory bounds, or no
+    /// partition named).
+    fn bounds(&self) -> (u64, u64) {
+        let (mut lo, mut hi) = (self.filter.lo, self.filter.hi);
+        if let Some(s) = &self.selector {
+            let (a, b) = s.bounds();
+            lo = lo.max(a);
+            hi = hi.min(b);
+        }
+        (lo, hi)
+    }
+
+    fn admits(&self, k: u64) -> bool {
+        let (lo, hi) = self.bounds();
+        (lo..=hi).contains(&k)
+            && self.filter.admits(k)
+            && self.selector.as_ref().is_none_or(|s| s.admits(k))
     }
 }
 

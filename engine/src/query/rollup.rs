@@ -7,6 +7,7 @@
 //! files pruned).
 
 use crate::query::provider::{SluiceTable, key_filter, row_filter};
+use crate::store::remote::Remote;
 use crate::store::rollup::{AggFn, COUNT_SUFFIX, Fold, RollupDef, SUM_SUFFIX};
 use crate::store::state::TableState;
 use async_trait::async_trait;
@@ -193,29 +194,43 @@ impl ExecutionPlan for PartialsExec {
                 "RollupPartials has one partition, not {partition}"
             )));
         }
-        // The source's rows in memory and the rollup's files, as of one moment.
-        let (set, live) = {
-            let parts = self.source.parts.read();
-            let schema = self.source.schema();
-            let live: Vec<RecordBatch> = (parts.values())
-                .flat_map(|p| p.unflushed_batches(&schema))
-                .collect();
-            (self.table.scan_set(&self.keys, &self.rows, None)?, live)
-        };
-        // The unflushed rows are folded when the stream is first polled, off the runtime's
-        // threads (a large buffer takes a while).
-        let (def, source, rdef) = (self.def.clone(), self.source.def(), self.table.def());
-        let projection = self.projection.clone();
-        let project = move |b: RecordBatch| -> DfResult<RecordBatch> {
-            match &projection {
-                Some(p) => Ok(b.project(p)?),
-                None => Ok(b),
-            }
-        };
-        let stored = set.batches;
-        let folded = async move {
+        let (table, source) = (self.table.clone(), self.source.clone());
+        let (keys, rows) = (self.keys.clone(), self.rows.clone());
+        let (def, rdef) = (self.def.clone(), self.table.def());
+        let (projection, predicate) = (self.projection.clone(), self.predicate.clone());
+        let external = |e: crate::error::Error| DataFusionError::External(Box::new(e));
+        let run = async move {
+            // The source's buffered rows other nodes hold (every partition: a bucket's
+            // partition is not its rows').
+            let reader = table.store().reader();
+            let remote = Remote::read(reader, source.def().id, (0, u64::MAX, None), None)
+                .await
+                .map_err(external)?;
+            // The source's rows in memory and the rollup's files, as of one moment.
+            let (set, live) = {
+                let parts = source.parts.read();
+                let schema = source.schema();
+                let held = |s: u32| remote.holds(s);
+                let mut live: Vec<RecordBatch> = (parts.values())
+                    .flat_map(|p| p.unflushed_chunks_of(&schema, &held))
+                    .map(|c| c.batch)
+                    .collect();
+                let fetched = remote.rows_of(&parts, |_| true, &schema, None);
+                live.extend(fetched.map_err(external)?);
+                let set = table.scan_set(&keys, &rows, None, &Remote::default())?;
+                (set, live)
+            };
+            let project = |b: RecordBatch| -> DfResult<RecordBatch> {
+                match &projection {
+                    Some(p) => Ok(b.project(p)?),
+                    None => Ok(b),
+                }
+            };
+            // The unflushed rows are folded off the runtime's threads (a large buffer
+            // takes a while).
+            let source_def = source.def();
             let fold = move || -> crate::error::Result<Vec<RecordBatch>> {
-                let mut fold = Fold::new(&def, &source)?;
+                let mut fold = Fold::new(&def, &source_def)?;
                 for b in &live {
                     fold.raw(b)?;
                 }
@@ -224,26 +239,23 @@ impl ExecutionPlan for PartialsExec {
             let joined = tokio::task::spawn_blocking(fold).await;
             let folded = joined
                 .map_err(|e| DataFusionError::External(Box::new(e)))?
-                .map_err(|e| DataFusionError::External(Box::new(e)))?;
-            let all = folded.into_iter().chain(stored).map(project);
-            Ok::<_, DataFusionError>(futures::stream::iter(all))
-        };
-        let memory = futures::stream::once(folded).try_flatten();
-        let files = match set.files.is_empty() {
-            true => None,
-            false => {
-                let plan = self.table.parquet(
-                    set.files,
-                    self.predicate.clone(),
-                    self.projection.clone(),
-                    None,
-                    1,
-                )?;
-                Some(plan.execute(0, context)?)
-            }
+                .map_err(external)?;
+            let memory = (folded.into_iter().chain(set.batches))
+                .map(project)
+                .collect::<Vec<_>>();
+            let files = match set.files.is_empty() {
+                true => None,
+                false => {
+                    let plan = table.parquet(set.files, predicate, projection.clone(), None, 1)?;
+                    Some(plan.execute(0, context)?)
+                }
+            };
+            let stream =
+                futures::stream::iter(memory).chain(futures::stream::iter(files).flatten());
+            Ok::<_, DataFusionError>(stream)
         };
         let schema = self.properties.eq_properties.schema().clone();
-        let stream = memory.chain(futures::stream::iter(files).flatten());
+        let stream = futures::stream::once(run).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
 }

@@ -255,6 +255,13 @@ impl PartitionBuffer {
         bytes
     }
 
+    /// Where each LSN's rows start, `(lsn, rows before it)`, in order: empty for a buffer
+    /// made without marks.
+    pub fn lsn_starts(&self) -> Vec<(u64, u64)> {
+        let marks = self.marks.iter().flatten();
+        marks.map(|(lsn, at, _)| (*lsn, *at as u64)).collect()
+    }
+
     /// Widens the buffer after `ALTER TABLE ... ADD COLUMN`: new columns are NULL for the
     /// rows already held.
     pub fn widen(&mut self, schema: SchemaRef, types: &[ColumnType]) {

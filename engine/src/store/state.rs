@@ -96,11 +96,21 @@ impl Partition {
     /// The same rows as [`Partition::unflushed_batches`], as chunks (for a scan, which can
     /// use the sealed chunks' indexes).
     pub fn unflushed_chunks(&self, schema: &SchemaRef) -> Vec<Chunk> {
+        self.unflushed_chunks_of(schema, &|_| true)
+    }
+
+    /// The same, with only the rows of the shards `holds` takes (a cluster node's rows of
+    /// a shard whose replica it closed, or whose replica is catching up, do not count).
+    pub fn unflushed_chunks_of(
+        &self,
+        schema: &SchemaRef,
+        holds: &dyn Fn(u32) -> bool,
+    ) -> Vec<Chunk> {
         let frozen = self.frozen.iter().flat_map(|f| f.chunks.iter());
         let widened = frozen.map(|c| c.with_batch(crate::store::buffer::widen(&c.batch, schema)));
         let mut out: Vec<Chunk> = widened.collect();
         out.extend(self.buffer.chunks(schema));
-        for s in self.shards.values() {
+        for (_, s) in self.shards.iter().filter(|(s, _)| holds(**s)) {
             out.extend(s.buffer.chunks(schema));
         }
         out

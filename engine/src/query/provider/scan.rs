@@ -1,6 +1,7 @@
 //! Scanning a table: the partitions and files a query needs ([`Scan`]), read as one DataFusion plan node ([`ScanExec`]) over buffers and Parquet.
 
 use super::*;
+use futures::TryStreamExt;
 
 /// What a scan reads, decided when it is planned; the rows are taken when it runs.
 #[derive(Debug)]
@@ -22,9 +23,13 @@ impl Scan {
     /// The plan reading what the table holds now: its Parquet files and its in-memory rows
     /// (hot files and buffers, narrowed by the chunk indexes). Each output partition of the
     /// scan is one or more of this plan's partitions.
-    pub(super) fn input(&self, metrics: &ScanMetrics) -> DfResult<Arc<dyn ExecutionPlan>> {
+    pub(super) fn input(
+        &self,
+        metrics: &ScanMetrics,
+        remote: &Remote,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let t = &self.table;
-        let set = t.scan_set(&self.keys, &self.rows, self.projection.as_deref())?;
+        let set = t.scan_set(&self.keys, &self.rows, self.projection.as_deref(), remote)?;
         for (path, bytes) in &set.files {
             t.warm(path, *bytes);
         }
@@ -50,6 +55,23 @@ impl Scan {
             inputs.push(MemorySourceConfig::try_new_exec(&parts, schema, None)?);
         }
         UnionExec::try_new(inputs)
+    }
+}
+
+impl Scan {
+    /// The buffered rows of the shards this node holds no replica of, from their replicas
+    /// (nothing when it holds them all).
+    pub(super) async fn remote(&self) -> DfResult<Remote> {
+        let k = &self.keys;
+        let keys = (
+            k.lo,
+            k.hi,
+            k.only.as_ref().map(|o| o.iter().copied().collect()),
+        );
+        let t = &self.table;
+        Remote::read(t.store.reader(), t.def.id, keys, self.projection.clone())
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))
     }
 }
 
@@ -153,8 +175,9 @@ pub(crate) struct ScanExec {
     pub(super) properties: Arc<PlanProperties>,
     /// The input made when planned, for the first run.
     pub(super) planned: Option<Arc<dyn ExecutionPlan>>,
-    /// A later run's input, made by the first partition executed.
-    pub(super) input: Mutex<Option<Arc<dyn ExecutionPlan>>>,
+    /// A later run's input (or the first's, when other nodes hold some of its rows), made
+    /// by the first partition executed.
+    pub(super) input: Arc<tokio::sync::OnceCell<Arc<dyn ExecutionPlan>>>,
     pub(super) metrics: ExecutionPlanMetricsSet,
 }
 
@@ -218,7 +241,7 @@ impl ExecutionPlan for ScanExec {
             of: self.of,
             properties: self.properties.clone(),
             planned: children.pop(),
-            input: Mutex::new(None),
+            input: Default::default(),
             metrics: self.metrics.clone(),
         }))
     }
@@ -230,7 +253,7 @@ impl ExecutionPlan for ScanExec {
             of: self.of,
             properties: self.properties.clone(),
             planned: None,
-            input: Mutex::new(None),
+            input: Default::default(),
             metrics: ExecutionPlanMetricsSet::new(),
         }))
     }
@@ -244,27 +267,36 @@ impl ExecutionPlan for ScanExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let input = {
-            let mut input = self.input.lock();
-            match self.planned.as_ref().or(input.as_ref()) {
-                Some(i) => i.clone(),
-                None => {
-                    let made = self.scan.input(&ScanMetrics::new(&self.metrics))?;
-                    *input = Some(made.clone());
-                    made
-                }
-            }
-        };
-        let n = input.properties().partitioning.partition_count();
-        let lanes = self.scan.lanes;
-        let streams = (partition..n)
-            .step_by(lanes)
-            .map(|j| input.execute(j, context.clone()))
-            .collect::<DfResult<Vec<_>>>()?;
         let schema = self.properties.eq_properties.schema().clone();
+        let lanes = self.scan.lanes;
+        let streams = move |input: &Arc<dyn ExecutionPlan>| {
+            let n = input.properties().partitioning.partition_count();
+            (partition..n)
+                .step_by(lanes)
+                .map(|j| input.execute(j, context.clone()))
+                .collect::<DfResult<Vec<_>>>()
+        };
+        if let Some(input) = &self.planned {
+            let streams = streams(input)?;
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                futures::stream::iter(streams).flatten(),
+            )));
+        }
+        // One snapshot per run, taken by the partition that runs first, once the rows other
+        // nodes hold are read.
+        let (scan, cell, metrics) = (self.scan.clone(), self.input.clone(), self.metrics.clone());
+        let run = async move {
+            let made = cell.get_or_try_init(|| async {
+                let remote = scan.remote().await?;
+                scan.input(&ScanMetrics::new(&metrics), &remote)
+            });
+            let streams = streams(made.await?)?;
+            Ok::<_, DataFusionError>(futures::stream::iter(streams).flatten())
+        };
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             schema,
-            futures::stream::iter(streams).flatten(),
+            futures::stream::once(run).try_flatten(),
         )))
     }
 }

@@ -1,0 +1,129 @@
+//! Queries on a node that holds replicas of only some shards (placement is the truth: a
+//! node keeps the shards placed on it, nothing else). The engine asks [`Cluster`], as its
+//! [`ShardReader`], which shards it does not hold and reads their buffered rows from one of
+//! their replicas ([`SHARD_ROWS`]); files are on the shared store, read by every node.
+//!
+//! A shard counts as held once this node is one of its replicas and a read barrier on it
+//! succeeded (the replica caught up); it stops counting before the replica is closed.
+
+use crate::cluster::{Cluster, replication};
+use crate::raft::net::{Frame, SHARD_ROWS};
+use crate::raft::types::GroupId;
+use async_trait::async_trait;
+use bytes::Bytes;
+use openraft::async_runtime::WatchReceiver;
+use sluice_engine::{RowsAnswer, RowsRequest, ShardReader};
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+/// How long this node waits for its metadata group to install the file changes a replica's
+/// rows were cut by.
+const MANIFEST_WAIT: Duration = Duration::from_secs(10);
+
+impl Cluster {
+    /// Whether this node is one of `shard`'s replicas (a voter, or a learner catching up).
+    pub(crate) fn replica_here(&self, shard: u32) -> bool {
+        let me = self.node.id();
+        (self.node.group(GroupId::Shard(shard))).is_some_and(|r| {
+            let m = r.metrics().borrow_watched().membership_config.clone();
+            m.membership().nodes().any(|(id, _)| *id == me)
+        })
+    }
+
+    /// A read barrier on these shards succeeded: their rows here are the shards' rows. A
+    /// shard newly held makes the engine's last-value caches start over (they saw only the
+    /// rows of the shards held before).
+    pub(crate) fn caught_up(&self, shards: &[u32]) {
+        let mut ready = self.ready.lock();
+        let before = ready.len();
+        ready.extend(shards);
+        let gained = ready.len() > before;
+        drop(ready);
+        if gained && let Some(engine) = self.engine.upgrade() {
+            engine.shards_changed();
+        }
+    }
+
+    /// This node's replica of `shard` is about to close: its rows stop counting.
+    pub(crate) fn released(&self, shard: u32) {
+        self.ready.lock().remove(&shard);
+    }
+
+    /// Answers a [`SHARD_ROWS`] request from another node: once this replica of the shard
+    /// has applied everything its group had committed, the rows asked for.
+    pub(crate) async fn serve_rows(&self, body: Bytes) -> Result<Vec<u8>, String> {
+        let request: RowsRequest = crate::from_cbor(&body).map_err(|e| e.to_string())?;
+        let group = GroupId::Shard(request.shard);
+        (self.node.read_barrier(group).await).map_err(|e| e.to_string())?;
+        let engine = self.engine.upgrade().ok_or("the node is stopping")?;
+        let answer = tokio::task::spawn_blocking(move || engine.shard_rows(&request));
+        match answer.await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Waits until the metadata group has installed its entry `index` here.
+    async fn installed(&self, index: u64) -> sluice_engine::Result<()> {
+        let started = Instant::now();
+        loop {
+            let engine = self
+                .engine
+                .upgrade()
+                .ok_or_else(|| replication("stopping"))?;
+            if engine.manifest_index() >= index {
+                return Ok(());
+            }
+            if started.elapsed() > MANIFEST_WAIT {
+                return Err(replication(format!(
+                    "the metadata group's entry {index} was not installed here after {} s",
+                    MANIFEST_WAIT.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl ShardReader for Cluster {
+    fn remote_shards(&self) -> BTreeSet<u32> {
+        let ready = self.ready.lock().clone();
+        (0..self.shards)
+            .filter(|s| !(ready.contains(s) && self.replica_here(*s)))
+            .collect()
+    }
+
+    async fn read(&self, request: RowsRequest) -> sluice_engine::Result<RowsAnswer> {
+        let shard = request.shard;
+        let t = self.topology();
+        let me = self.node.id();
+        // The leader it prefers first (it leads unless it failed), then the others.
+        let preferred = t
+            .placement
+            .get(shard as usize)
+            .map(|p| self.preferred_leader(p));
+        let mut holders: Vec<u64> = t.holders(shard).into_iter().filter(|n| *n != me).collect();
+        holders.sort_by_key(|n| Some(*n) != preferred);
+        let mut failures = Vec::new();
+        for node in holders {
+            let frame = Frame::cbor(SHARD_ROWS, &request, 64).map_err(replication)?;
+            let timeout = crate::WRITE_DEADLINE + Duration::from_secs(5);
+            match self.node.call(node, frame, timeout).await {
+                Ok(bytes) => {
+                    let answer = RowsAnswer::decode(&bytes)?;
+                    self.installed(answer.manifest_index).await?;
+                    return Ok(answer);
+                }
+                Err(e) => failures.push(format!("node {node}: {e}")),
+            }
+        }
+        if failures.is_empty() {
+            failures.push("it has no replica on another node".into());
+        }
+        Err(replication(format!(
+            "shard {shard}'s unflushed rows could not be read: {}",
+            failures.join("; ")
+        )))
+    }
+}

@@ -1,0 +1,350 @@
+//! Rows of the shards a cluster node holds no replica of. Each node keeps replicas only of
+//! the shards placed on it; the other shards' rows not yet in files live only on their
+//! replicas. A query reads those from one replica of each ([`ShardReader`], the cluster's
+//! side of the seam): the replica answers the shard's buffered rows of the partitions asked,
+//! with where each log index's rows start ([`RowsAnswer`]), and this node keeps the rows
+//! that its own manifest does not have in files ([`Remote::rows_of`]).
+//!
+//! Why that is exact: the replica takes its rows after applying every write acknowledged
+//! before the request (its read barrier), then reads its manifest index. The reader waits
+//! until its own metadata group has installed at least that index, and only then takes its
+//! snapshot of files. Every file change the replica's rows were cut by is then installed
+//! here too, so this node's `flushed` index of each (partition, shard) is at least the
+//! replica's: the rows after it are in the answer, and the rows up to it are in the files
+//! this node reads.
+
+use crate::error::{Error, Result};
+use crate::store::state::{Partition, TableState};
+use async_trait::async_trait;
+use datafusion::arrow::array::{ArrayRef, RecordBatch, new_null_array};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::ipc::reader::StreamReader;
+use datafusion::arrow::ipc::writer::StreamWriter;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// What a query asks one replica of a shard for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RowsRequest {
+    /// The table.
+    pub table_id: u64,
+    /// The shard.
+    pub shard: u32,
+    /// Partition keys from `lo` to `hi` (inclusive) ...
+    pub lo: u64,
+    pub hi: u64,
+    /// ... and only these, when set.
+    pub only: Option<Vec<u64>>,
+    /// Column positions wanted (`None`: every column). Columns are only ever added at the
+    /// end, so a position names the same column on every node that has it.
+    pub columns: Option<Vec<usize>>,
+}
+
+impl RowsRequest {
+    fn admits(&self, key: u64) -> bool {
+        (self.lo..=self.hi).contains(&key) && self.only.as_ref().is_none_or(|o| o.contains(&key))
+    }
+}
+
+/// One partition's buffered rows of a shard, as a replica holds them.
+#[derive(Debug, Clone)]
+pub struct RemotePart {
+    /// The shard.
+    pub shard: u32,
+    /// The partition key.
+    pub partition: u64,
+    /// Where each log index's rows start, `(index, rows before it)`, in order.
+    pub starts: Vec<(u64, u64)>,
+    /// Column positions of the batches (those asked that the replica's table has: a
+    /// replica that has not applied an `ADD COLUMN` yet lacks it).
+    pub columns: Vec<usize>,
+    /// The rows, in log order.
+    pub batches: Vec<RecordBatch>,
+}
+
+/// A replica's answer: the rows, and the metadata group's index it had installed when it
+/// took them.
+#[derive(Debug, Clone, Default)]
+pub struct RowsAnswer {
+    pub manifest_index: u64,
+    /// Column positions of the batches (those asked that the replica's table has).
+    pub columns: Vec<usize>,
+    pub parts: Vec<RemotePart>,
+}
+
+/// The cluster's side: which shards this node holds no replica of, and reading theirs.
+#[async_trait]
+pub trait ShardReader: Send + Sync + 'static {
+    /// The shards whose rows this node does not hold now (it is not one of their replicas,
+    /// or its replica has not caught up yet). Empty when it holds them all.
+    fn remote_shards(&self) -> BTreeSet<u32>;
+
+    /// `request`'s rows from a replica of its shard (the leader first, then the others),
+    /// taken after that replica applied every write acknowledged before this call. Returns
+    /// once this node's metadata group has installed the answer's `manifest_index`. An
+    /// error names the shard and why no replica answered.
+    async fn read(&self, request: RowsRequest) -> Result<RowsAnswer>;
+}
+
+impl std::fmt::Debug for dyn ShardReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShardReader")
+    }
+}
+
+/// The rows of a table this node does not hold, read for one query.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Remote {
+    /// Shards whose local rows (left from a replica that was closed, or one catching up)
+    /// do not count.
+    pub shards: BTreeSet<u32>,
+    pub parts: Vec<RemotePart>,
+}
+
+impl Remote {
+    /// Whether this node's rows of `shard` are the shard's rows.
+    pub(crate) fn holds(&self, shard: u32) -> bool {
+        !self.shards.contains(&shard)
+    }
+
+    /// Reads, for one query, the buffered rows of table `table_id` in the partitions
+    /// `lo..=hi` (`only`) of every shard this node does not hold, with the columns
+    /// `columns` (`None`: all). Nothing on a single node or one holding every shard.
+    pub(crate) async fn read(
+        reader: Option<&Arc<dyn ShardReader>>,
+        table_id: u64,
+        (lo, hi, only): (u64, u64, Option<Vec<u64>>),
+        columns: Option<Vec<usize>>,
+    ) -> Result<Self> {
+        let Some(reader) = reader else {
+            return Ok(Self::default());
+        };
+        let shards = reader.remote_shards();
+        if shards.is_empty() {
+            return Ok(Self::default());
+        }
+        let reads = shards.iter().map(|&shard| {
+            reader.read(RowsRequest {
+                table_id,
+                shard,
+                lo,
+                hi,
+                only: only.clone(),
+                columns: columns.clone(),
+            })
+        });
+        let answers = futures::future::try_join_all(reads).await?;
+        let mut out = Self {
+            shards,
+            ..Self::default()
+        };
+        for a in answers {
+            out.parts
+                .extend(a.parts.into_iter().filter(|p| !p.batches.is_empty()));
+        }
+        Ok(out)
+    }
+
+    /// The partition keys the remote rows fall in.
+    pub(crate) fn keys(&self) -> BTreeSet<u64> {
+        self.parts.iter().map(|p| p.partition).collect()
+    }
+
+    /// The remote rows of the partitions `admits` takes that this node's manifest does not
+    /// have in files (`parts`: the table's partitions, under their lock), fitted to
+    /// `schema` (the table's, projected by `projection`).
+    pub(crate) fn rows_of(
+        &self,
+        parts: &BTreeMap<u64, Partition>,
+        admits: impl Fn(u64) -> bool,
+        schema: &SchemaRef,
+        projection: Option<&[usize]>,
+    ) -> Result<Vec<RecordBatch>> {
+        let mut out = Vec::new();
+        for p in self.parts.iter().filter(|p| admits(p.partition)) {
+            let flushed = (parts.get(&p.partition))
+                .and_then(|l| l.shards.get(&p.shard))
+                .map_or(0, |s| s.flushed);
+            let total: u64 = p.batches.iter().map(|b| b.num_rows() as u64).sum();
+            let first = p.starts.iter().find(|(lsn, _)| *lsn > flushed);
+            let mut skip = first.map_or(total, |(_, at)| *at) as usize;
+            for b in &p.batches {
+                let n = b.num_rows();
+                if skip >= n {
+                    skip -= n;
+                    continue;
+                }
+                let kept = b.slice(skip, n - skip);
+                skip = 0;
+                out.push(fit(&kept, &p.columns, schema, projection)?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `batch` (whose columns are the table's at positions `columns`) as a batch of `schema`
+/// (the table's columns `projection`): columns the replica lacked are NULL.
+fn fit(
+    batch: &RecordBatch,
+    columns: &[usize],
+    schema: &SchemaRef,
+    projection: Option<&[usize]>,
+) -> Result<RecordBatch> {
+    let wanted: Vec<usize> = match projection {
+        Some(p) => p.to_vec(),
+        None => (0..schema.fields().len()).collect(),
+    };
+    let arrays: Vec<ArrayRef> = (wanted.iter().zip(schema.fields()))
+        .map(|(c, f)| match columns.iter().position(|x| x == c) {
+            Some(i) if batch.column(i).data_type() == f.data_type() => batch.column(i).clone(),
+            _ => new_null_array(f.data_type(), batch.num_rows()),
+        })
+        .collect();
+    let options =
+        datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        schema.clone(),
+        arrays,
+        &options,
+    )?)
+}
+
+/// Answers `request` from this node's replica of the shard (the caller ran its read
+/// barrier): its buffered rows of the partitions asked, with `manifest_index` read after
+/// them.
+pub(crate) fn serve(
+    table: &TableState,
+    request: &RowsRequest,
+    manifest_index: impl Fn() -> u64,
+) -> Result<RowsAnswer> {
+    let schema = table.schema();
+    let width = schema.fields().len();
+    let columns: Vec<usize> = match &request.columns {
+        Some(c) => c.iter().copied().filter(|c| *c < width).collect(),
+        None => (0..width).collect(),
+    };
+    let mut parts = Vec::new();
+    {
+        let held = table.parts.read();
+        for (key, p) in held.range(request.lo..=request.hi) {
+            if !request.admits(*key) {
+                continue;
+            }
+            let Some(s) = p.shards.get(&request.shard) else {
+                continue;
+            };
+            if s.buffer.is_empty() {
+                continue;
+            }
+            let batches = (s.buffer.chunks(&schema).into_iter())
+                .map(|c| c.batch.project(&columns))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            parts.push(RemotePart {
+                shard: request.shard,
+                partition: *key,
+                starts: s.buffer.lsn_starts(),
+                columns: columns.clone(),
+                batches,
+            });
+        }
+    }
+    Ok(RowsAnswer {
+        manifest_index: manifest_index(),
+        columns,
+        parts,
+    })
+}
+
+impl RowsAnswer {
+    /// The answer as bytes: a header (manifest index, columns, each part's shard,
+    /// partition, batch count and starts), then every batch as one Arrow IPC stream.
+    pub fn encode(&self, schema: &SchemaRef) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        let put = |out: &mut Vec<u8>, v: u64| out.extend_from_slice(&v.to_le_bytes());
+        put(&mut out, self.manifest_index);
+        put(&mut out, self.columns.len() as u64);
+        for c in &self.columns {
+            put(&mut out, *c as u64);
+        }
+        put(&mut out, self.parts.len() as u64);
+        for p in &self.parts {
+            put(&mut out, u64::from(p.shard));
+            put(&mut out, p.partition);
+            put(&mut out, p.batches.len() as u64);
+            put(&mut out, p.starts.len() as u64);
+            for (lsn, at) in &p.starts {
+                put(&mut out, *lsn);
+                put(&mut out, *at);
+            }
+        }
+        let schema = match self.parts.iter().flat_map(|p| &p.batches).next() {
+            Some(b) => b.schema(),
+            None => schema.clone(),
+        };
+        let mut writer = StreamWriter::try_new(&mut out, &schema)?;
+        for b in self.parts.iter().flat_map(|p| &p.batches) {
+            writer.write(b)?;
+        }
+        writer.finish()?;
+        drop(writer);
+        Ok(out)
+    }
+
+    /// The answer [`RowsAnswer::encode`] wrote.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let bad = || Error::Replication {
+            reason: "a replica's rows came back damaged".into(),
+        };
+        let mut at = 0usize;
+        let mut get = || -> Result<u64> {
+            let b = bytes.get(at..at + 8).ok_or_else(bad)?;
+            at += 8;
+            Ok(u64::from_le_bytes(b.try_into().map_err(|_| bad())?))
+        };
+        let manifest_index = get()?;
+        let n = get()?;
+        let columns = (0..n)
+            .map(|_| get().map(|c| c as usize))
+            .collect::<Result<Vec<_>>>()?;
+        let n = get()?;
+        let mut heads = Vec::new();
+        for _ in 0..n {
+            let shard = u32::try_from(get()?).map_err(|_| bad())?;
+            let partition = get()?;
+            let batches = get()? as usize;
+            let starts = get()?;
+            let starts = (0..starts)
+                .map(|_| Ok((get()?, get()?)))
+                .collect::<Result<Vec<_>>>()?;
+            heads.push((shard, partition, batches, starts));
+        }
+        let reader = StreamReader::try_new(std::io::Cursor::new(&bytes[at..]), None)?;
+        let mut batches = reader
+            .collect::<std::result::Result<Vec<_>, _>>()?
+            .into_iter();
+        let mut parts = Vec::new();
+        for (shard, partition, n, starts) in heads {
+            let taken: Vec<RecordBatch> = batches.by_ref().take(n).collect();
+            if taken.len() != n {
+                return Err(bad());
+            }
+            parts.push(RemotePart {
+                shard,
+                partition,
+                starts,
+                columns: columns.clone(),
+                batches: taken,
+            });
+        }
+        Ok(Self {
+            manifest_index,
+            columns,
+            parts,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
