@@ -57,6 +57,8 @@ pub struct Engine {
     pub(crate) access: crate::access::Access,
     /// Buffers written to Parquet since start.
     pub(crate) flushes: std::sync::atomic::AtomicU64,
+    /// Rows applied from the shard logs this node replicates (a cluster node).
+    pub(crate) shard_rows_applied: std::sync::atomic::AtomicU64,
     /// Where the manifest is kept: the file store itself on a single node; the node's own
     /// data directory in a cluster (the files are on the shared store, each node's copy of
     /// the manifest is its own).
@@ -216,6 +218,7 @@ impl Engine {
             origins: sink.origins.clone(),
             extra_system: Default::default(),
             reader: Default::default(),
+            remote_rows: Default::default(),
         });
         let alerts = Arc::new(Alerts::open(&dir));
         alerts.sync(cat.alerts.values());
@@ -249,6 +252,7 @@ impl Engine {
             orphans: Default::default(),
             alerts,
             flushes: Default::default(),
+            shard_rows_applied: Default::default(),
             manifests,
             manifest_index: manifest_index.into(),
             journal_replay: parking_lot::Mutex::new(journal),

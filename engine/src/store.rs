@@ -39,6 +39,8 @@ pub(crate) struct Store {
         parking_lot::RwLock<std::collections::HashMap<String, crate::ports::SystemRows>>,
     /// On a cluster node: the shards it holds no replica of, and reading their rows.
     pub(crate) reader: std::sync::OnceLock<Arc<dyn remote::ShardReader>>,
+    /// Rows queries read from other nodes' replicas.
+    pub(crate) remote_rows: std::sync::atomic::AtomicU64,
 }
 
 impl Store {

@@ -137,7 +137,8 @@ fn main() -> Result<()> {
         (
             format!(
                 "{}-node cluster, replication factor {}",
-                args.cluster, args.cluster
+                args.cluster,
+                args.cluster.min(3)
             ),
             "single node",
         )
@@ -285,6 +286,7 @@ async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<(Vec<Figures
     nodes[0].sql(&create_table(&args.payload)).await?;
     let addrs: Vec<String> = nodes.iter().map(|n| n.mqtt.clone()).collect();
     let pids: Vec<u32> = nodes.iter().map(Sluice::pid).collect();
+    let cpu0 = (pids.iter().map(|p| sluice_bench::cpu_secs(*p))).collect::<Result<Vec<_>>>()?;
     let mut figures = Vec::new();
     for (w, args) in windows(args).enumerate() {
         figures.push(load_spread(&addrs, &pids, &args).await?);
@@ -303,6 +305,8 @@ async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<(Vec<Figures
             }
         }
     }
+    let stored = stored_after(args, windows(args).count() - 1) as u64;
+    per_node(&nodes, &pids, &cpu0, stored).await?;
     let (stall, total) = failover(&nodes).await?;
     eprintln!(
         "failover: node 1 killed; longest PUBACK wait after it {:.0} ms, {FAILOVER_MESSAGES} \
@@ -311,6 +315,31 @@ async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<(Vec<Figures
         total.as_secs_f64() * 1000.0
     );
     Ok((figures, stall))
+}
+
+/// Prints each node's share of the work of the loads: rows it applied from the shard logs
+/// it replicates (each node keeps only the shards placed on it), its CPU, resident memory,
+/// and the rows its SQL read from other nodes' replicas for the checks.
+async fn per_node(nodes: &[Sluice], pids: &[u32], cpu0: &[f64], stored: u64) -> Result<()> {
+    for (i, (n, pid)) in nodes.iter().zip(pids).enumerate() {
+        let applied = n.metric("sluice_shard_rows_applied_total").await?;
+        let remote = n.metric("sluice_remote_rows_read_total").await?;
+        let cpu = sluice_bench::cpu_secs(*pid)? - cpu0[i];
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let rss = (status.lines())
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        eprintln!(
+            "node {}: applied {applied:.0} rows ({:.2} per stored row), CPU {cpu:.2} s \
+             ({:.1} µs per stored row), RSS {:.0} MiB, {remote:.0} rows read from other nodes",
+            i + 1,
+            applied / stored as f64,
+            cpu * 1e6 / stored as f64,
+            rss / 1024.0
+        );
+    }
+    Ok(())
 }
 
 /// Messages published one at a time through node 2 after node 1 is killed.

@@ -92,7 +92,20 @@ impl QueryPort for Engine {
         self.wal.render_metrics(&mut out);
         self.access.render_metrics(&mut out);
         let h = QueryPort::health(self);
-        let figures: [(&str, &str, &str, u64); 6] = [
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let figures: [(&str, &str, &str, u64); 8] = [
+            (
+                "sluice_shard_rows_applied_total",
+                "counter",
+                "Rows applied from the shard logs this cluster node replicates.",
+                load(&self.shard_rows_applied),
+            ),
+            (
+                "sluice_remote_rows_read_total",
+                "counter",
+                "Unflushed rows queries read from replicas on other nodes (shards not held here).",
+                load(&self.store.remote_rows),
+            ),
             (
                 "sluice_flushes_total",
                 "counter",

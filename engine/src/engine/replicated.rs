@@ -223,6 +223,7 @@ impl Engine {
         }
         self.store.tables.apply_shard(shard, index, &records);
         let rows = records.iter().map(|r| r.rows.len() as u64).sum();
+        self.shard_rows_applied.fetch_add(rows, Ordering::Relaxed);
         (rows, error)
     }
 

@@ -202,8 +202,8 @@ impl ExecutionPlan for PartialsExec {
         let run = async move {
             // The source's buffered rows other nodes hold (every partition: a bucket's
             // partition is not its rows').
-            let reader = table.store().reader();
-            let remote = Remote::read(reader, source.def().id, (0, u64::MAX, None), None)
+            let store = table.store();
+            let remote = Remote::read(store, source.def().id, (0, u64::MAX, None), None)
                 .await
                 .map_err(external)?;
             // The source's rows in memory and the rollup's files, as of one moment.

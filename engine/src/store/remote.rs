@@ -22,7 +22,6 @@ use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::StreamWriter;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 /// What a query asks one replica of a shard for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,12 +111,12 @@ impl Remote {
     /// `lo..=hi` (`only`) of every shard this node does not hold, with the columns
     /// `columns` (`None`: all). Nothing on a single node or one holding every shard.
     pub(crate) async fn read(
-        reader: Option<&Arc<dyn ShardReader>>,
+        store: &crate::store::Store,
         table_id: u64,
         (lo, hi, only): (u64, u64, Option<Vec<u64>>),
         columns: Option<Vec<usize>>,
     ) -> Result<Self> {
-        let Some(reader) = reader else {
+        let Some(reader) = store.reader() else {
             return Ok(Self::default());
         };
         let shards = reader.remote_shards();
@@ -143,6 +142,12 @@ impl Remote {
             out.parts
                 .extend(a.parts.into_iter().filter(|p| !p.batches.is_empty()));
         }
+        let rows = out
+            .parts
+            .iter()
+            .flat_map(|p| &p.batches)
+            .map(|b| b.num_rows() as u64);
+        (store.remote_rows).fetch_add(rows.sum(), std::sync::atomic::Ordering::Relaxed);
         Ok(out)
     }
 

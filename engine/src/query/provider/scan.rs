@@ -69,7 +69,7 @@ impl Scan {
             k.only.as_ref().map(|o| o.iter().copied().collect()),
         );
         let t = &self.table;
-        Remote::read(t.store.reader(), t.def.id, keys, self.projection.clone())
+        Remote::read(&t.store, t.def.id, keys, self.projection.clone())
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))
     }

@@ -4,6 +4,7 @@ use crate::store::state::ShardRows;
 use crate::types::{ColumnType, Value};
 use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use std::sync::Arc;
 
 fn table_schema(width: usize) -> SchemaRef {
     let fields = (0..width).map(|i| Field::new(format!("c{i}"), DataType::Int64, true));
