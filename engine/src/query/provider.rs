@@ -520,15 +520,19 @@ impl TableProvider for SluiceTable {
         let metrics = ExecutionPlanMetricsSet::new();
         // The rows other nodes hold are read when the scan runs (`EXPLAIN` then shows no
         // input).
-        let planned = match self.store.partial() {
-            true => None,
-            false => Some(scan.input(&ScanMetrics::new(&metrics), &Remote::default())?),
+        let elsewhere: Vec<u32> = (self.store.reader())
+            .map(|r| r.remote_shards().into_iter().collect())
+            .unwrap_or_default();
+        let planned = match elsewhere.is_empty() {
+            false => None,
+            true => Some(scan.input(&ScanMetrics::new(&metrics), &Remote::default())?),
         };
         Ok(Arc::new(ScanExec {
             planned,
             scan,
             shown,
             of,
+            elsewhere,
             properties: Arc::new(properties),
             input: Default::default(),
             metrics,

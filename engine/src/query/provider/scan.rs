@@ -34,6 +34,8 @@ impl Scan {
             t.warm(path, *bytes);
         }
         metrics.files.add(set.files.len());
+        let fetched = remote.parts.iter().flat_map(|p| &p.batches);
+        metrics.remote_rows.add(fetched.map(|b| b.num_rows()).sum());
         metrics
             .memory_rows
             .add(set.batches.iter().map(|b| b.num_rows()).sum());
@@ -82,6 +84,8 @@ pub(super) struct ScanMetrics {
     files: Count,
     /// In-memory rows passed on after the chunk indexes narrowed them.
     memory_rows: Count,
+    /// Unflushed rows of shards held elsewhere, as their replicas sent them.
+    remote_rows: Count,
 }
 
 impl ScanMetrics {
@@ -89,6 +93,7 @@ impl ScanMetrics {
         Self {
             files: MetricBuilder::new(set).global_counter("files_read"),
             memory_rows: MetricBuilder::new(set).global_counter("memory_rows"),
+            remote_rows: MetricBuilder::new(set).global_counter("remote_rows"),
         }
     }
 }
@@ -172,6 +177,9 @@ pub(crate) struct ScanExec {
     pub(super) scan: Arc<Scan>,
     pub(super) shown: Vec<u64>,
     pub(super) of: usize,
+    /// The shards this node held no replica of when planned: their unflushed rows are
+    /// read from their replicas when the scan runs.
+    pub(super) elsewhere: Vec<u32>,
     pub(super) properties: Arc<PlanProperties>,
     /// The input made when planned, for the first run.
     pub(super) planned: Option<Arc<dyn ExecutionPlan>>,
@@ -202,7 +210,15 @@ impl DisplayAs for ScanExec {
         if self.shown.len() > SHOWN {
             write!(f, ", ... {} more", self.shown.len() - SHOWN)?;
         }
-        f.write_str("]")
+        f.write_str("]")?;
+        if !self.elsewhere.is_empty() {
+            write!(
+                f,
+                ", unflushed rows of shards {:?} from their replicas",
+                self.elsewhere
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -239,6 +255,7 @@ impl ExecutionPlan for ScanExec {
             scan: self.scan.clone(),
             shown: self.shown.clone(),
             of: self.of,
+            elsewhere: self.elsewhere.clone(),
             properties: self.properties.clone(),
             planned: children.pop(),
             input: Default::default(),
@@ -251,6 +268,7 @@ impl ExecutionPlan for ScanExec {
             scan: self.scan.clone(),
             shown: self.shown.clone(),
             of: self.of,
+            elsewhere: self.elsewhere.clone(),
             properties: self.properties.clone(),
             planned: None,
             input: Default::default(),
