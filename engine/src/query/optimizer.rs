@@ -21,6 +21,7 @@ use crate::query::provider::{SluiceTable, row_filter};
 use crate::query::synopsis::{ColumnSynopsis, Num};
 use crate::store::catalog::TableDef;
 use crate::store::chunk::{RowFilter, comparable};
+use crate::store::remote::Remote;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use datafusion::arrow::array::new_empty_array;
@@ -295,7 +296,12 @@ impl SynopsisNode {
     /// The one-row answer from synopses with the clock at `now`, or `None` when they cannot
     /// give it. A `GROUP BY` may group `budget` rows of sealed chunks from their rows; past
     /// that it gives `None`, and [`Answer::over_budget`] is set in the second value.
-    fn answer(&self, now: DateTime<Utc>, budget: u64) -> (Option<RecordBatch>, bool) {
+    fn answer(
+        &self,
+        now: DateTime<Utc>,
+        budget: u64,
+        remote: &Remote,
+    ) -> (Option<RecordBatch>, bool) {
         let bound;
         let filter = match &self.unbound {
             Some(u) => {
@@ -308,13 +314,13 @@ impl SynopsisNode {
             None => &self.filter,
         };
         if !self.group.is_empty() {
-            return self.grouped(filter, budget);
+            return self.grouped(filter, budget, remote);
         }
-        (self.ungrouped(filter), false)
+        (self.ungrouped(filter, remote), false)
     }
 
-    fn ungrouped(&self, filter: &RowFilter) -> Option<RecordBatch> {
-        let (rows, syn) = self.table.synopsis_where(&self.columns, filter)?;
+    fn ungrouped(&self, filter: &RowFilter, remote: &Remote) -> Option<RecordBatch> {
+        let (rows, syn) = self.table.synopsis_where(&self.columns, filter, remote)?;
         let schema: SchemaRef = self.schema.inner().clone();
         let mut columns = Vec::with_capacity(self.wants.len());
         for (want, field) in self.wants.iter().zip(schema.fields().iter()) {
@@ -325,10 +331,15 @@ impl SynopsisNode {
     }
 
     /// The answer to a `GROUP BY` from group synopses (rows in key order), or `None`.
-    fn grouped(&self, filter: &RowFilter, budget: u64) -> (Option<RecordBatch>, bool) {
+    fn grouped(
+        &self,
+        filter: &RowFilter,
+        budget: u64,
+        remote: &Remote,
+    ) -> (Option<RecordBatch>, bool) {
         let mut answer = Answer::new(self.group.clone(), self.columns.clone());
         answer.budget = budget;
-        let done = self.table.groups_where(&mut answer, filter);
+        let done = self.table.groups_where(&mut answer, filter, remote);
         let over = answer.over_budget;
         (done.and_then(|()| self.grouped_batch(answer)), over)
     }
@@ -581,11 +592,16 @@ impl Answering for SynopsisNode {
         if !self.group.is_empty() {
             self.table.load_groups(&self.filter).await;
         }
-        let (batch, over) = SynopsisNode::answer(self, now, GROUP_ROWS_INLINE);
+        // The buffered rows of shards held on other nodes (none when all are held here).
+        let def = self.table.def();
+        let remote = Remote::read(self.table.store(), def.id, (0, u64::MAX, None), None)
+            .await
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+        let (batch, over) = SynopsisNode::answer(self, now, GROUP_ROWS_INLINE, &remote);
         if over && !self.priming.swap(true, std::sync::atomic::Ordering::AcqRel) {
             let node = self.clone();
             tokio::task::spawn_blocking(move || {
-                SynopsisNode::answer(&node, now, u64::MAX);
+                SynopsisNode::answer(&node, now, u64::MAX, &remote);
                 node.priming
                     .store(false, std::sync::atomic::Ordering::Release);
             });

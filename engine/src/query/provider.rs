@@ -15,7 +15,7 @@ use crate::query::parts::PartsSpec;
 use crate::query::synopsis::ColumnSynopsis;
 use crate::store::Store;
 use crate::store::catalog::{CatalogData, DEFAULT_DATABASE, SYSTEM_DATABASE, TableDef};
-use crate::store::chunk::{Pick, RowFilter};
+use crate::store::chunk::{Chunk, Pick, RowFilter};
 use crate::store::remote::Remote;
 use crate::store::state::{Partition, TableState};
 use crate::store::storage::{FileMeta, Storage};
@@ -219,14 +219,7 @@ impl SluiceTable {
         filter: &KeyFilter,
     ) -> Vec<(u64, &'a Partition)> {
         let admits = self.admitted(parts, filter, &BTreeSet::new());
-        let (lo, hi) = admits.bounds();
-        if lo > hi {
-            return Vec::new();
-        }
-        (parts.range(lo..=hi))
-            .filter(|(k, _)| admits.admits(**k))
-            .map(|(k, p)| (*k, p))
-            .collect()
+        in_range(parts, &admits)
     }
 
     /// Which partition keys `filter` and the `WHERE PARTS` list admit, among this node's
@@ -270,9 +263,7 @@ impl SluiceTable {
             }
         };
         let admits = self.admitted(&parts, filter, &remote.keys());
-        let (lo, hi) = admits.bounds();
-        let local = (parts.range(lo..=hi.max(lo))).filter(|(k, _)| admits.admits(**k));
-        for (_, p) in local {
+        for (_, p) in in_range(&parts, &admits) {
             for f in &p.files {
                 match self.store.hot.get(&f.path) {
                     Some(chunks) => {
@@ -311,11 +302,12 @@ impl SluiceTable {
     /// inside the time bounds from their group synopses ([`crate::query::groups`]), chunks from
     /// theirs or from their rows. `None` when that cannot be done: a file without group
     /// synopses by those columns that is not in the hot cache, a filter they cannot decide.
-    pub(crate) fn groups_where(&self, answer: &mut Answer, filter: &RowFilter) -> Option<()> {
-        if self.store.partial() {
-            // Other nodes hold some shards' buffered rows: the plan reads them.
-            return None;
-        }
+    pub(crate) fn groups_where(
+        &self,
+        answer: &mut Answer,
+        filter: &RowFilter,
+        remote: &Remote,
+    ) -> Option<()> {
         let (lo, hi, keys) = self.time_bounds(filter)?;
         // What to read, taken under the lock; the grouping (which may take a while) after
         // it, so that rows being applied do not wait for it.
@@ -323,7 +315,8 @@ impl SluiceTable {
         let mut chunks = Vec::new();
         {
             let parts = self.state.parts.read();
-            for (_, p) in self.selected(&parts, &keys) {
+            let admits = self.admitted(&parts, &keys, &remote.keys());
+            for (_, p) in in_range(&parts, &admits) {
                 for f in &p.files {
                     let Some(inside) = placed(f, !filter.time.is_empty(), lo, hi)? else {
                         continue;
@@ -331,8 +324,10 @@ impl SluiceTable {
                     let groups = f.groups.get().and_then(Option::clone);
                     files.push((inside, groups, f.path.clone()));
                 }
-                chunks.extend(p.unflushed_chunks(&self.schema));
+                chunks.extend(p.unflushed_chunks_of(&self.schema, &|s| remote.holds(s)));
             }
+            let fetched = remote.rows_of(&parts, |k| admits.admits(k), &self.schema, None);
+            chunks.extend(fetched.ok()?.into_iter().map(Chunk::plain));
         }
         for (inside, groups, path) in files {
             if inside && groups.is_some_and(|g| answer.add(&g, filter)) {
@@ -410,12 +405,11 @@ impl SluiceTable {
         &self,
         columns: &[usize],
         filter: &RowFilter,
+        remote: &Remote,
     ) -> Option<(u64, Vec<ColumnSynopsis>)> {
-        if self.store.partial() {
-            return None;
-        }
         let (lo, hi, keys) = self.time_bounds(filter)?;
         let parts = self.state.parts.read();
+        let admits = self.admitted(&parts, &keys, &remote.keys());
         let mut rows = 0;
         let mut out = vec![ColumnSynopsis::default(); columns.len()];
         let mut add = |n: u64, syn: &[ColumnSynopsis]| {
@@ -424,7 +418,7 @@ impl SluiceTable {
                 o.merge(s);
             }
         };
-        for (_, p) in self.selected(&parts, &keys) {
+        for (_, p) in in_range(&parts, &admits) {
             for f in &p.files {
                 let Some(inside) = placed(f, !filter.time.is_empty(), lo, hi)? else {
                     continue;
@@ -453,10 +447,15 @@ impl SluiceTable {
                     add(n, &syn);
                 }
             }
-            for c in p.unflushed_chunks(&self.schema) {
+            for c in p.unflushed_chunks_of(&self.schema, &|s| remote.holds(s)) {
                 let (n, syn) = c.synopsis_where(columns, filter)?;
                 add(n, &syn);
             }
+        }
+        let fetched = remote.rows_of(&parts, |k| admits.admits(k), &self.schema, None);
+        for b in fetched.ok()? {
+            let (n, syn) = Chunk::plain(b).synopsis_where(columns, filter)?;
+            add(n, &syn);
         }
         Some((rows, out))
     }
@@ -538,6 +537,21 @@ impl TableProvider for SluiceTable {
             metrics,
         }))
     }
+}
+
+/// The partitions of `parts` that `admits` takes.
+fn in_range<'a>(
+    parts: &'a BTreeMap<u64, Partition>,
+    admits: &Admitted<'_>,
+) -> Vec<(u64, &'a Partition)> {
+    let (lo, hi) = admits.bounds();
+    if lo > hi {
+        return Vec::new();
+    }
+    (parts.range(lo..=hi))
+        .filter(|(k, _)| admits.admits(**k))
+        .map(|(k, p)| (*k, p))
+        .collect()
 }
 
 /// The partition keys a table reference admits: its filters' and its `WHERE PARTS` list's.
