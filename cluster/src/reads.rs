@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 /// How long this node waits for its metadata group to install the file changes a replica's
 /// rows were cut by.
 const MANIFEST_WAIT: Duration = Duration::from_secs(10);
+/// How long a replica has to answer before the next one is asked (the last one asked gets
+/// the whole write deadline: its read barrier may wait out an election).
+const TRY_NEXT_AFTER: Duration = Duration::from_secs(4);
 
 impl Cluster {
     /// Whether this node is one of `shard`'s replicas (a voter, or a learner catching up).
@@ -106,9 +109,13 @@ impl ShardReader for Cluster {
         let mut holders: Vec<u64> = t.holders(shard).into_iter().filter(|n| *n != me).collect();
         holders.sort_by_key(|n| Some(*n) != preferred);
         let mut failures = Vec::new();
-        for node in holders {
+        let last = holders.len().saturating_sub(1);
+        for (i, node) in holders.into_iter().enumerate() {
             let frame = Frame::cbor(SHARD_ROWS, &request, 64).map_err(replication)?;
-            let timeout = crate::WRITE_DEADLINE + Duration::from_secs(5);
+            let timeout = match i == last {
+                true => crate::WRITE_DEADLINE + Duration::from_secs(5),
+                false => TRY_NEXT_AFTER,
+            };
             match self.node.call(node, frame, timeout).await {
                 Ok(bytes) => {
                     let answer = RowsAnswer::decode(&bytes)?;
