@@ -123,9 +123,18 @@ impl Sluice {
 
     /// Runs one statement that must succeed; returns the JSON body.
     pub async fn sql(&self, q: &str) -> anyhow::Result<String> {
+        self.sql_at("/v1/sql", q).await
+    }
+
+    /// Runs `q` computed: no kept result (`cache=off`).
+    pub async fn sql_uncached(&self, q: &str) -> anyhow::Result<String> {
+        self.sql_at("/v1/sql?cache=off", q).await
+    }
+
+    async fn sql_at(&self, path: &str, q: &str) -> anyhow::Result<String> {
         let r = self
             .client
-            .post(format!("http://{}/v1/sql", self.http))
+            .post(format!("http://{}{path}", self.http))
             .body(q.to_string())
             .send()
             .await?;

@@ -319,9 +319,24 @@ async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<(Vec<Figures
 
 /// Prints each node's share of the work of the loads: rows it applied from the shard logs
 /// it replicates (each node keeps only the shards placed on it), its CPU, resident memory,
-/// and the rows its SQL read from other nodes' replicas for the checks.
+/// the rows its SQL read from other nodes' replicas for the checks, and how long a grouped
+/// query takes there, computed (median of 5).
 async fn per_node(nodes: &[Sluice], pids: &[u32], cpu0: &[f64], stored: u64) -> Result<()> {
+    let grouped =
+        "SELECT device, count(*) AS n, max(temp) AS t FROM bench.readings GROUP BY device";
+    let mut answers = Vec::new();
     for (i, (n, pid)) in nodes.iter().zip(pids).enumerate() {
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            let answer = n
+                .sql_uncached(&format!("{grouped} ORDER BY device"))
+                .await?;
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+            answers.push(answer);
+        }
+        times.sort_by(f64::total_cmp);
+        eprintln!("node {}: grouped query {:.1} ms", i + 1, times[2]);
         let applied = n.metric("sluice_shard_rows_applied_total").await?;
         let remote = n.metric("sluice_remote_rows_read_total").await?;
         let cpu = sluice_bench::cpu_secs(*pid)? - cpu0[i];
@@ -338,6 +353,10 @@ async fn per_node(nodes: &[Sluice], pids: &[u32], cpu0: &[f64], stored: u64) -> 
             cpu * 1e6 / stored as f64,
             rss / 1024.0
         );
+    }
+    answers.dedup();
+    if answers.len() != 1 {
+        bail!("the nodes answered the grouped query differently: {answers:?}");
     }
     Ok(())
 }

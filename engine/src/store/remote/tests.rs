@@ -128,3 +128,122 @@ fn a_damaged_answer_is_an_error() {
     assert!(RowsAnswer::decode(&bytes).unwrap().parts.is_empty());
     assert!(RowsAnswer::decode(&bytes[..5]).is_err());
 }
+
+/// A cluster's reader as a test sets it: shard 5 is held elsewhere, and its replica holds
+/// `rows` (or does not answer).
+struct Fake {
+    rows: Option<RowsAnswer>,
+}
+
+#[async_trait]
+impl ShardReader for Fake {
+    fn remote_shards(&self) -> BTreeSet<u32> {
+        [5].into()
+    }
+
+    async fn read(&self, request: RowsRequest) -> Result<RowsAnswer> {
+        assert_eq!(request.shard, 5);
+        self.rows.clone().ok_or_else(|| Error::Replication {
+            reason: "shard 5's unflushed rows could not be read: node 2: unreachable".into(),
+        })
+    }
+}
+
+async fn query(e: &crate::engine::Engine, sql: &str) -> Result<String> {
+    use crate::ports::{QueryOptions, QueryPort};
+    use futures::TryStreamExt;
+    let out = QueryPort::query(e, sql, &QueryOptions::default()).await?;
+    let batches: Vec<_> = out.stream.try_collect().await?;
+    Ok(datafusion::arrow::util::pretty::pretty_format_batches(&batches)?.to_string())
+}
+
+/// A node holding some shards answers with its own rows and the rows the other shards'
+/// replicas send (scans, synopsis answers and `EXPLAIN` alike), and a shard whose replicas
+/// do not answer fails the query with an error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_add_the_rows_held_elsewhere_or_name_the_shard_they_miss() {
+    use datafusion::arrow::array::{Float64Array, StringArray, TimestampMicrosecondArray};
+    let dir = tempfile::tempdir().unwrap();
+    let config = sluice_conf::Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Default::default()
+    };
+    let e = crate::engine::Engine::open(config).await.unwrap();
+    let create = "CREATE TABLE t.m (time TIMESTAMP, device STRING, temp DOUBLE) \
+                  PARTITION BY yyyymmdd(time)";
+    query(&e, create).await.unwrap();
+    let insert = "INSERT INTO t.m VALUES ('2024-05-01 10:00:00', 'a', 1.0), \
+                  ('2024-05-01 10:00:01', 'b', 2.0)";
+    query(&e, insert).await.unwrap();
+    let def = e.table("t", "m").unwrap();
+    let at = 1_714_557_600_000_000i64;
+    let key = def.partition.key(&crate::types::Value::Timestamp(at));
+    let schema = e.store.tables.get(def.id).unwrap().schema();
+    let tz = match schema.field(0).data_type() {
+        DataType::Timestamp(_, tz) => tz.clone(),
+        other => panic!("{other}"),
+    };
+    // Entries 7 and 8 of shard 5: one row each, at the same minute, devices c and a.
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(
+                TimestampMicrosecondArray::from(vec![at + 2_000_000, at + 3_000_000])
+                    .with_timezone_opt(tz),
+            ),
+            Arc::new(StringArray::from(vec!["c", "a"])),
+            Arc::new(Float64Array::from(vec![30.0, 40.0])),
+        ],
+    )
+    .unwrap();
+    let answer = RowsAnswer {
+        manifest_index: 0,
+        columns: vec![0, 1, 2],
+        parts: vec![RemotePart {
+            shard: 5,
+            partition: key,
+            starts: vec![(7, 0), (8, 1)],
+            columns: vec![0, 1, 2],
+            batches: vec![batch],
+        }],
+    };
+    let _ = e.store.reader.set(Arc::new(Fake { rows: Some(answer) }));
+    assert!(e.store.partial());
+    let counted = query(&e, "SELECT count(*) AS n, max(temp) AS hi FROM t.m")
+        .await
+        .unwrap();
+    assert!(counted.contains("| 4 | 40.0 |"), "{counted}");
+    let grouped = "SELECT device, count(*) AS n FROM t.m GROUP BY device ORDER BY device";
+    let grouped = query(&e, grouped).await.unwrap();
+    assert!(
+        grouped.contains("| a      | 2 |") && grouped.contains("| c      | 1 |"),
+        "{grouped}"
+    );
+    let rows = query(
+        &e,
+        "SELECT device FROM t.m WHERE temp > 1.5 ORDER BY device",
+    )
+    .await
+    .unwrap();
+    assert_eq!(rows.matches("| ").count(), 4, "{rows}");
+    let plan = query(&e, "EXPLAIN SELECT * FROM t.m").await.unwrap();
+    assert!(
+        plan.contains("unflushed rows of shards [5] from their replicas"),
+        "{plan}"
+    );
+
+    // The replica does not answer: the query fails, naming the shard.
+    let dir = tempfile::tempdir().unwrap();
+    let config = sluice_conf::Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Default::default()
+    };
+    let e = crate::engine::Engine::open(config).await.unwrap();
+    query(&e, create).await.unwrap();
+    query(&e, insert).await.unwrap();
+    let _ = e.store.reader.set(Arc::new(Fake { rows: None }));
+    for sql in ["SELECT count(*) FROM t.m", "SELECT * FROM t.m"] {
+        let err = query(&e, sql).await.unwrap_err().to_string();
+        assert!(err.contains("shard 5"), "{sql}: {err}");
+    }
+}
