@@ -175,6 +175,9 @@ async fn queries_add_the_rows_held_elsewhere_or_name_the_shard_they_miss() {
     let insert = "INSERT INTO t.m VALUES ('2024-05-01 10:00:00', 'a', 1.0), \
                   ('2024-05-01 10:00:01', 'b', 2.0)";
     query(&e, insert).await.unwrap();
+    let rollup = "CREATE ROLLUP t.per_minute AS SELECT date_bin('1 minute', time) AS bucket, \
+                  device, count(*) AS n, max(temp) AS hi FROM t.m GROUP BY 1, 2";
+    query(&e, rollup).await.unwrap();
     let def = e.table("t", "m").unwrap();
     let at = 1_714_557_600_000_000i64;
     let key = def.partition.key(&crate::types::Value::Timestamp(at));
@@ -226,6 +229,11 @@ async fn queries_add_the_rows_held_elsewhere_or_name_the_shard_they_miss() {
     .await
     .unwrap();
     assert_eq!(rows.matches("| ").count(), 4, "{rows}");
+    // A rollup folds its source's rows held elsewhere too.
+    let per_minute = "SELECT device, n, hi FROM t.per_minute ORDER BY device";
+    let per_minute = query(&e, per_minute).await.unwrap();
+    assert!(per_minute.contains("| a      | 2 | 40.0 |"), "{per_minute}");
+    assert!(per_minute.contains("| c      | 1 | 30.0 |"), "{per_minute}");
     let plan = query(&e, "EXPLAIN SELECT * FROM t.m").await.unwrap();
     assert!(
         plan.contains("unflushed rows of shards [5] from their replicas"),
