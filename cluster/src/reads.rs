@@ -9,10 +9,12 @@
 use crate::cluster::{Cluster, replication};
 use crate::raft::net::{Frame, SHARD_ROWS};
 use crate::raft::types::GroupId;
+use arrow::array::{AsArray, RecordBatch};
 use async_trait::async_trait;
 use bytes::Bytes;
 use openraft::async_runtime::WatchReceiver;
-use sluice_engine::{RowsAnswer, RowsRequest, ShardReader};
+use sluice_engine::types::{ColumnType, Value};
+use sluice_engine::{RowsAnswer, RowsRequest, ShardReader, TableDef};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -132,5 +134,21 @@ impl ShardReader for Cluster {
             "shard {shard}'s unflushed rows could not be read: {}",
             failures.join("; ")
         )))
+    }
+
+    fn shards_of(&self, def: &TableDef, keys: &[usize], batch: &RecordBatch) -> Option<Vec<u32>> {
+        let column = crate::writes::shard_key_column(def)?;
+        if keys != [column] || def.columns[column].ty != ColumnType::String {
+            return None;
+        }
+        let strings = batch.column(column).as_string_opt::<i32>()?;
+        let mut key = Vec::new();
+        let shards = strings.iter().map(|s| {
+            key.clear();
+            let v = s.map_or(Value::Null, |s| Value::Str(s.into()));
+            crate::writes::key_bytes(&v, &mut key);
+            crate::placement::shard_of(&key, self.shards)
+        });
+        Some(shards.collect())
     }
 }

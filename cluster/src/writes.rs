@@ -50,7 +50,7 @@ impl Cluster {
 
 /// The column whose value is a row's shard key: a table's first text column (the device
 /// or topic) when it has one, else its time column; none: the whole row.
-fn shard_key_column(def: &TableDef) -> Option<usize> {
+pub(crate) fn shard_key_column(def: &TableDef) -> Option<usize> {
     (def.columns.iter())
         .position(|c| c.ty == ColumnType::String)
         .or_else(|| def.time_column())
@@ -66,7 +66,7 @@ fn shard_of_row(column: Option<usize>, row: &[Value], shards: u32, key: &mut Vec
     shard_of(key, shards)
 }
 
-fn key_bytes(v: &Value, out: &mut Vec<u8>) {
+pub(crate) fn key_bytes(v: &Value, out: &mut Vec<u8>) {
     match v {
         Value::Null => {}
         Value::Bool(b) => out.push(*b as u8),

@@ -724,6 +724,26 @@ impl Engine {
                 reason: format!("table {} is not known on this node", request.table_id),
             });
         };
+        if request.latest {
+            let reader = self.store.reader().ok_or_else(|| Error::Replication {
+                reason: "not a cluster node".into(),
+            })?;
+            let index = self.manifest_index();
+            return match crate::store::remote::serve_latest(&table, request, &**reader, index) {
+                Ok(answer) => answer.encode(&table.schema()),
+                Err(fill) => {
+                    if let Some(generation) = fill {
+                        let def = table.def();
+                        let task = self.background_task(&def.database)?;
+                        let t = crate::query::provider::SluiceTable::new(table, self.store.clone());
+                        tokio::spawn(crate::query::latest::fill(Arc::new(t), generation, task));
+                    }
+                    Err(Error::Replication {
+                        reason: "this replica's last-value cache is not complete".into(),
+                    })
+                }
+            };
+        }
         let answer = crate::store::remote::serve(&table, request, || self.manifest_index())?;
         answer.encode(&table.schema())
     }

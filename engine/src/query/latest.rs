@@ -362,7 +362,7 @@ impl LatestNode {
 
 /// Fills `table`'s cache (for its `generation`) from the whole table: the newest row of
 /// each key, computed by DataFusion.
-async fn fill(table: Arc<SluiceTable>, generation: u64, ctx: Arc<TaskContext>) {
+pub(crate) async fn fill(table: Arc<SluiceTable>, generation: u64, ctx: Arc<TaskContext>) {
     let state = &table.state().clone();
     let rows = async {
         let def = table.def();
@@ -449,14 +449,20 @@ impl Answering for LatestNode {
         ctx: &Arc<TaskContext>,
         _now: chrono::DateTime<Utc>,
     ) -> DfResult<Option<RecordBatch>> {
-        if self.table.store().partial() {
-            // The cache sees only the rows of the shards this node holds.
-            return Ok(None);
-        }
         let state = self.table.state();
         let def = state.def();
         let types: Vec<_> = def.columns.iter().map(|c| c.ty).collect();
+        let partial = self.table.store().partial();
         match state.latest.snapshot(&state.schema(), &types) {
+            // The cache is current for the keys of the shards this node holds; the other
+            // keys' newest rows come from their replicas' caches.
+            Ok(rows) if partial => {
+                let store = self.table.store();
+                match crate::store::remote::latest_rows(store, state, rows).await {
+                    Some(all) => self.answer_rows(&all),
+                    None => Ok(None),
+                }
+            }
             Ok(rows) => self.answer_rows(&rows),
             Err(Some(generation)) => {
                 tokio::spawn(fill(self.table.clone(), generation, ctx.clone()));

@@ -334,6 +334,12 @@ fn new_session(store: &Arc<Store>, database: &str, one_partition: bool, limit: u
 }
 
 impl Engine {
+    /// A task context for work a query did not ask for here (filling a last-value cache
+    /// another node's query needs), with the memory budget small queries share.
+    pub(crate) fn background_task(&self, database: &str) -> Result<Arc<TaskContext>> {
+        Ok(self.session(database, true)?.task.clone())
+    }
+
     fn session(&self, database: &str, one_partition: bool) -> Result<Arc<Session>> {
         if database != DEFAULT_DATABASE
             && database != SYSTEM_DATABASE

@@ -38,6 +38,10 @@ pub struct RowsRequest {
     /// Column positions wanted (`None`: every column). Columns are only ever added at the
     /// end, so a position names the same column on every node that has it.
     pub columns: Option<Vec<usize>>,
+    /// Instead of the buffered rows: the newest row of each key of the shard, from the
+    /// replica's last-value cache (one part, partition 0, every column).
+    #[serde(default)]
+    pub latest: bool,
 }
 
 impl RowsRequest {
@@ -84,6 +88,15 @@ pub trait ShardReader: Send + Sync + 'static {
     /// once this node's metadata group has installed the answer's `manifest_index`. An
     /// error names the shard and why no replica answered.
     async fn read(&self, request: RowsRequest) -> Result<RowsAnswer>;
+
+    /// The shard of each row of `batch` (rows of table `def`), when its last-value key
+    /// `keys` is the column rows are sharded by (`None` otherwise).
+    fn shards_of(
+        &self,
+        def: &crate::store::catalog::TableDef,
+        keys: &[usize],
+        batch: &RecordBatch,
+    ) -> Option<Vec<u32>>;
 }
 
 impl std::fmt::Debug for dyn ShardReader {
@@ -131,6 +144,7 @@ impl Remote {
                 hi,
                 only: only.clone(),
                 columns: columns.clone(),
+                latest: false,
             })
         });
         let answers = futures::future::try_join_all(reads).await?;
@@ -214,6 +228,82 @@ fn fit(
         arrays,
         &options,
     )?)
+}
+
+/// The newest row of each key of `table` from its last-value cache: the rows of the shards
+/// this node holds (`reader.remote_shards()` are not) and, for each other shard, those its
+/// replica's cache holds (`latest` requests). `None` when they cannot be had: a cache not
+/// complete here or there (a fill is started), or a key that is not the shard key.
+pub(crate) async fn latest_rows(
+    store: &crate::store::Store,
+    table: &TableState,
+    mine: RecordBatch,
+) -> Option<RecordBatch> {
+    let reader = store.reader()?;
+    let def = table.def();
+    let (keys, _) = table.latest.shape()?;
+    let remote = reader.remote_shards();
+    let shards = reader.shards_of(&def, &keys, &mine)?;
+    let held: Vec<bool> = shards.iter().map(|s| !remote.contains(s)).collect();
+    let mut out = vec![
+        datafusion::arrow::compute::filter_record_batch(
+            &mine,
+            &datafusion::arrow::array::BooleanArray::from(held),
+        )
+        .ok()?,
+    ];
+    let reads = remote.iter().map(|&shard| {
+        reader.read(RowsRequest {
+            table_id: def.id,
+            shard,
+            lo: 0,
+            hi: u64::MAX,
+            only: None,
+            columns: None,
+            latest: true,
+        })
+    });
+    for answer in futures::future::join_all(reads).await {
+        let answer = answer.ok()?;
+        for p in answer.parts {
+            for b in &p.batches {
+                out.push(fit(b, &p.columns, &mine.schema(), None).ok()?);
+            }
+        }
+    }
+    datafusion::arrow::compute::concat_batches(&mine.schema(), &out).ok()
+}
+
+/// Answers a `latest` request: the newest rows of the keys of `request.shard` in this
+/// node's last-value cache; `Err(Some(generation))` to fill the cache first, `Err(None)`
+/// when it cannot answer.
+pub(crate) fn serve_latest(
+    table: &TableState,
+    request: &RowsRequest,
+    reader: &dyn ShardReader,
+    manifest_index: u64,
+) -> std::result::Result<RowsAnswer, Option<u64>> {
+    let def = table.def();
+    let types: Vec<_> = def.columns.iter().map(|c| c.ty).collect();
+    let schema = table.schema();
+    let rows = table.latest.snapshot(&schema, &types)?;
+    let (keys, _) = table.latest.shape().ok_or(None)?;
+    let shards = reader.shards_of(&def, &keys, &rows).ok_or(None)?;
+    let mask: Vec<bool> = shards.iter().map(|s| *s == request.shard).collect();
+    let mask = datafusion::arrow::array::BooleanArray::from(mask);
+    let rows = datafusion::arrow::compute::filter_record_batch(&rows, &mask).map_err(|_| None)?;
+    let columns: Vec<usize> = (0..schema.fields().len()).collect();
+    Ok(RowsAnswer {
+        manifest_index,
+        columns: columns.clone(),
+        parts: vec![RemotePart {
+            shard: request.shard,
+            partition: 0,
+            starts: Vec::new(),
+            columns,
+            batches: vec![rows],
+        }],
+    })
 }
 
 /// Answers `request` from this node's replica of the shard (the caller ran its read

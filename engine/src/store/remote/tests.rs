@@ -147,6 +147,15 @@ impl ShardReader for Fake {
             reason: "shard 5's unflushed rows could not be read: node 2: unreachable".into(),
         })
     }
+
+    fn shards_of(
+        &self,
+        _def: &crate::store::catalog::TableDef,
+        _keys: &[usize],
+        _batch: &RecordBatch,
+    ) -> Option<Vec<u32>> {
+        None
+    }
 }
 
 async fn query(e: &crate::engine::Engine, sql: &str) -> Result<String> {
