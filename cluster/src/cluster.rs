@@ -48,6 +48,9 @@ pub struct Cluster {
     pub(crate) relay: Arc<crate::relay::Relay>,
     /// Shards whose replica here has caught up (`crate::reads`).
     pub(crate) ready: Mutex<BTreeSet<u32>>,
+    /// Shards whose replica was opened here after the start and has not caught up yet: the
+    /// last-value caches missed their rows while another node held them.
+    pub(crate) fresh: Mutex<BTreeSet<u32>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -177,6 +180,7 @@ impl Cluster {
             preferred,
             relay,
             ready: Mutex::new(BTreeSet::new()),
+            fresh: Mutex::new(BTreeSet::new()),
         });
         let server = Arc::downgrade(&cluster);
         let _ = cluster.relay.rows_server.set(Arc::new(move |body| {

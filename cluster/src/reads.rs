@@ -36,14 +36,14 @@ impl Cluster {
     }
 
     /// A read barrier on these shards succeeded: their rows here are the shards' rows. A
-    /// shard newly held makes the engine's last-value caches start over (they saw only the
-    /// rows of the shards held before).
+    /// replica opened since the start that caught up makes the engine's last-value caches
+    /// start over (they missed its rows while another node held them); one that was only
+    /// behind for a moment (an election) does not.
     pub(crate) fn caught_up(&self, shards: &[u32]) {
-        let mut ready = self.ready.lock();
-        let before = ready.len();
-        ready.extend(shards);
-        let gained = ready.len() > before;
-        drop(ready);
+        self.ready.lock().extend(shards);
+        let mut fresh = self.fresh.lock();
+        let gained = shards.iter().fold(false, |g, s| fresh.remove(s) | g);
+        drop(fresh);
         if gained && let Some(engine) = self.engine.upgrade() {
             engine.shards_changed();
         }

@@ -44,8 +44,13 @@ impl Cluster {
                 match self.node.group(GroupId::Shard(p.shard)) {
                     None if wanted => {
                         tracing::info!(shard = p.shard, "a replica of the shard is placed here");
-                        if let Err(e) = self.open_shard(p.shard).await {
-                            tracing::warn!(shard = p.shard, error = %e, "opening a shard");
+                        match self.open_shard(p.shard).await {
+                            Ok(_) => {
+                                self.fresh.lock().insert(p.shard);
+                            }
+                            Err(e) => {
+                                tracing::warn!(shard = p.shard, error = %e, "opening a shard")
+                            }
                         }
                     }
                     Some(_) if !wanted => self.close_shard(p.shard).await,
