@@ -136,6 +136,24 @@ impl ShardReader for Cluster {
         )))
     }
 
+    async fn versions(&self) -> Option<Vec<(u32, u64)>> {
+        let t = self.topology();
+        let me = self.node.id();
+        let reads = self.remote_shards().into_iter().map(|shard| {
+            let preferred = t
+                .placement
+                .get(shard as usize)
+                .map(|p| self.preferred_leader(p));
+            let mut holders: Vec<u64> = t.holders(shard).into_iter().filter(|n| *n != me).collect();
+            holders.sort_by_key(|n| Some(*n) != preferred);
+            async move {
+                let index = self.node.read_index_of(GroupId::Shard(shard), &holders);
+                index.await.map(|i| (shard, i))
+            }
+        });
+        futures::future::join_all(reads).await.into_iter().collect()
+    }
+
     fn shards_of(&self, def: &TableDef, keys: &[usize], batch: &RecordBatch) -> Option<Vec<u32>> {
         let column = crate::writes::shard_key_column(def)?;
         if keys != [column] || def.columns[column].ty != ColumnType::String {

@@ -396,6 +396,18 @@ impl Node {
         }
     }
 
+    /// The commit index of `group` as its leader confirms it now (openraft's ReadIndex),
+    /// asking `candidates` in turn (the group is not replicated here); `None` when none of
+    /// them leads it.
+    pub(crate) async fn read_index_of(&self, group: GroupId, candidates: &[u64]) -> Option<u64> {
+        for to in candidates {
+            if let ReadAnswer::Index(i) = self.forward_read(*to, group).await {
+                return Some(i);
+            }
+        }
+        None
+    }
+
     async fn forward_read(&self, to: u64, group: GroupId) -> ReadAnswer {
         let Some(addr) = self.peers.read().get(&to).cloned() else {
             return ReadAnswer::NotLeader;

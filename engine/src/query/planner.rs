@@ -173,6 +173,8 @@ struct Planned {
 struct CachedResult {
     /// Each table's change count before the query ran.
     changes: Vec<u64>,
+    /// On a node holding only some shards: where the others stood before it ran.
+    versions: Option<Vec<(u32, u64)>>,
     schema: SchemaRef,
     batches: Vec<RecordBatch>,
 }
@@ -192,11 +194,13 @@ struct Reusable {
 }
 
 impl Reusable {
-    /// The kept result, if no table it read has changed since.
-    fn result(&self) -> Option<QueryOutput> {
+    /// The kept result, if no table it read has changed since (and no shard held
+    /// elsewhere moved: `versions`, where they stand now).
+    fn result(&self, versions: &Option<Vec<(u32, u64)>>) -> Option<QueryOutput> {
         let r = self.result.as_ref().filter(|_| self.timeless)?;
         let tables = &self.planned.tables;
-        let unchanged = tables.len() == r.changes.len()
+        let unchanged = r.versions == *versions
+            && tables.len() == r.changes.len()
             && tables
                 .iter()
                 .zip(&r.changes)
@@ -204,6 +208,10 @@ impl Reusable {
         unchanged.then(|| QueryOutput::from_batches(r.schema.clone(), r.batches.clone()))
     }
 }
+
+/// How long a query on a node holding only some shards waits to learn where the others
+/// stand before it goes on without a kept result.
+const VERSIONS_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// Results up to this size are kept.
 const RESULT_MAX_BYTES: usize = 1 << 20;
@@ -373,6 +381,17 @@ impl Engine {
         let session = self.session(database, options.small)?;
         let version = self.store.catalog.snapshot().version;
         let key = (database.to_string(), sql.to_string());
+        // On a node holding only some shards, a kept result also needs the others not to
+        // have moved (`None` when that cannot be told: no result is kept or used then).
+        let versions = match self.store.reader() {
+            Some(r) if self.store.partial() => {
+                let asked = tokio::time::timeout(VERSIONS_WAIT, r.versions());
+                Some(asked.await.ok().flatten())
+            }
+            _ => None,
+        };
+        let keep = !options.no_result_cache && versions.as_ref().is_none_or(Option::is_some);
+        let versions = versions.flatten();
         // `small` plans as one partition: a kept physical plan is per session.
         let okey = (
             key.0.clone(),
@@ -386,9 +405,7 @@ impl Engine {
             .get(&okey)
             .filter(|r| r.version == version)
             .map(|r| {
-                // A node holding only some shards does not see every change of a table.
-                let keep = !options.no_result_cache && !self.store.partial();
-                let hit = keep.then(|| r.result()).flatten();
+                let hit = keep.then(|| r.result(&versions)).flatten();
                 (r.planned.clone(), r.physical.clone(), hit, r.timeless)
             });
         if let Some((planned, ..)) = &reused {
@@ -507,7 +524,7 @@ impl Engine {
         };
         let stream = datafusion::physical_plan::execute_stream(physical, task)?;
         let mut stream = bounded(stream, lease, deadline, (timeout.clone(), limit));
-        if !reuse || !timeless || options.no_result_cache || self.store.partial() {
+        if !reuse || !timeless || !keep {
             return Ok(QueryOutput { schema, stream });
         }
         let mut batches = Vec::new();
@@ -531,6 +548,7 @@ impl Engine {
         {
             r.result = Some(CachedResult {
                 changes,
+                versions,
                 schema: schema.clone(),
                 batches: batches.clone(),
             });

@@ -89,6 +89,11 @@ pub trait ShardReader: Send + Sync + 'static {
     /// error names the shard and why no replica answered.
     async fn read(&self, request: RowsRequest) -> Result<RowsAnswer>;
 
+    /// Where each shard this node does not hold stands: its commit index as its leader
+    /// confirms it now (a result kept from those shards' rows holds while none moved);
+    /// `None` when some leader does not answer.
+    async fn versions(&self) -> Option<Vec<(u32, u64)>>;
+
     /// The shard of each row of `batch` (rows of table `def`), when its last-value key
     /// `keys` is the column rows are sharded by (`None` otherwise).
     fn shards_of(

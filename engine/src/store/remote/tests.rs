@@ -132,7 +132,18 @@ fn a_damaged_answer_is_an_error() {
 /// A cluster's reader as a test sets it: shard 5 is held elsewhere, and its replica holds
 /// `rows` (or does not answer).
 struct Fake {
-    rows: Option<RowsAnswer>,
+    rows: parking_lot::Mutex<Option<RowsAnswer>>,
+    /// Shard 5's commit index, as its leader would tell it.
+    version: std::sync::atomic::AtomicU64,
+}
+
+impl Fake {
+    fn new(rows: Option<RowsAnswer>) -> Self {
+        Self {
+            rows: parking_lot::Mutex::new(rows),
+            version: 1.into(),
+        }
+    }
 }
 
 #[async_trait]
@@ -143,9 +154,14 @@ impl ShardReader for Fake {
 
     async fn read(&self, request: RowsRequest) -> Result<RowsAnswer> {
         assert_eq!(request.shard, 5);
-        self.rows.clone().ok_or_else(|| Error::Replication {
+        self.rows.lock().clone().ok_or_else(|| Error::Replication {
             reason: "shard 5's unflushed rows could not be read: node 2: unreachable".into(),
         })
+    }
+
+    async fn versions(&self) -> Option<Vec<(u32, u64)>> {
+        let v = self.version.load(std::sync::atomic::Ordering::Relaxed);
+        Some(vec![(5, v)])
     }
 
     fn shards_of(
@@ -219,7 +235,8 @@ async fn queries_add_the_rows_held_elsewhere_or_name_the_shard_they_miss() {
             batches: vec![batch],
         }],
     };
-    let _ = e.store.reader.set(Arc::new(Fake { rows: Some(answer) }));
+    let fake = Arc::new(Fake::new(Some(answer.clone())));
+    let _ = e.store.reader.set(fake.clone());
     assert!(e.store.partial());
     let counted = query(&e, "SELECT count(*) AS n, max(temp) AS hi FROM t.m")
         .await
@@ -249,6 +266,19 @@ async fn queries_add_the_rows_held_elsewhere_or_name_the_shard_they_miss() {
         "{plan}"
     );
 
+    // A kept result holds while shard 5 stands still, and not once it moved.
+    let count = "SELECT count(*) AS n FROM t.m";
+    assert!(query(&e, count).await.unwrap().contains("| 4 |"));
+    let mut one_more = answer;
+    let b = &one_more.parts[0].batches[0];
+    one_more.parts[0].batches = vec![b.clone(), b.slice(0, 1)];
+    one_more.parts[0].starts.push((9, 2));
+    *fake.rows.lock() = Some(one_more);
+    assert!(query(&e, count).await.unwrap().contains("| 4 |"), "kept");
+    fake.version.store(2, std::sync::atomic::Ordering::Relaxed);
+    let moved = query(&e, count).await.unwrap();
+    assert!(moved.contains("| 5 |"), "{moved}");
+
     // The replica does not answer: the query fails, naming the shard.
     let dir = tempfile::tempdir().unwrap();
     let config = sluice_conf::Config {
@@ -258,7 +288,7 @@ async fn queries_add_the_rows_held_elsewhere_or_name_the_shard_they_miss() {
     let e = crate::engine::Engine::open(config).await.unwrap();
     query(&e, create).await.unwrap();
     query(&e, insert).await.unwrap();
-    let _ = e.store.reader.set(Arc::new(Fake { rows: None }));
+    let _ = e.store.reader.set(Arc::new(Fake::new(None)));
     for sql in ["SELECT count(*) FROM t.m", "SELECT * FROM t.m"] {
         let err = query(&e, sql).await.unwrap_err().to_string();
         assert!(err.contains("shard 5"), "{sql}: {err}");
