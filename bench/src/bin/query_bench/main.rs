@@ -13,6 +13,7 @@
 //! `cargo build --release -p sluice -p sluice-bench --bins`, then
 //! `~/.cache/sluice-target/release/query_bench --rows 200000` (default: the full 10,906,860).
 
+mod cluster;
 mod lean;
 mod peer;
 mod queries;
@@ -66,6 +67,10 @@ struct Args {
     /// result of an identical query over unchanged tables: measures the execution path.
     #[arg(long)]
     no_result_cache: bool,
+    /// Measure the timed queries on every node of an N-node cluster (on this machine)
+    /// against one node, instead of Sluice against DuckDB.
+    #[arg(long, default_value_t = 0)]
+    cluster: usize,
     /// Only measure the alert-query rate against a server already running at this address
     /// (host:port of its HTTP listener, table `benchmark.nyct_lite` loaded): for profiling.
     #[arg(long)]
@@ -142,6 +147,9 @@ fn main() -> Result<()> {
 
     let bin = Sluice::binary(args.sluice.as_deref())?;
     let rt = sluice_bench::runtime()?;
+    if args.cluster > 1 {
+        return rt.block_on(cluster::run_cluster(&bin, &run, &files, &args));
+    }
     let ours = rt.block_on(run_sluice(&bin, &run, &files, &args))?;
 
     let script = run.join("duckdb_queries.py");

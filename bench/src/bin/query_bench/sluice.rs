@@ -40,34 +40,10 @@ pub(super) async fn run_sluice(
         args.rows as f64 / load_secs
     );
 
-    let url = format!(
-        "http://{}/v1/sql?format=json&db=benchmark{}",
-        sluice.http,
-        if args.no_result_cache {
-            "&cache=off"
-        } else {
-            ""
-        }
-    );
-    let text = |q: &Query| {
-        if args.qualify_table {
-            q.sluice.replacen("nyct_lite", "benchmark.nyct_lite", 1)
-        } else {
-            q.sluice.to_string()
-        }
-    };
-    let client = http_client()?;
-    let mut queries = Vec::new();
-    for q in timed_queries() {
-        let r = best_of_3(&client, &url, &text(q)).await;
-        match &r {
-            Ok(t) => eprintln!("Sluice {}: {:.2} ms", q.name, t.ms),
-            Err(e) => eprintln!("Sluice {}: {e}", q.name),
-        }
-        queries.push(r);
-    }
+    let url = query_url(&sluice, args);
+    let queries = timed_all(&sluice, args, "Sluice").await?;
     let duration = Duration::from_secs_f64(args.duration_secs);
-    let alert = alert_rates(&sluice.http, &url, &text(&ALERT), duration).await;
+    let alert = alert_rates(&sluice.http, &url, &text(&ALERT, args), duration).await;
     for (how, r) in &alert {
         match r {
             Ok(qps) => eprintln!("Sluice alert, {how}: {qps:.0} q/s"),
@@ -81,6 +57,47 @@ pub(super) async fn run_sluice(
         queries,
         alert,
     })
+}
+
+/// Where the queries go, with `args`' options.
+fn query_url(sluice: &Sluice, args: &Args) -> String {
+    let cache = if args.no_result_cache {
+        "&cache=off"
+    } else {
+        ""
+    };
+    format!(
+        "http://{}/v1/sql?format=json&db=benchmark{cache}",
+        sluice.http
+    )
+}
+
+/// The text of `q` sent to Sluice.
+pub(super) fn text(q: &Query, args: &Args) -> String {
+    match args.qualify_table {
+        true => q.sluice.replacen("nyct_lite", "benchmark.nyct_lite", 1),
+        false => q.sluice.to_string(),
+    }
+}
+
+/// Each timed query's best of three on `sluice` (printed as `who`'s), and its answer.
+pub(super) async fn timed_all(
+    sluice: &Sluice,
+    args: &Args,
+    who: &str,
+) -> Result<Vec<Result<Timed, String>>> {
+    let url = query_url(sluice, args);
+    let client = http_client()?;
+    let mut queries = Vec::new();
+    for q in timed_queries() {
+        let r = best_of_3(&client, &url, &text(q, args)).await;
+        match &r {
+            Ok(t) => eprintln!("{who} {}: {:.2} ms", q.name, t.ms),
+            Err(e) => eprintln!("{who} {}: {e}", q.name),
+        }
+        queries.push(r);
+    }
+    Ok(queries)
 }
 
 /// The alert-query rate alone, from 1 and from 4 clients, against a running server.
@@ -141,7 +158,7 @@ async fn alert_rates(
 
 /// Writes every file into the table from `connections` concurrent keep-alive connections,
 /// then flushes it; returns the seconds it all took.
-async fn load(sluice: &Sluice, files: &[PathBuf], connections: usize) -> Result<f64> {
+pub(super) async fn load(sluice: &Sluice, files: &[PathBuf], connections: usize) -> Result<f64> {
     let url = Arc::new(format!(
         "http://{}/v1/write/benchmark/nyct_lite",
         sluice.http
