@@ -389,6 +389,12 @@ impl Node {
     }
 
     async fn read_index_local(raft: &GroupRaft) -> ReadAnswer {
+        // While its lease holds (a quorum acknowledged it within `election_timeout_max`,
+        // and followers do not vote for another leader meanwhile) the leader answers at
+        // once; otherwise it confirms its leadership with a quorum first.
+        if let Ok((read, _)) = raft.get_read_log_id(ReadPolicy::LeaseRead).await {
+            return ReadAnswer::Index(read.log_id().index);
+        }
         match raft.get_read_log_id(ReadPolicy::ReadIndex).await {
             Ok((read, _)) => ReadAnswer::Index(read.log_id().index),
             Err(e) if e.forward_to_leader().is_some() => ReadAnswer::NotLeader,
