@@ -384,7 +384,7 @@ impl Engine {
         // On a node holding only some shards, a kept result also needs the others not to
         // have moved (`None` when that cannot be told: no result is kept or used then).
         let versions = match self.store.reader() {
-            Some(r) if self.store.partial() => {
+            Some(r) if !options.no_result_cache && self.store.partial() => {
                 let asked = tokio::time::timeout(VERSIONS_WAIT, r.versions());
                 Some(asked.await.ok().flatten())
             }
