@@ -717,8 +717,11 @@ impl Engine {
 
     /// Answers another node's query for this node's replica of a shard (after its read
     /// barrier): the shard's buffered rows of the table and partitions `request` names, as
-    /// [`crate::store::remote::RowsAnswer::encode`] writes them.
+    /// [`crate::store::remote::RowsAnswer::encode`] writes them. Blocks while this node's
+    /// catalog does not know the table yet (run it off the runtime's threads).
     pub fn shard_rows(&self, request: &crate::store::remote::RowsRequest) -> Result<Vec<u8>> {
+        // The asking node's catalog may be ahead of this one's (a table just created).
+        self.await_table(request.table_id)?;
         let Some(table) = self.store.tables.get(request.table_id) else {
             return Err(Error::Replication {
                 reason: format!("table {} is not known on this node", request.table_id),
