@@ -68,6 +68,20 @@ impl Cluster {
         }
     }
 
+    /// The other nodes holding `shard`, in the order to ask them: the leader it prefers
+    /// first (it leads unless it failed), then the others.
+    fn holders_to_ask(&self, shard: u32) -> Vec<u64> {
+        let t = self.topology();
+        let me = self.node.id();
+        let preferred = t
+            .placement
+            .get(shard as usize)
+            .map(|p| self.preferred_leader(p));
+        let mut holders: Vec<u64> = t.holders(shard).into_iter().filter(|n| *n != me).collect();
+        holders.sort_by_key(|n| Some(*n) != preferred);
+        holders
+    }
+
     /// Waits until the metadata group has installed its entry `index` here.
     async fn installed(&self, index: u64) -> sluice_engine::Result<()> {
         let started = Instant::now();
@@ -99,17 +113,13 @@ impl ShardReader for Cluster {
             .collect()
     }
 
+    fn asked_first(&self, shard: u32) -> Option<u64> {
+        self.holders_to_ask(shard).first().copied()
+    }
+
     async fn read(&self, request: RowsRequest) -> sluice_engine::Result<RowsAnswer> {
         let shard = request.shard;
-        let t = self.topology();
-        let me = self.node.id();
-        // The leader it prefers first (it leads unless it failed), then the others.
-        let preferred = t
-            .placement
-            .get(shard as usize)
-            .map(|p| self.preferred_leader(p));
-        let mut holders: Vec<u64> = t.holders(shard).into_iter().filter(|n| *n != me).collect();
-        holders.sort_by_key(|n| Some(*n) != preferred);
+        let holders = self.holders_to_ask(shard);
         let mut failures = Vec::new();
         let last = holders.len().saturating_sub(1);
         for (i, node) in holders.into_iter().enumerate() {
@@ -137,15 +147,8 @@ impl ShardReader for Cluster {
     }
 
     async fn versions(&self) -> Option<Vec<(u32, u64)>> {
-        let t = self.topology();
-        let me = self.node.id();
         let reads = self.remote_shards().into_iter().map(|shard| {
-            let preferred = t
-                .placement
-                .get(shard as usize)
-                .map(|p| self.preferred_leader(p));
-            let mut holders: Vec<u64> = t.holders(shard).into_iter().filter(|n| *n != me).collect();
-            holders.sort_by_key(|n| Some(*n) != preferred);
+            let holders = self.holders_to_ask(shard);
             async move {
                 let index = self.node.read_index_of(GroupId::Shard(shard), &holders);
                 index.await.map(|i| (shard, i))

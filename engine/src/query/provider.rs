@@ -519,8 +519,12 @@ impl TableProvider for SluiceTable {
         let metrics = ExecutionPlanMetricsSet::new();
         // The rows other nodes hold are read when the scan runs (`EXPLAIN` then shows no
         // input).
-        let elsewhere: Vec<u32> = (self.store.reader())
-            .map(|r| r.remote_shards().into_iter().collect())
+        let elsewhere: Vec<(u32, Option<u64>)> = (self.store.reader())
+            .map(|r| {
+                (r.remote_shards().into_iter())
+                    .map(|s| (s, r.asked_first(s)))
+                    .collect()
+            })
             .unwrap_or_default();
         let planned = match elsewhere.is_empty() {
             false => None,

@@ -89,6 +89,11 @@ pub trait ShardReader: Send + Sync + 'static {
     /// error names the shard and why no replica answered.
     async fn read(&self, request: RowsRequest) -> Result<RowsAnswer>;
 
+    /// The node a read of `shard`'s rows asks first (for `EXPLAIN`).
+    fn asked_first(&self, _shard: u32) -> Option<u64> {
+        None
+    }
+
     /// Where each shard this node does not hold stands: its commit index as its leader
     /// confirms it now (a result kept from those shards' rows holds while none moved);
     /// `None` when some leader does not answer.

@@ -177,9 +177,9 @@ pub(crate) struct ScanExec {
     pub(super) scan: Arc<Scan>,
     pub(super) shown: Vec<u64>,
     pub(super) of: usize,
-    /// The shards this node held no replica of when planned: their unflushed rows are
-    /// read from their replicas when the scan runs.
-    pub(super) elsewhere: Vec<u32>,
+    /// The shards this node held no replica of when planned, with the node asked first
+    /// for each: their unflushed rows are read from their replicas when the scan runs.
+    pub(super) elsewhere: Vec<(u32, Option<u64>)>,
     pub(super) properties: Arc<PlanProperties>,
     /// The input made when planned, for the first run.
     pub(super) planned: Option<Arc<dyn ExecutionPlan>>,
@@ -211,12 +211,16 @@ impl DisplayAs for ScanExec {
             write!(f, ", ... {} more", self.shown.len() - SHOWN)?;
         }
         f.write_str("]")?;
-        if !self.elsewhere.is_empty() {
-            write!(
-                f,
-                ", unflushed rows of shards {:?} from their replicas",
-                self.elsewhere
-            )?;
+        for (i, (shard, node)) in self.elsewhere.iter().enumerate() {
+            let lead = if i == 0 {
+                ", unflushed rows of shard"
+            } else {
+                ","
+            };
+            match node {
+                Some(n) => write!(f, "{lead} {shard} from node {n}")?,
+                None => write!(f, "{lead} {shard} from its replicas")?,
+            }
         }
         Ok(())
     }

@@ -262,7 +262,7 @@ async fn queries_add_the_rows_held_elsewhere_or_name_the_shard_they_miss() {
     assert!(per_minute.contains("| c      | 1 | 30.0 |"), "{per_minute}");
     let plan = query(&e, "EXPLAIN SELECT * FROM t.m").await.unwrap();
     assert!(
-        plan.contains("unflushed rows of shards [5] from their replicas"),
+        plan.contains("unflushed rows of shard 5 from its replicas"),
         "{plan}"
     );
 
