@@ -188,6 +188,25 @@ pub fn cluster_configs(dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<St
         .collect())
 }
 
+/// Starts an `n`-node cluster of `bin` under `dir` (node `i`'s data in `dir/node<i>`) and
+/// waits until every node sees a leader for each of its groups (`within` each).
+pub async fn start_cluster(
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    n: usize,
+    within: std::time::Duration,
+) -> anyhow::Result<Vec<Sluice>> {
+    let mut nodes = Vec::new();
+    for (i, config) in cluster_configs(dir, n)?.iter().enumerate() {
+        let node_dir = dir.join(format!("node{}", i + 1));
+        nodes.push(Sluice::start_with_config(bin, &node_dir, Some(config))?);
+    }
+    for node in &nodes {
+        node.await_leaders(within).await?;
+    }
+    Ok(nodes)
+}
+
 impl Sluice {
     /// Waits until this cluster node sees a leader for each of its groups.
     pub async fn await_leaders(&self, within: std::time::Duration) -> anyhow::Result<()> {

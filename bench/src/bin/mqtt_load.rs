@@ -271,17 +271,8 @@ fn stored_after(args: &Args, w: usize) -> usize {
 /// Starts an `args.cluster`-node cluster under `dir`, loads it through all its nodes, and
 /// checks every node stored every message.
 async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<(Vec<Figures>, Duration)> {
-    let mut nodes = Vec::new();
-    for (i, config) in sluice_bench::cluster_configs(dir, args.cluster)?
-        .iter()
-        .enumerate()
-    {
-        let node_dir = dir.join(format!("node{}", i + 1));
-        nodes.push(Sluice::start_with_config(bin, &node_dir, Some(config))?);
-    }
-    for n in &nodes {
-        n.await_leaders(Duration::from_secs(30)).await?;
-    }
+    let nodes =
+        sluice_bench::start_cluster(bin, dir, args.cluster, Duration::from_secs(30)).await?;
     nodes[0].sql("CREATE DATABASE bench").await?;
     nodes[0].sql(&create_table(&args.payload)).await?;
     let addrs: Vec<String> = nodes.iter().map(|n| n.mqtt.clone()).collect();

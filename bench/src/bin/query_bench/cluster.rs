@@ -25,17 +25,8 @@ pub(super) async fn run_cluster(
         load(&s, files, args.load_connections).await?;
         timed_all(&s, args, "single node").await?
     };
-    let mut nodes = Vec::new();
-    for (i, config) in sluice_bench::cluster_configs(dir, args.cluster)?
-        .iter()
-        .enumerate()
-    {
-        let node_dir = dir.join(format!("node{}", i + 1));
-        nodes.push(Sluice::start_with_config(bin, &node_dir, Some(config))?);
-    }
-    for n in &nodes {
-        n.await_leaders(Duration::from_secs(60)).await?;
-    }
+    let nodes =
+        sluice_bench::start_cluster(bin, dir, args.cluster, Duration::from_secs(60)).await?;
     nodes[0].sql(nyct::DDL).await?;
     let secs = load(&nodes[0], files, args.load_connections).await?;
     eprintln!(
