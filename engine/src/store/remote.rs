@@ -143,7 +143,7 @@ impl Remote {
             return Ok(Self::default());
         };
         let shards = reader.remote_shards();
-        if shards.is_empty() {
+        if shards.is_empty() || lo > hi {
             return Ok(Self::default());
         }
         let reads = shards.iter().map(|&shard| {
@@ -333,7 +333,13 @@ pub(crate) fn serve(
     let mut parts = Vec::new();
     {
         let held = table.parts.read();
-        for (key, p) in held.range(request.lo..=request.hi) {
+        // Bounds come from another node: contradictory ones (a query's filters that no
+        // partition can meet) name nothing, and must not reach `range`, which panics.
+        let keys = match request.lo <= request.hi {
+            true => held.range(request.lo..=request.hi),
+            false => held.range(1..1),
+        };
+        for (key, p) in keys {
             if !request.admits(*key) {
                 continue;
             }

@@ -122,6 +122,24 @@ fn rows_are_cut_at_this_nodes_flushed_index_and_fitted_to_its_schema() {
 }
 
 #[test]
+fn contradictory_partition_bounds_from_another_node_name_no_rows() {
+    let def = crate::ingest::decode::testutil::table_of(1, &[("v", ColumnType::Int64, true)]);
+    let table = TableState::new(Arc::new(def));
+    let request = RowsRequest {
+        table_id: 1,
+        shard: 0,
+        lo: 9,
+        hi: 3,
+        only: None,
+        columns: None,
+        latest: false,
+    };
+    let answer = serve(&table, &request, || 7).unwrap();
+    assert!(answer.parts.is_empty());
+    assert_eq!(answer.manifest_index, 7);
+}
+
+#[test]
 fn a_damaged_answer_is_an_error() {
     let schema = table_schema(1);
     let bytes = RowsAnswer::default().encode(&schema).unwrap();
