@@ -612,3 +612,116 @@ async fn max_keep_alive_is_told_or_enforced() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The retained messages `mosquitto_sub` gets on subscribing to `filter` (it stops after
+/// `count`): (topic, payload as JSON), sorted by topic; each must carry the retain flag.
+fn retained(s: &Server, filter: &str, count: usize) -> Vec<(String, serde_json::Value)> {
+    let n = count.to_string();
+    let out = s.mosquitto(
+        "mosquitto_sub",
+        &[
+            "-t", filter, "-q", "1", "-C", &n, "-W", "10", "-F", "%r %t %p",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut got: Vec<(String, serde_json::Value)> = (text.lines())
+        .map(|l| {
+            let mut parts = l.splitn(3, ' ');
+            assert_eq!(parts.next(), Some("1"), "not flagged retained: {l}");
+            let topic = parts.next().unwrap().to_string();
+            (topic, serde_json::from_str(parts.next().unwrap()).unwrap())
+        })
+        .collect();
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(got.len(), count, "{text}");
+    got
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retained_messages_of_a_table_topic_are_its_newest_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = "[[topic]]\nfilter = \"factory/+site/+device/telemetry\"\ntable = \"plant.telemetry\"\nformat = \"json\"\nretain = \"latest\"\n";
+    let s = Server::start_with_config(dir.path(), config);
+    s.sql_ok("CREATE DATABASE plant").await;
+    s.sql_ok(
+        "CREATE TABLE plant.telemetry (site STRING, device STRING, ts TIMESTAMP, temp DOUBLE, \
+         note STRING) PARTITION BY yyyymmdd(ts) WITH (last_value_key = 'device')",
+    )
+    .await;
+    let readings = [
+        (
+            "berlin/d1",
+            r#"{"ts":"2026-11-21T10:00:00Z","temp":1.5}"#,
+            false,
+        ),
+        // Late and out of order: older than d1's reading above, so not its newest.
+        (
+            "berlin/d1",
+            r#"{"ts":"2026-11-21T09:00:00Z","temp":0.5}"#,
+            true,
+        ),
+        (
+            "berlin/d2",
+            r#"{"ts":"2026-11-21T10:00:00Z","temp":2.5,"note":"x"}"#,
+            true,
+        ),
+        (
+            "hamburg/d3",
+            r#"{"ts":"2026-11-21T11:00:00Z","temp":3.5}"#,
+            false,
+        ),
+    ];
+    for (at, payload, retain) in readings {
+        let topic = format!("factory/{at}/telemetry");
+        let mut args = vec!["-t", &topic, "-m", payload];
+        if retain {
+            args.push("-r");
+        }
+        let out = pub_msg(&s, &args);
+        assert!(out.status.success());
+    }
+    let want = |t: &str, ts: &str, temp: f64| {
+        let (ts, topic) = (
+            format!("2026-11-21T{ts}:00"),
+            format!("factory/{t}/telemetry"),
+        );
+        (topic, serde_json::json!({"ts": ts, "temp": temp}))
+    };
+    let mut all = vec![
+        want("berlin/d1", "10:00", 1.5),
+        want("berlin/d2", "10:00", 2.5),
+        want("hamburg/d3", "11:00", 3.5),
+    ];
+    all[1].1["note"] = "x".into();
+    assert_eq!(retained(&s, "factory/+/+/telemetry", 3), all);
+    assert_eq!(retained(&s, "#", 3), all);
+    assert_eq!(retained(&s, "factory/berlin/#", 2), all[..2]);
+    assert_eq!(retained(&s, "factory/+/d3/telemetry", 1), all[2..]);
+    // The broker keeps no copy of its own: the table is the store.
+    assert_eq!(
+        s.count("SELECT count(*) FROM system.retained WHERE topic LIKE 'factory/%'")
+            .await,
+        0
+    );
+    // A payload received republished to its topic is the same reading.
+    publish(&s, &all[2].0, &all[2].1.to_string());
+    assert_eq!(
+        s.count("SELECT count(*) FROM plant.telemetry WHERE device = 'd3' AND temp = 3.5")
+            .await,
+        2
+    );
+    // Through a flush and a restart: the cache is made again from the table.
+    s.sql_ok("FLUSH TABLE plant.telemetry").await;
+    assert_eq!(retained(&s, "factory/+/+/telemetry", 3), all);
+    assert_eq!(s.terminate(), 0);
+    let s = Server::start_with_config(dir.path(), config);
+    assert_eq!(retained(&s, "factory/+/+/telemetry", 3), all);
+    // A newer reading is the new retained message at once.
+    publish(
+        &s,
+        "factory/berlin/d1/telemetry",
+        r#"{"ts":"2026-11-21T12:00:00Z","temp":9.5}"#,
+    );
+    all[0] = want("berlin/d1", "12:00", 9.5);
+    assert_eq!(retained(&s, "factory/+/+/telemetry", 3), all);
+}

@@ -565,7 +565,7 @@ where
                         client.send(p);
                     }
                     if let Some((m, targets, logged)) = routed {
-                        if m.retain && !logged {
+                        if crate::ingest::kept_retained(shared, &m) && !logged {
                             shared.router.retain(&m, 0);
                         }
                         deliver = targets;

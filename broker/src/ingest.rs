@@ -186,12 +186,18 @@ pub(crate) async fn deliver_now(
     targets: Vec<Target>,
     logged: bool,
 ) {
-    if message.retain && !logged {
+    if kept_retained(shared, message) && !logged {
         shared.router.retain(message, 0);
     }
     if !targets.is_empty() {
         crate::router::deliver(targets).await;
     }
+}
+
+/// Whether `message` is a retained message the broker keeps: not those of topics whose
+/// table serves them (a `retain = "latest"` rule's; see [`crate::latest`]).
+pub(crate) fn kept_retained(shared: &BrokerState, message: &Message) -> bool {
+    message.retain && !shared.mapper.retains_latest(&message.topic)
 }
 
 /// Where `message` goes, and whether it goes through the journal: it does, where the log
@@ -213,12 +219,10 @@ pub(crate) async fn plan(
     let (targets, direct) =
         (shared.router).targets_among(message, shared.db.as_ref(), None, serves);
     let lasting = |(s, d): &Target| d.qos != rumqttc::v5::mqttbytes::QoS::AtMostOnce && s.lasting();
+    let kept = kept_retained(shared, message);
     let logged = shared.db.journals()
         && !message.origin.starts_with("$SYS")
-        && (message.retain
-            || incoming.is_some()
-            || will_of.is_some()
-            || targets.iter().any(lasting));
+        && (kept || incoming.is_some() || will_of.is_some() || targets.iter().any(lasting));
     if !logged {
         return (None, targets);
     }
@@ -239,9 +243,9 @@ pub(crate) async fn plan(
         will_of: will_of.clone(),
     };
     let (state, m) = (shared.clone(), message.clone());
-    let retaining = m.retain.then(|| shared.router.retaining());
+    let retaining = kept.then(|| shared.router.retaining());
     let then = Box::new(move |lsn| {
-        if m.retain {
+        if kept {
             state.router.retain(&m, lsn);
         }
         drop(retaining);

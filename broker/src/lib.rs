@@ -18,6 +18,7 @@ mod connection;
 mod error;
 mod ingest;
 mod journal;
+mod latest;
 mod mapping;
 mod metrics;
 mod persist;
@@ -123,6 +124,7 @@ impl Broker {
         let router = Router::new(config.mqtt.max_queued_messages, relay.clone());
         let store = persist::Store::new(&config.data_dir);
         let wills = replay(&router, &store, db.as_ref());
+        router.forget_retained(|t| mapper.retains_latest(t));
         let shared = Arc::new(BrokerState {
             config: config.mqtt.clone(),
             db,

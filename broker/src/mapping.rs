@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result};
 use rumqttc::v5::mqttbytes::v5::PublishProperties;
-use sluice_conf::TopicRule;
+use sluice_conf::{RetainFrom, TopicRule};
 use sluice_engine::Format;
 
 /// Where one message goes; names borrow from the topic, its properties or the rule, so
@@ -35,7 +35,14 @@ struct Rule {
     database: String,
     table: String,
     format: Option<Format>,
+    /// `retain = "latest"`: the table's newest rows are the topics' retained messages.
+    latest: bool,
 }
+
+/// A `retain = "latest"` rule ([`Mapper::latest_rules`]): its table, and the topic each of
+/// its rows makes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LatestRule<'a>(&'a Rule);
 
 /// The compiled topic rules.
 #[derive(Debug, Default)]
@@ -81,9 +88,26 @@ impl Mapper {
                 database,
                 table,
                 format,
+                latest: r.retain == RetainFrom::Latest,
             });
         }
         Ok(Self { rules: out })
+    }
+
+    /// Whether `topic`'s retained message is its table's newest row (it maps through a
+    /// `retain = "latest"` rule), not one the broker keeps.
+    pub(crate) fn retains_latest(&self, topic: &str) -> bool {
+        (self.rules.iter())
+            .find(|r| r.capture(topic).is_some())
+            .is_some_and(|r| r.latest)
+    }
+
+    /// The `retain = "latest"` rules some of whose topics `filter` (a subscription's)
+    /// matches.
+    pub(crate) fn latest_rules(&self, filter: &str) -> impl Iterator<Item = LatestRule<'_>> {
+        (self.rules.iter())
+            .filter(move |r| r.latest && r.meets(filter))
+            .map(LatestRule)
     }
 
     /// The table `topic` writes into, if any.
@@ -139,7 +163,63 @@ impl Mapper {
     }
 }
 
+impl<'a> LatestRule<'a> {
+    /// The rule's table: (database, table).
+    pub(crate) fn table(&self) -> (&'a str, &'a str) {
+        (&self.0.database, &self.0.table)
+    }
+
+    /// The names of the levels a topic fills (the columns a row makes its topic of).
+    pub(crate) fn named(&self) -> impl Iterator<Item = &'a str> {
+        (self.0.levels.iter()).filter_map(|l| match l {
+            Level::One(Some(n)) => Some(n.as_str()),
+            _ => None,
+        })
+    }
+
+    /// The topic of a row whose named levels' values `value` gives (`None` for a value
+    /// that cannot be a level: missing, empty, or holding `/`, `+` or `#`).
+    pub(crate) fn topic(&self, mut value: impl FnMut(&str) -> Option<String>) -> Option<String> {
+        let mut out = Vec::with_capacity(self.0.levels.len());
+        for l in &self.0.levels {
+            out.push(match l {
+                Level::Exact(e) => e.clone(),
+                Level::One(Some(n)) => {
+                    let v = value(n)?;
+                    if v.is_empty() || v.contains(['/', '+', '#']) {
+                        return None;
+                    }
+                    v
+                }
+                // Refused by the config's validation.
+                Level::One(None) | Level::Rest => return None,
+            });
+        }
+        Some(out.join("/"))
+    }
+}
+
 impl Rule {
+    /// Whether some topic matches both this rule's filter and `filter`.
+    fn meets(&self, filter: &str) -> bool {
+        let mut parts = filter.split('/');
+        for level in &self.levels {
+            match (level, parts.next()) {
+                (_, Some("#")) | (Level::Rest, _) => return true,
+                (_, None) => return false,
+                (Level::One(_), Some(_)) | (_, Some("+")) => {}
+                (Level::Exact(e), Some(p)) if e == p => {}
+                _ => return false,
+            }
+        }
+        match parts.next() {
+            None => true,
+            // `a/#` matches `a` itself.
+            Some("#") => parts.next().is_none(),
+            Some(_) => false,
+        }
+    }
+
     fn capture(&self, topic: &str) -> Option<Vec<(String, String)>> {
         let mut fixed = Vec::new();
         let mut parts = topic.split('/');
@@ -185,7 +265,50 @@ mod tests {
             filter: filter.into(),
             table: table.into(),
             format: "auto".into(),
+            retain: RetainFrom::Messages,
         }
+    }
+
+    #[test]
+    fn latest_rules_meet_filters_and_make_topics() {
+        let mut r = rule("factory/+site/+device/telemetry", "iot.telemetry");
+        r.retain = RetainFrom::Latest;
+        let m = Mapper::new(&[r, rule("other/+x", "iot.other")]).unwrap();
+        assert!(m.retains_latest("factory/berlin/d7/telemetry"));
+        assert!(!m.retains_latest("other/x1"));
+        assert!(!m.retains_latest("factory/berlin/d7"));
+        for (filter, meets) in [
+            ("#", true),
+            ("factory/#", true),
+            ("factory/+/+/telemetry", true),
+            ("factory/berlin/d7/telemetry", true),
+            ("factory/+/d7/#", true),
+            ("factory/+/+/telemetry/#", true),
+            ("factory/+/+", false),
+            ("factory/+/+/status", false),
+            ("plant/#", false),
+            ("other/#", false),
+            ("factory/a/b/telemetry/x", false),
+        ] {
+            assert_eq!(m.latest_rules(filter).count() == 1, meets, "{filter}");
+        }
+        let l = m.latest_rules("#").next().unwrap();
+        assert_eq!(l.table(), ("iot", "telemetry"));
+        assert_eq!(l.named().collect::<Vec<_>>(), ["site", "device"]);
+        let value = |bad: &'static str| {
+            move |n: &str| match n {
+                "site" => Some("berlin".to_string()),
+                _ => Some(bad.to_string()),
+            }
+        };
+        assert_eq!(
+            l.topic(value("d7")).as_deref(),
+            Some("factory/berlin/d7/telemetry")
+        );
+        for bad in ["", "a/b", "a+", "#"] {
+            assert_eq!(l.topic(value(bad)), None, "{bad:?}");
+        }
+        assert_eq!(l.topic(|_| None), None);
     }
 
     #[test]

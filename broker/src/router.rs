@@ -347,6 +347,12 @@ impl Router {
         }
     }
 
+    /// Forgets the retained messages of the topics `served` says the tables serve (a
+    /// `retain = "latest"` rule's, kept before that rule was set).
+    pub(crate) fn forget_retained(&self, served: impl Fn(&str) -> bool) {
+        self.retained.write().retain(|topic, _| !served(topic));
+    }
+
     /// What a new subscription of `session` to `filter` (not shared) gets at once: the
     /// retained messages matching it (not expired) that its user may receive, each with its
     /// LSN so that a lasting session's record of it names it.

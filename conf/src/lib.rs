@@ -30,7 +30,7 @@ pub use engine::{
 };
 pub use error::{Error, Result};
 pub use http::HttpConfig;
-pub use mqtt::{MqttConfig, SparkplugLayout, TopicRule};
+pub use mqtt::{MqttConfig, RetainFrom, SparkplugLayout, TopicRule};
 pub use pg::PgConfig;
 
 use http::MAX_BUSY_POLL_US;
@@ -353,6 +353,15 @@ impl Config {
                 return Err(Error::Invalid {
                     key: format!("topic[{i}]"),
                     reason: "needs a filter and a table".into(),
+                });
+            }
+            let unnamed = |l: &str| l == "#" || l == "+";
+            if rule.retain == RetainFrom::Latest && rule.filter.split('/').any(unnamed) {
+                return Err(Error::Invalid {
+                    key: format!("topic[{i}].retain"),
+                    reason: "\"latest\" needs every wildcard of the filter named (+name), \
+                             so that a row makes its topic"
+                        .into(),
                 });
             }
         }

@@ -121,6 +121,24 @@ pub struct TopicRule {
     /// it starts with `{` or `[`, else CSV).
     #[serde(default = "auto_format")]
     pub format: String,
+    /// What a new subscription to the rule's topics gets as their retained messages:
+    /// `messages` (the default: those published with the retain flag, kept by the broker)
+    /// or `latest` (each key's newest row from the table's last-value cache, as JSON on the
+    /// topic its named levels make; the filter's wildcards must all be named, and cover
+    /// the cache's key columns).
+    #[serde(default)]
+    pub retain: RetainFrom,
+}
+
+/// Where a `[[topic]]` rule's retained messages come from ([`TopicRule::retain`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RetainFrom {
+    /// Messages published with the retain flag, kept by the broker.
+    #[default]
+    Messages,
+    /// The table's last-value cache: each key's newest row.
+    Latest,
 }
 
 fn auto_format() -> String {

@@ -164,6 +164,24 @@ fn validate_names_the_key() {
 }
 
 #[test]
+fn retained_rows_need_named_levels() {
+    let rule = |filter: &str| {
+        format!("[[topic]]\nfilter = \"{filter}\"\ntable = \"t\"\nretain = \"latest\"\n")
+    };
+    let ok = Config::from_toml(&rule("f/+site/+device")).unwrap();
+    assert_eq!(ok.topic[0].retain, crate::RetainFrom::Latest);
+    ok.validate().unwrap();
+    for bad in ["f/+/+device", "f/+device/#"] {
+        let err = Config::from_toml(&rule(bad))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("topic[0].retain"), "{err}");
+    }
+    assert!(Config::from_toml(&rule("f").replace("latest", "newest")).is_err());
+}
+
+#[test]
 fn the_hot_cache_is_bytes_or_a_share_of_the_memory() {
     let memory = crate::machine_memory() as usize;
     let share = |t: &str| crate::MemoryBudget::Share(t.into()).bytes();

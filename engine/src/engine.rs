@@ -525,6 +525,14 @@ fn fixed_columns(def: &TableDef, fixed: &[(String, String)]) -> Result<Vec<(usiz
 
 #[async_trait]
 impl IngestPort for Engine {
+    async fn latest_rows(
+        &self,
+        database: &str,
+        table: &str,
+    ) -> Result<Option<crate::ports::LatestRows>> {
+        self.latest_rows_of(database, table).await
+    }
+
     fn ask_rebirth(&self, group: &str, edge: &str) -> bool {
         self.sparkplug.ask_rebirth(group, edge)
     }

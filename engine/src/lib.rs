@@ -44,9 +44,9 @@ pub use log::WriteLog;
 pub use log::wal::record::{WriteRecord, encode_record};
 pub use log::wal::{Journal, Then};
 pub use ports::{
-    ClusterAdmin, DeadLetter, Described, Health, IngestPort, LeaderMoveError, LineProtocolWrite,
-    Logins, NodeChangeError, Publication, QueryOptions, QueryOutput, QueryPort, RejectedLine,
-    SystemRows, WriteReceipt,
+    ClusterAdmin, DeadLetter, Described, Health, IngestPort, LatestRows, LeaderMoveError,
+    LineProtocolWrite, Logins, NodeChangeError, Publication, QueryOptions, QueryOutput, QueryPort,
+    RejectedLine, SystemRows, WriteReceipt,
 };
 pub use relay::{ClaimedWills, Relay, RelaySink, Relaying, RouteChange};
 pub use store::catalog::{ApiBridges, CatalogData, CatalogLog, DEFAULT_DATABASE, TableDef};

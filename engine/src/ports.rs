@@ -288,6 +288,22 @@ pub trait IngestPort: Logins {
     fn relay(&self) -> Option<std::sync::Arc<dyn crate::Relay>> {
         None
     }
+
+    /// The newest row of each key of `database.table`'s last-value cache, read as a query
+    /// reads it (every acknowledged row; on a cluster, every shard). `None`: no such table,
+    /// or it keeps no cache.
+    async fn latest_rows(&self, _database: &str, _table: &str) -> Result<Option<LatestRows>> {
+        Ok(None)
+    }
+}
+
+/// The newest row of each key of a table ([`IngestPort::latest_rows`]).
+#[derive(Debug, Clone)]
+pub struct LatestRows {
+    /// The names of the cache's key columns.
+    pub keys: Vec<String>,
+    /// One row per key, with every column of the table.
+    pub rows: RecordBatch,
 }
 
 /// The query and admin port: what the HTTP API, the console and the alerts call.

@@ -422,13 +422,14 @@ async fn on_subscribe(shared: &Arc<BrokerState>, client: &mut Client, s: Subscri
                 retained: send_retained,
             };
             let (state, session, filter) = (shared.clone(), client.session.clone(), f.path.clone());
+            let opts = options.clone();
             let then: sluice_engine::Then = Box::new(move |_| {
                 // Not for a session taken over meanwhile (its replacement starts afresh).
                 if state.router.is_current(&session) {
                     state.router.subscribe_with_retained(
                         &session,
                         &filter,
-                        options,
+                        opts,
                         (send_retained, false),
                         state.db.as_ref(),
                     );
@@ -456,6 +457,10 @@ async fn on_subscribe(shared: &Arc<BrokerState>, client: &mut Client, s: Subscri
                         .retained_for(&client.session, plain, &options, auth),
                 );
             }
+        }
+        if send_retained {
+            let rows = crate::latest::retained_rows(shared, &client.session, plain, &options);
+            retained.extend(rows.await);
         }
         codes.push(SubscribeReasonCode::Success(f.qos));
     }

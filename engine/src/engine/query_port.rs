@@ -5,8 +5,42 @@ use super::{Engine, now_micros};
 use crate::alerts::{AlertDef, AlertStatus};
 use crate::error::Result;
 use crate::ingest::decode::{Format, decode};
-use crate::ports::{Described, Health, Logins, QueryOptions, QueryOutput, QueryPort, WriteReceipt};
+use crate::ports::{
+    Described, Health, LatestRows, Logins, QueryOptions, QueryOutput, QueryPort, WriteReceipt,
+};
 use async_trait::async_trait;
+use datafusion::arrow::compute::concat_batches;
+use futures::TryStreamExt;
+
+impl Engine {
+    /// [`crate::IngestPort::latest_rows`]: a `LATEST ON` query, which the last-value cache
+    /// answers (after the read barrier, from every shard on a cluster).
+    pub(crate) async fn latest_rows_of(
+        &self,
+        database: &str,
+        table: &str,
+    ) -> Result<Option<LatestRows>> {
+        let Ok(def) = self.table(database, table) else {
+            return Ok(None);
+        };
+        let Some((keys, time)) = crate::store::latest::shape(&def) else {
+            return Ok(None);
+        };
+        let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+        let keys: Vec<String> = keys.iter().map(|&k| def.columns[k].name.clone()).collect();
+        let sql = format!(
+            "SELECT * FROM {}.{} LATEST ON {} PARTITION BY {}",
+            quote(database),
+            quote(table),
+            quote(&def.columns[time].name),
+            keys.iter().map(|k| quote(k)).collect::<Vec<_>>().join(", ")
+        );
+        let out = QueryPort::query(self, &sql, &QueryOptions::default()).await?;
+        let batches: Vec<_> = out.stream.try_collect().await?;
+        let rows = concat_batches(&out.schema, &batches)?;
+        Ok(Some(LatestRows { keys, rows }))
+    }
+}
 
 impl Logins for Engine {
     fn password_hash(&self, user: &str) -> Option<String> {
