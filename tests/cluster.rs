@@ -232,7 +232,10 @@ async fn until_acked(
 async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     let root = tempfile::tempdir().unwrap();
     let mosquitto = bridge::Mosquitto::start(root.path());
-    let mut c = Cluster::start(root.path(), &mosquitto.bridge_config());
+    // The retained message of a device's topic is its newest row, on any node.
+    let rule =
+        "\n[[topic]]\nfilter = \"iot/+device/reading\"\ntable = \"iot.r\"\nretain = \"latest\"\n";
+    let mut c = Cluster::start(root.path(), &(mosquitto.bridge_config() + rule));
     c.settled().await;
     let shards = c.node(1).rows("SELECT * FROM system.shards").await;
     assert_eq!(shards.len(), GROUPS, "{shards:?}");
@@ -383,6 +386,16 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
         (r[0]["n"].as_u64(), r[0]["d"].as_u64()),
         (Some(40), Some(40))
     );
+    for (id, device, seq) in [(3, "m7", 2_000_007), (2, "h4", 1_000_004)] {
+        let topic = format!("iot/{device}/reading");
+        let args = ["-t", &topic, "-C", "1", "-W", "10", "-F", "%r %t %p"];
+        let out = c.node(id).mosquitto("mosquitto_sub", &args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.starts_with(&format!("1 {topic} {{")) && text.contains(&format!("\"seq\":{seq}")),
+            "node {id}: {text}"
+        );
+    }
 
     // An alert is evaluated by one node only (the metadata group's leader), so it fires
     // once, not once per node: while one node evaluates it three times, no other does.
