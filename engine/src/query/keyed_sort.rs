@@ -9,6 +9,8 @@
 //! time order mostly are already (checked first). The output is taken from the input
 //! concatenated in order. A partition's rows are held in memory; when the query's memory
 //! budget cannot hold them, the rows go on to DataFusion's own sort, which spills.
+//! A window operator over such a sort, partitioned by its keys, becomes a
+//! [`window::KeyedWindowExec`].
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{cast, concat_batches, take_record_batch};
@@ -17,7 +19,7 @@ use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
 use datafusion::error::{DataFusionError, Result as DfResult};
-use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -28,6 +30,11 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::{StreamExt, TryStreamExt};
 use std::sync::Arc;
+
+mod window;
+
+/// The rows in order, (batch, row) pairs, and where each key's rows start (then the end).
+type Order = (Vec<(usize, usize)>, Vec<usize>);
 
 /// Output batches' rows.
 const BATCH_ROWS: usize = 8192;
@@ -43,9 +50,15 @@ impl PhysicalOptimizerRule for KeyedSortRule {
         _config: &ConfigOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         plan.transform_up(|node| {
-            let keyed = node.downcast_ref::<SortExec>().and_then(KeyedSortExec::of);
-            Ok(match keyed {
-                Some(k) => Transformed::yes(Arc::new(k) as Arc<dyn ExecutionPlan>),
+            // Children first: a window's sort is replaced before the window is looked at.
+            if let Some(k) = node.downcast_ref::<SortExec>().and_then(KeyedSortExec::of) {
+                return Ok(Transformed::yes(Arc::new(k) as Arc<dyn ExecutionPlan>));
+            }
+            if let Some(w) = window::KeyedWindowExec::of(&node) {
+                return Ok(Transformed::yes(Arc::new(w) as Arc<dyn ExecutionPlan>));
+            }
+            Ok(match window::KeyedWindowExec::trimmed(&node) {
+                Some(p) => Transformed::yes(p),
                 None => Transformed::no(node),
             })
         })
@@ -70,7 +83,7 @@ enum Last {
 
 /// A `SortExec` by key columns then a number or time column, without a limit, each input
 /// partition sorted on its own (or a single one).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct KeyedSortExec {
     /// The sort it replaces (run instead when memory runs short).
     sort: SortExec,
@@ -185,59 +198,19 @@ impl ExecutionPlan for KeyedSortExec {
         let sorted = MetricBuilder::new(&self.metrics).global_counter("keyed_rows");
         let spilled = MetricBuilder::new(&self.metrics).global_counter("handed_to_sort");
         let elapsed = MetricBuilder::new(&self.metrics).elapsed_compute(partition);
-        let this = Arc::new(Self {
-            sort: self.sort.clone(),
-            keys: self.keys.clone(),
-            last: self.last,
-            kind: self.kind,
-            metrics: self.metrics.clone(),
-        });
+        let this = Arc::new(self.clone());
         let out = futures::stream::once(async move {
-            let reservation = MemoryConsumer::new(format!("SluiceKeyedSort[{partition}]"))
-                .register(context.memory_pool());
-            let mut input = input;
-            let mut batches = Vec::new();
-            while let Some(batch) = input.next().await {
-                let batch = batch?;
-                if reservation.try_grow(batch.get_array_memory_size()).is_err() {
-                    // Too big for memory: DataFusion's sort (which spills) takes the rows
-                    // read so far and the rest.
-                    drop(reservation);
-                    spilled.add(1);
-                    let rest = futures::stream::iter(batches.into_iter().map(Ok))
-                        .chain(futures::stream::once(async { Ok(batch) }))
-                        .chain(input);
-                    return this.by_datafusion(
-                        Box::pin(RecordBatchStreamAdapter::new(
-                            this.sort.input().schema(),
-                            rest,
-                        )),
-                        context,
-                    );
-                }
-                batches.push(batch);
-            }
-            let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-            sorted.add(rows);
+            let name = format!("SluiceKeyedSort[{partition}]");
+            let (batches, _held) = match read_all(input, &name, &context, &spilled).await? {
+                Ok(read) => read,
+                Err(rest) => return this.by_datafusion(rest, context),
+            };
+            sorted.add(batches.iter().map(RecordBatch::num_rows).sum());
             let _timer = elapsed.timer();
-            let order = this.order(&batches)?;
-            // One array per column (copied in order), then gathered by row number: a
-            // tighter loop than gathering from every input batch at once.
-            let mut first = Vec::with_capacity(batches.len() + 1);
-            first.push(0u32);
-            for b in &batches {
-                first.push(first[first.len() - 1] + b.num_rows() as u32);
-            }
-            let whole = concat_batches(&this.sort.input().schema(), &batches)?;
-            drop(batches);
-            let out: Vec<DfResult<RecordBatch>> = (order.chunks(BATCH_ROWS))
-                .map(|c| {
-                    let at =
-                        UInt32Array::from_iter_values(c.iter().map(|(b, r)| first[*b] + *r as u32));
-                    Ok(take_record_batch(&whole, &at)?)
-                })
+            let (whole, at, _) = this.sorted(batches)?;
+            let out: Vec<DfResult<RecordBatch>> = (at.chunks(BATCH_ROWS))
+                .map(|c| Ok(take_record_batch(&whole, &UInt32Array::from(c.to_vec()))?))
                 .collect();
-            drop(reservation);
             Ok(Box::pin(RecordBatchStreamAdapter::new(
                 this.schema(),
                 futures::stream::iter(out),
@@ -245,6 +218,49 @@ impl ExecutionPlan for KeyedSortExec {
         })
         .try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out)))
+    }
+}
+
+/// Reads the whole of `input` under the query's memory budget (as consumer `name`; the
+/// reservation returned holds the rows until dropped). `Err`: the budget could not hold it: the rows read so far and the rest, as one stream,
+/// for DataFusion's operators (which spill); `handed` counts that.
+async fn read_all(
+    mut input: SendableRecordBatchStream,
+    name: &str,
+    context: &TaskContext,
+    handed: &datafusion::physical_plan::metrics::Count,
+) -> DfResult<Result<(Vec<RecordBatch>, MemoryReservation), SendableRecordBatchStream>> {
+    let reservation = MemoryConsumer::new(name).register(context.memory_pool());
+    let schema = input.schema();
+    let mut batches = Vec::new();
+    while let Some(batch) = input.next().await {
+        let batch = batch?;
+        if reservation.try_grow(batch.get_array_memory_size()).is_err() {
+            handed.add(1);
+            let rest = futures::stream::iter(batches.into_iter().map(Ok))
+                .chain(futures::stream::once(async { Ok(batch) }))
+                .chain(input);
+            return Ok(Err(Box::pin(RecordBatchStreamAdapter::new(schema, rest))));
+        }
+        batches.push(batch);
+    }
+    Ok(Ok((batches, reservation)))
+}
+
+impl KeyedSortExec {
+    /// `batches` sorted: their rows concatenated (one array per column, a tighter loop to
+    /// gather from than every batch at once), the sorted order as row numbers into it, and
+    /// where each key's rows start in that order (and, last, where they end).
+    fn sorted(&self, batches: Vec<RecordBatch>) -> DfResult<(RecordBatch, Vec<u32>, Vec<usize>)> {
+        let (order, start) = self.order(&batches)?;
+        let mut first = Vec::with_capacity(batches.len() + 1);
+        first.push(0u32);
+        for b in &batches {
+            first.push(first[first.len() - 1] + b.num_rows() as u32);
+        }
+        let whole = concat_batches(&self.sort.input().schema(), &batches)?;
+        let at = order.iter().map(|(b, r)| first[*b] + *r as u32).collect();
+        Ok((whole, at, start))
     }
 }
 
@@ -270,8 +286,9 @@ impl KeyedSortExec {
         sort.execute(0, context)
     }
 
-    /// The rows of `batches` in order: (batch, row) pairs.
-    fn order(&self, batches: &[RecordBatch]) -> DfResult<Vec<(usize, usize)>> {
+    /// The rows of `batches` in order: (batch, row) pairs; and where each key's rows start
+    /// (and, last, where they end).
+    fn order(&self, batches: &[RecordBatch]) -> DfResult<Order> {
         let options: Vec<_> = self.ordering().iter().map(|e| e.options).collect();
         let schema = self.sort.input().schema();
         let (key_of, rank) = match schema.field(self.keys[0]).data_type() {
@@ -331,7 +348,7 @@ impl KeyedSortExec {
                 *slot = copy[(p & mask) as usize];
             }
         }
-        Ok(order)
+        Ok((order, start))
     }
 
     /// Each row's key number (per batch) and each key number's rank, the keys compared in
@@ -486,127 +503,4 @@ impl datafusion::physical_plan::streaming::PartitionStream for Once {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use datafusion::arrow::array::{StringArray, TimestampMicrosecondArray};
-    use datafusion::arrow::compute::SortOptions;
-    use datafusion::arrow::datatypes::{Field, Schema, TimeUnit};
-    use datafusion::datasource::memory::MemorySourceConfig;
-    use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-    use datafusion::physical_expr::PhysicalSortExpr;
-
-    /// Rows of 40 devices (one NULL), times shuffled, each (device, time) once, in batches.
-    fn input() -> (SchemaRef, Vec<RecordBatch>) {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("device", DataType::Utf8, true),
-            Field::new(
-                "time",
-                DataType::Timestamp(TimeUnit::Microsecond, None),
-                true,
-            ),
-            Field::new("tens", DataType::Int64, false),
-        ]));
-        let mut rows = Vec::new();
-        let mut x = 7u64;
-        for i in 0..40_000u64 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let d = (i % 40 != 0).then(|| format!("d{}", i % 40));
-            // Mostly rising times with some out of order; one NULL time per device.
-            let t = (i >= 40).then(|| (i as i64) * 1000 - ((x >> 40) % 3) as i64 * 40_007);
-            rows.push((d, t, (i / 4000) as i64));
-        }
-        let batches = rows
-            .chunks(300)
-            .map(|c| {
-                let d: StringArray = c.iter().map(|r| r.0.clone()).collect();
-                let t: TimestampMicrosecondArray = c.iter().map(|r| r.1).collect();
-                let v =
-                    datafusion::arrow::array::Int64Array::from_iter_values(c.iter().map(|r| r.2));
-                RecordBatch::try_new(schema.clone(), vec![Arc::new(d), Arc::new(t), Arc::new(v)])
-                    .unwrap()
-            })
-            .collect();
-        (schema, batches)
-    }
-
-    async fn run(
-        plan: Arc<dyn ExecutionPlan>,
-        memory: usize,
-    ) -> (Vec<RecordBatch>, Option<MetricsSet>) {
-        let runtime = RuntimeEnvBuilder::new()
-            .with_memory_limit(memory, 1.0)
-            .build_arc()
-            .unwrap();
-        let config =
-            datafusion::prelude::SessionConfig::new().with_sort_spill_reservation_bytes(1024);
-        let ctx = Arc::new(
-            TaskContext::default()
-                .with_runtime(runtime)
-                .with_session_config(config),
-        );
-        let out = plan.execute(0, ctx).unwrap().try_collect().await.unwrap();
-        (out, plan.metrics())
-    }
-
-    #[tokio::test]
-    async fn sorts_as_datafusion_does_in_every_direction_and_hands_over_when_memory_is_short() {
-        let (schema, batches) = input();
-        for (desc_key, desc_time, nulls_first) in [
-            (false, false, false),
-            (true, false, true),
-            (false, true, true),
-            (true, true, false),
-        ] {
-            let opt = |descending| SortOptions {
-                descending,
-                nulls_first,
-            };
-            // A text key (hashed as text), or keys in the row format: text and a number.
-            let mut keys = vec![PhysicalSortExpr::new(
-                Arc::new(Column::new("device", 0)),
-                opt(desc_key),
-            )];
-            if desc_key == nulls_first {
-                let tens = Arc::new(Column::new("tens", 2));
-                keys.push(PhysicalSortExpr::new(tens, opt(!desc_key)));
-            }
-            keys.push(PhysicalSortExpr::new(
-                Arc::new(Column::new("time", 1)),
-                opt(desc_time),
-            ));
-            let ordering = LexOrdering::new(keys).unwrap();
-            let source = MemorySourceConfig::try_new_exec(
-                std::slice::from_ref(&batches),
-                schema.clone(),
-                None,
-            )
-            .unwrap();
-            let sort = SortExec::new(ordering, source);
-            let keyed = Arc::new(KeyedSortExec::of(&sort).expect("a keyed sort"));
-            let (want, _) = run(Arc::new(sort), usize::MAX).await;
-            let want = datafusion::arrow::compute::concat_batches(&schema, &want).unwrap();
-            let (got, metrics) = run(keyed.clone(), usize::MAX).await;
-            let got = datafusion::arrow::compute::concat_batches(&schema, &got).unwrap();
-            assert_eq!(got, want, "{desc_key} {desc_time} {nulls_first}");
-            let metrics = metrics.unwrap();
-            assert_eq!(
-                metrics.sum_by_name("keyed_rows").unwrap().as_usize(),
-                40_000
-            );
-            // Memory for a few batches only: DataFusion's sort (spilling) gets the rows.
-            let (got, metrics) = run(keyed, 512 * 1024).await;
-            let got = datafusion::arrow::compute::concat_batches(&schema, &got).unwrap();
-            assert_eq!(got, want);
-            assert_eq!(
-                metrics
-                    .unwrap()
-                    .sum_by_name("handed_to_sort")
-                    .unwrap()
-                    .as_usize(),
-                1
-            );
-        }
-    }
-}
+mod tests;
