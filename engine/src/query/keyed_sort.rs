@@ -12,8 +12,10 @@
 //! A window operator over such a sort, partitioned by its keys, becomes a
 //! [`window::KeyedWindowExec`].
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
-use datafusion::arrow::compute::{cast, concat_batches, take_record_batch};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions, UInt32Array, new_null_array,
+};
+use datafusion::arrow::compute::{cast, concat, take_record_batch};
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, SchemaRef};
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::config::ConfigOptions;
@@ -207,7 +209,7 @@ impl ExecutionPlan for KeyedSortExec {
             };
             sorted.add(batches.iter().map(RecordBatch::num_rows).sum());
             let _timer = elapsed.timer();
-            let (whole, at, _) = this.sorted(batches)?;
+            let (whole, at, _) = this.sorted(batches, &[])?;
             let out: Vec<DfResult<RecordBatch>> = (at.chunks(BATCH_ROWS))
                 .map(|c| Ok(take_record_batch(&whole, &UInt32Array::from(c.to_vec()))?))
                 .collect();
@@ -251,14 +253,35 @@ impl KeyedSortExec {
     /// `batches` sorted: their rows concatenated (one array per column, a tighter loop to
     /// gather from than every batch at once), the sorted order as row numbers into it, and
     /// where each key's rows start in that order (and, last, where they end).
-    fn sorted(&self, batches: Vec<RecordBatch>) -> DfResult<(RecordBatch, Vec<u32>, Vec<usize>)> {
+    /// Columns `skip` are not copied: NULLs stand in.
+    fn sorted(
+        &self,
+        batches: Vec<RecordBatch>,
+        skip: &[usize],
+    ) -> DfResult<(RecordBatch, Vec<u32>, Vec<usize>)> {
         let (order, start) = self.order(&batches)?;
         let mut first = Vec::with_capacity(batches.len() + 1);
         first.push(0u32);
         for b in &batches {
             first.push(first[first.len() - 1] + b.num_rows() as u32);
         }
-        let whole = concat_batches(&self.sort.input().schema(), &batches)?;
+        let schema = self.sort.input().schema();
+        let total = first[first.len() - 1] as usize;
+        let columns = (0..schema.fields().len())
+            .map(|i| match skip.contains(&i) {
+                true => Ok(new_null_array(schema.field(i).data_type(), total)),
+                false => {
+                    let parts: Vec<&dyn Array> =
+                        batches.iter().map(|b| b.column(i).as_ref()).collect();
+                    concat(&parts)
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let whole = RecordBatch::try_new_with_options(
+            schema,
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(total)),
+        )?;
         let at = order.iter().map(|(b, r)| first[*b] + *r as u32).collect();
         Ok((whole, at, start))
     }

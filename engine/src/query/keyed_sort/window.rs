@@ -11,7 +11,7 @@
 //! projection above does not read are not gathered (NULLs stand in).
 
 use super::{BATCH_ROWS, KeyedSortExec, Once, read_all};
-use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array, new_null_array};
+use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{concat, take, take_record_batch};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DfResult;
@@ -171,7 +171,7 @@ impl KeyedWindowExec {
             let at = UInt32Array::from(at[lo..hi].to_vec());
             let columns: Vec<ArrayRef> = (whole.columns().iter().enumerate())
                 .map(|(i, c)| match self.unread.contains(&i) {
-                    true => Ok(new_null_array(c.data_type(), hi - lo)),
+                    true => Ok(c.slice(0, hi - lo)),
                     false => take(c, &at, None),
                 })
                 .collect::<Result<_, _>>()?;
@@ -283,7 +283,7 @@ impl ExecutionPlan for KeyedWindowExec {
             };
             let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
             let timer = elapsed.timer();
-            let (whole, at, start) = this.sort.sorted(batches)?;
+            let (whole, at, start) = this.sort.sorted(batches, &this.unread)?;
             let keys = start.len().saturating_sub(1);
             if rows < keys * MIN_KEY_ROWS {
                 small.add(1);
