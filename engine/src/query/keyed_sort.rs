@@ -59,10 +59,13 @@ impl PhysicalOptimizerRule for KeyedSortRule {
             if let Some(w) = window::KeyedWindowExec::of(&node) {
                 return Ok(Transformed::yes(Arc::new(w) as Arc<dyn ExecutionPlan>));
             }
-            Ok(match window::KeyedWindowExec::trimmed(&node) {
-                Some(p) => Transformed::yes(p),
-                None => Transformed::no(node),
-            })
+            let trimmed = window::KeyedWindowExec::trimmed(&node);
+            Ok(
+                match trimmed.or_else(|| window::KeyedWindowExec::filtered(&node)) {
+                    Some(p) => Transformed::yes(p),
+                    None => Transformed::no(node),
+                },
+            )
         })
         .data()
     }

@@ -201,6 +201,9 @@ async fn window_functions_over_keys_answer_as_datafusion_does() {
          AS before FROM t ORDER BY device NULLS FIRST, time NULLS FIRST, before NULLS FIRST",
         "SELECT tens, count(*) AS n FROM (SELECT tens, lag(tens) OVER (PARTITION BY device \
          ORDER BY time) AS p FROM t) AS x WHERE p <> tens GROUP BY tens ORDER BY tens",
+        "SELECT device, max(time) AS at, count(*) AS n FROM (SELECT device, time, tens, \
+         lag(tens, 1, 0) OVER (PARTITION BY device ORDER BY time) AS p FROM t) AS x \
+         WHERE p < tens OR p IS NULL GROUP BY device ORDER BY device NULLS FIRST",
     ];
     for (rows, path) in [(&batches, "keyed_rows"), (&few_rows, "small_keys")] {
         for q in queries {
@@ -210,6 +213,9 @@ async fn window_functions_over_keys_answer_as_datafusion_does() {
             // The last query's projection reads neither the key nor the time.
             let trimmed = shown.contains("(not read above: device)");
             assert_eq!(trimmed, q == queries[2], "{shown}");
+            // The last one's key is gathered only for the rows its filter keeps.
+            let late = shown.contains("gathered after it: device");
+            assert_eq!(late, q == queries[3], "{shown}");
             for c in 0..with.num_columns() {
                 let (a, b) = (with.column(c), without.column(c));
                 if let Some(i) = (0..a.len()).find(|&i| a.slice(i, 1) != b.slice(i, 1)) {

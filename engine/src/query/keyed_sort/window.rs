@@ -11,15 +11,21 @@
 //! projection above does not read are not gathered (NULLs stand in).
 
 use super::{BATCH_ROWS, KeyedSortExec, Once, read_all};
-use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, RecordBatch, UInt32Array, new_null_array,
+};
+use datafusion::arrow::compute::kernels::filter::{filter as filter_array, prep_null_mask_filter};
 use datafusion::arrow::compute::{concat, take, take_record_batch};
+use datafusion::arrow::datatypes::Schema;
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::DataFusionError;
 use datafusion::error::Result as DfResult;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::expressions::Column;
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
-use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec};
 use datafusion::physical_plan::{
@@ -46,6 +52,10 @@ pub(crate) struct KeyedWindowExec {
     /// Input columns (nullable ones) that neither the operator above nor the window
     /// functions read: output as NULLs instead of gathered.
     unread: Vec<usize>,
+    /// The predicate of a filter above (over this operator's output), applied here so that
+    /// the `late` input columns are gathered only for the rows it keeps.
+    filter: Option<Arc<dyn PhysicalExpr>>,
+    late: Vec<usize>,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -84,8 +94,107 @@ impl KeyedWindowExec {
             exprs,
             sort: sort.clone(),
             unread: Vec::new(),
+            filter: None,
+            late: Vec::new(),
             metrics: ExecutionPlanMetricsSet::new(),
         })
+    }
+
+    /// The input columns the window functions read (their arguments and order).
+    fn window_reads(&self) -> Vec<usize> {
+        use datafusion::physical_expr::utils::collect_columns;
+        let mut read = Vec::new();
+        for e in &self.exprs {
+            let exprs = e.expressions().into_iter();
+            let order = e.order_by().iter().map(|o| o.expr.clone());
+            read.extend(
+                exprs
+                    .chain(order)
+                    .flat_map(|x| collect_columns(&x))
+                    .map(|c| c.index()),
+            );
+        }
+        read
+    }
+
+    /// A filter over a [`KeyedWindowExec`], or over a projection of one (a condition on a
+    /// window function's result: `lag(status) <> status`): the filter applied in the window
+    /// operator, before the input columns only what is above reads are gathered.
+    pub(super) fn filtered(filter: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+        use datafusion::common::tree_node::{Transformed, TreeNode};
+        use datafusion::physical_expr::utils::collect_columns;
+        let f = filter.downcast_ref::<FilterExec>()?;
+        if f.fetch().is_some() {
+            return None;
+        }
+        let p = f.input().downcast_ref::<ProjectionExec>();
+        let w = match p {
+            Some(p) => p.input().downcast_ref::<Self>()?,
+            None => f.input().downcast_ref::<Self>()?,
+        };
+        if w.filter.is_some() {
+            return None;
+        }
+        // The predicate over the window's output: each column of the projection's output
+        // replaced by the projection's expression.
+        let predicate = match p {
+            None => f.predicate().clone(),
+            Some(p) => {
+                let column = |e: Arc<dyn PhysicalExpr>| {
+                    Ok(match e.downcast_ref::<Column>() {
+                        Some(c) => Transformed::yes(p.expr()[c.index()].expr.clone()),
+                        None => Transformed::no(e),
+                    })
+                };
+                f.predicate().clone().transform(column).ok()?.data
+            }
+        };
+        let inputs = w.sort.sort.input().schema();
+        let mut early = w.window_reads();
+        early.extend(collect_columns(&predicate).iter().map(|c| c.index()));
+        // What is read above: the projection's columns, or the filter's own.
+        let above: Vec<usize> = match (p, f.projection()) {
+            (Some(p), _) => (p.expr().iter())
+                .flat_map(|e| collect_columns(&e.expr))
+                .map(|c| c.index())
+                .collect(),
+            (None, Some(keep)) => keep.to_vec(),
+            (None, None) => (0..w.schema().fields().len()).collect(),
+        };
+        let mut unread = w.unread.clone();
+        if p.is_none() {
+            unread.extend((0..inputs.fields().len()).filter(|i| {
+                !early.contains(i) && !above.contains(i) && inputs.field(*i).is_nullable()
+            }));
+        }
+        let late: Vec<usize> = (0..inputs.fields().len())
+            .filter(|i| !early.contains(i) && !unread.contains(i) && above.contains(i))
+            .collect();
+        if late.is_empty() {
+            return None;
+        }
+        let filtered = Arc::new(Self {
+            window: w.window.clone(),
+            exprs: w.exprs.clone(),
+            sort: w.sort.clone(),
+            unread,
+            filter: Some(predicate),
+            late,
+            metrics: ExecutionPlanMetricsSet::new(),
+        });
+        let projected: Arc<dyn ExecutionPlan> = match p {
+            Some(p) => Arc::new(ProjectionExec::try_new(p.expr().to_vec(), filtered).ok()?),
+            None => filtered,
+        };
+        let Some(keep) = f.projection() else {
+            return Some(projected);
+        };
+        let schema = projected.schema();
+        let keep = keep.iter().map(|i| ProjectionExpr {
+            expr: Arc::new(Column::new(schema.field(*i).name(), *i)),
+            alias: schema.field(*i).name().clone(),
+        });
+        Some(Arc::new(ProjectionExec::try_new(keep, projected).ok()?))
     }
 
     /// `projection` over a [`KeyedWindowExec`] with the input columns it does not read (nor
@@ -94,7 +203,7 @@ impl KeyedWindowExec {
         use datafusion::physical_expr::utils::collect_columns;
         let p = projection.downcast_ref::<ProjectionExec>()?;
         let w = p.input().downcast_ref::<Self>()?;
-        if !w.unread.is_empty() {
+        if !w.unread.is_empty() || w.filter.is_some() {
             return None;
         }
         let mut read: Vec<usize> = (p.expr().iter())
@@ -123,6 +232,8 @@ impl KeyedWindowExec {
             exprs: w.exprs.clone(),
             sort: w.sort.clone(),
             unread,
+            filter: None,
+            late: Vec::new(),
             metrics: ExecutionPlanMetricsSet::new(),
         };
         let projection = ProjectionExec::try_new(p.expr().to_vec(), Arc::new(trimmed)).ok()?;
@@ -160,6 +271,16 @@ impl KeyedWindowExec {
         start: &[usize],
     ) -> DfResult<Vec<DfResult<RecordBatch>>> {
         let schema = self.schema();
+        // Batches with the columns not yet gathered as NULLs, for the window functions and
+        // the filter, which do not read them.
+        let loose = |s: &Schema| {
+            let fields = s
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone().with_nullable(true));
+            Arc::new(Schema::new(fields.collect::<Vec<_>>()))
+        };
+        let (loose_in, loose_out) = (loose(&whole.schema()), loose(&schema));
         let mut out = Vec::new();
         let mut from = 0;
         while from + 1 < start.len() {
@@ -168,22 +289,44 @@ impl KeyedWindowExec {
                 to += 1;
             }
             let (lo, hi) = (start[from], start[to]);
-            let at = UInt32Array::from(at[lo..hi].to_vec());
+            let rows_at = &at[lo..hi];
+            let indices = UInt32Array::from(rows_at.to_vec());
             let columns: Vec<ArrayRef> = (whole.columns().iter().enumerate())
-                .map(|(i, c)| match self.unread.contains(&i) {
-                    true => Ok(c.slice(0, hi - lo)),
-                    false => take(c, &at, None),
-                })
+                .map(
+                    |(i, c)| match (self.unread.contains(&i), self.late.contains(&i)) {
+                        (true, _) => Ok(c.slice(0, hi - lo)),
+                        (_, true) => Ok(new_null_array(c.data_type(), hi - lo)),
+                        _ => take(c, &indices, None),
+                    },
+                )
                 .collect::<Result<_, _>>()?;
-            let rows = RecordBatch::try_new(whole.schema(), columns)?;
+            let rows = RecordBatch::try_new(loose_in.clone(), columns)?;
             let mut columns = rows.columns().to_vec();
             for e in &self.exprs {
                 let parts: Vec<ArrayRef> = (start[from..=to].windows(2))
                     .map(|w| e.evaluate(&rows.slice(w[0] - lo, w[1] - w[0])))
                     .collect::<DfResult<_>>()?;
-                let parts: Vec<&dyn datafusion::arrow::array::Array> =
-                    parts.iter().map(|a| a.as_ref()).collect();
+                let parts: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
                 columns.push(concat(&parts)?);
+            }
+            if let Some(filter) = &self.filter {
+                let probe = RecordBatch::try_new(loose_out.clone(), columns.clone())?;
+                let mask = filter.evaluate(&probe)?.into_array(hi - lo)?;
+                let mask = match mask.as_boolean_opt() {
+                    Some(m) if m.null_count() > 0 => prep_null_mask_filter(m),
+                    Some(m) => m.clone(),
+                    None => return Err(DataFusionError::Internal("a filter not boolean".into())),
+                };
+                let kept: Vec<u32> = (rows_at.iter().zip(mask.values().iter()))
+                    .filter_map(|(a, keep)| keep.then_some(*a))
+                    .collect();
+                let kept = UInt32Array::from(kept);
+                columns = (columns.iter().enumerate())
+                    .map(|(i, c)| match self.late.contains(&i) {
+                        true => take(whole.column(i), &kept, None),
+                        false => filter_array(c, &mask),
+                    })
+                    .collect::<Result<_, _>>()?;
             }
             let batch = RecordBatch::try_new(schema.clone(), columns)?;
             // A key of many rows is one slice; what follows takes batches of the usual size.
@@ -209,6 +352,17 @@ impl DisplayAs for KeyedWindowExec {
                 .map(|i| schema.field(*i).name().as_str())
                 .collect();
             write!(f, "(not read above: {}) ", unread.join(", "))?;
+        }
+        if let Some(filter) = &self.filter {
+            let schema = self.sort.sort.input().schema();
+            let late: Vec<&str> = (self.late.iter())
+                .map(|i| schema.field(*i).name().as_str())
+                .collect();
+            write!(
+                f,
+                "filter={filter}, gathered after it: {} ",
+                late.join(", ")
+            )?;
         }
         self.sort.fmt_as(t, f)
     }
@@ -270,6 +424,8 @@ impl ExecutionPlan for KeyedWindowExec {
             exprs: self.exprs.clone(),
             sort: self.sort.clone(),
             unread: self.unread.clone(),
+            filter: self.filter.clone(),
+            late: self.late.clone(),
             metrics: self.metrics.clone(),
         });
         let out = futures::stream::once(async move {
