@@ -162,6 +162,13 @@ async fn both_ways(
         let rows = datafusion::physical_plan::collect(plan.clone(), ctx.task_ctx())
             .await
             .unwrap();
+        // A kept plan runs again after its state is reset (its nodes made anew).
+        let again =
+            datafusion::physical_plan::execution_plan::reset_plan_states(plan.clone()).unwrap();
+        let rows_again = datafusion::physical_plan::collect(again, ctx.task_ctx())
+            .await
+            .unwrap();
+        assert_eq!(rows, rows_again, "{query}");
         let shown = datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
             plan.as_ref(),
         )

@@ -394,10 +394,18 @@ impl ExecutionPlan for KeyedWindowExec {
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let sort = Arc::new(self.sort.clone()).replace_children(children, RECOMPUTE)?;
         let window = (self.window.clone()).replace_children(vec![sort], RECOMPUTE)?;
-        // An input the sort cannot take leaves DataFusion's operators.
+        // An input the sort cannot take leaves DataFusion's operators (and the filter).
         Ok(match Self::of(&window) {
-            Some(keyed) => Arc::new(keyed),
-            None => window,
+            Some(keyed) => Arc::new(Self {
+                unread: self.unread.clone(),
+                filter: self.filter.clone(),
+                late: self.late.clone(),
+                ..keyed
+            }),
+            None => match &self.filter {
+                Some(f) => Arc::new(FilterExec::try_new(f.clone(), window)?),
+                None => window,
+            },
         })
     }
 
