@@ -538,6 +538,7 @@ impl TableProvider for SluiceTable {
             elsewhere,
             properties: Arc::new(properties),
             input: Default::default(),
+            making: Default::default(),
             metrics,
         }))
     }

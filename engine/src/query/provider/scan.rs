@@ -186,6 +186,8 @@ pub(crate) struct ScanExec {
     /// A later run's input (or the first's, when other nodes hold some of its rows), made
     /// by the first partition executed.
     pub(super) input: Arc<tokio::sync::OnceCell<Arc<dyn ExecutionPlan>>>,
+    /// Held while a partition makes `input` without waiting (all rows here).
+    pub(super) making: parking_lot::Mutex<()>,
     pub(super) metrics: ExecutionPlanMetricsSet,
 }
 
@@ -263,6 +265,7 @@ impl ExecutionPlan for ScanExec {
             properties: self.properties.clone(),
             planned: children.pop(),
             input: Default::default(),
+            making: Default::default(),
             metrics: self.metrics.clone(),
         }))
     }
@@ -276,6 +279,7 @@ impl ExecutionPlan for ScanExec {
             properties: self.properties.clone(),
             planned: None,
             input: Default::default(),
+            making: Default::default(),
             metrics: ExecutionPlanMetricsSet::new(),
         }))
     }
@@ -300,6 +304,30 @@ impl ExecutionPlan for ScanExec {
         };
         if let Some(input) = &self.planned {
             let streams = streams(input)?;
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                futures::stream::iter(streams).flatten(),
+            )));
+        }
+        if !self.scan.table.store.partial() {
+            // Everything is here: the snapshot is taken now, by the first partition asked
+            // (under the lock, so the other uses the same). Waiting for it in the streams
+            // instead would wake the second partition's task in the first one's worker's
+            // LIFO slot, which no other worker steals: both partitions then ran on one
+            // core, half the time (a grouped aggregate over 8.64M rows: 60 ms or 116).
+            let input = {
+                let _making = self.making.lock();
+                match self.input.get() {
+                    Some(i) => i.clone(),
+                    None => {
+                        let metrics = ScanMetrics::new(&self.metrics);
+                        let made = self.scan.input(&metrics, &Remote::default())?;
+                        let _ = self.input.set(made.clone());
+                        made
+                    }
+                }
+            };
+            let streams = streams(&input)?;
             return Ok(Box::pin(RecordBatchStreamAdapter::new(
                 schema,
                 futures::stream::iter(streams).flatten(),
