@@ -159,8 +159,12 @@ pub(crate) struct SynopsisNode {
 /// Rows of sealed chunks a `GROUP BY` answer may group from their rows as it runs (and
 /// keep, [`crate::store::chunk`]): about as long as DataFusion's scan of them would take.
 /// Past that the scan answers, and the chunks' groups are kept in the background for the
-/// next run.
+/// next run (made on every core; the next runs wait for them, [`PRIMING_WAIT`]).
 const GROUP_ROWS_INLINE: u64 = 1 << 20;
+
+/// How long a `GROUP BY` answer waits for the chunks' groups being kept in the background
+/// before it scans instead.
+const PRIMING_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 crate::query::kept::answering_node!(SynopsisNode, "SluiceSynopsis");
 
@@ -591,6 +595,14 @@ impl Answering for SynopsisNode {
     ) -> DfResult<Option<RecordBatch>> {
         if !self.group.is_empty() {
             self.table.load_groups(&self.filter).await;
+        }
+        // The groups being made in the background are ready sooner than a scan competing
+        // with them for the cores would answer: wait for them (a while at most).
+        let waited = std::time::Instant::now();
+        while self.priming.load(std::sync::atomic::Ordering::Acquire)
+            && waited.elapsed() < PRIMING_WAIT
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
         // The buffered rows of shards held on other nodes (none when all are held here).
         let def = self.table.def();

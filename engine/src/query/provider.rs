@@ -338,6 +338,25 @@ impl SluiceTable {
                 widened.groups_into(answer, filter)?;
             }
         }
+        if answer.budget == u64::MAX && chunks.len() > 1 {
+            // Grouping every chunk (the background priming): the chunks' groups are made
+            // and kept on all cores first, then added up below in order, as ever.
+            let lanes = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let share = chunks.len().div_ceil(lanes);
+            std::thread::scope(|scope| {
+                for part in chunks.chunks(share) {
+                    let (keys, columns) = (answer.keys.clone(), answer.columns.clone());
+                    scope.spawn(move || {
+                        let mut kept = Answer::new(keys, columns);
+                        for c in part {
+                            if c.groups_into(&mut kept, filter).is_none() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            });
+        }
         for c in chunks {
             c.groups_into(answer, filter)?;
         }
