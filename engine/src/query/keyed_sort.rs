@@ -13,7 +13,8 @@
 //! [`window::KeyedWindowExec`].
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions, UInt32Array, new_null_array,
+    Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions, UInt32Array, new_empty_array,
+    new_null_array,
 };
 use datafusion::arrow::compute::{cast, concat, take_record_batch};
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, SchemaRef};
@@ -273,6 +274,7 @@ impl KeyedSortExec {
         let columns = (0..schema.fields().len())
             .map(|i| match skip.contains(&i) {
                 true => Ok(new_null_array(schema.field(i).data_type(), total)),
+                false if batches.is_empty() => Ok(new_empty_array(schema.field(i).data_type())),
                 false => {
                     let parts: Vec<&dyn Array> =
                         batches.iter().map(|b| b.column(i).as_ref()).collect();

@@ -329,22 +329,21 @@ impl SluiceTable {
             let fetched = remote.rows_of(&parts, |k| admits.admits(k), &self.schema, None);
             chunks.extend(fetched.ok()?.into_iter().map(Chunk::plain));
         }
-        for (inside, groups, path) in files {
-            if inside && groups.is_some_and(|g| answer.add(&g, filter)) {
-                continue;
-            }
-            for c in self.store.hot.get(&path)? {
-                let widened = c.with_batch(crate::store::buffer::widen(&c.batch, &self.schema));
-                widened.groups_into(answer, filter)?;
-            }
-        }
-        if answer.budget == u64::MAX && chunks.len() > 1 {
-            // Grouping every chunk (the background priming): the chunks' groups are made
-            // and kept on all cores first, then added up below in order, as ever.
+        let widened = |c: Chunk| c.with_batch(crate::store::buffer::widen(&c.batch, &self.schema));
+        if answer.budget == u64::MAX {
+            // Grouping every chunk (the background priming): the groups of the chunks (and
+            // of hot files without group synopses that decide) are made and kept on all
+            // cores first, then added up below in order, as ever.
+            let mut all: Vec<Chunk> = (files.iter())
+                .filter(|(inside, groups, _)| !(*inside && groups.is_some()))
+                .filter_map(|(_, _, path)| self.store.hot.get(path))
+                .flatten()
+                .map(widened)
+                .collect();
+            all.extend(chunks.iter().cloned());
             let lanes = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let share = chunks.len().div_ceil(lanes);
             std::thread::scope(|scope| {
-                for part in chunks.chunks(share) {
+                for part in all.chunks(all.len().div_ceil(lanes).max(1)) {
                     let (keys, columns) = (answer.keys.clone(), answer.columns.clone());
                     scope.spawn(move || {
                         let mut kept = Answer::new(keys, columns);
@@ -356,6 +355,14 @@ impl SluiceTable {
                     });
                 }
             });
+        }
+        for (inside, groups, path) in files {
+            if inside && groups.is_some_and(|g| answer.add(&g, filter)) {
+                continue;
+            }
+            for c in self.store.hot.get(&path)? {
+                widened(c).groups_into(answer, filter)?;
+            }
         }
         for c in chunks {
             c.groups_into(answer, filter)?;
