@@ -210,16 +210,7 @@ impl KeyedWindowExec {
             .flat_map(|e| collect_columns(&e.expr))
             .map(|c| c.index())
             .collect();
-        for e in &w.exprs {
-            let exprs = e.expressions().into_iter();
-            let order = e.order_by().iter().map(|o| o.expr.clone());
-            read.extend(
-                exprs
-                    .chain(order)
-                    .flat_map(|x| collect_columns(&x))
-                    .map(|c| c.index()),
-            );
-        }
+        read.extend(w.window_reads());
         let input = w.sort.sort.input().schema();
         let unread: Vec<usize> = (0..input.fields().len())
             .filter(|i| !read.contains(i) && input.field(*i).is_nullable())
