@@ -87,6 +87,11 @@ impl ClusterAdmin for Cluster {
     ) -> Result<(serde_json::Value, bool), NodeChangeError> {
         let mut tries = 0;
         loop {
+            // Decided on the topology as committed now, not on this node's view of it (a
+            // node that was frozen or cut off may not have applied the last change yet:
+            // it would take a removed node for a member).
+            (self.node.read_barrier(GroupId::Meta).await)
+                .map_err(|e| NodeChangeError::NotCommitted(e.to_string()))?;
             let t = self.topology();
             let mut nodes = t.nodes.clone();
             match (&address, nodes.get(&id)) {
