@@ -153,7 +153,7 @@ pub(crate) struct SynopsisNode {
     /// The state the fallback is planned in, made on the first fallback.
     fallback_state: Arc<OnceLock<SessionState>>,
     /// Groups of sealed chunks are being computed and kept in the background.
-    priming: Arc<std::sync::atomic::AtomicBool>,
+    priming: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 /// Rows of sealed chunks a `GROUP BY` answer may group from their rows as it runs (and
@@ -165,6 +165,15 @@ const GROUP_ROWS_INLINE: u64 = 1 << 20;
 /// How long a `GROUP BY` answer waits for the chunks' groups being kept in the background
 /// before it scans instead.
 const PRIMING_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Turns a node's `priming` off when its background grouping ends, however it ends.
+struct Primed(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Drop for Primed {
+    fn drop(&mut self) {
+        self.0.send_replace(false);
+    }
+}
 
 crate::query::kept::answering_node!(SynopsisNode, "SluiceSynopsis");
 
@@ -293,7 +302,7 @@ impl SynopsisNode {
             fallback: plan.clone(),
             label,
             fallback_state: Arc::default(),
-            priming: Arc::default(),
+            priming: Arc::new(tokio::sync::watch::Sender::new(false)),
         })
     }
 
@@ -598,24 +607,24 @@ impl Answering for SynopsisNode {
         }
         // The groups being made in the background are ready sooner than a scan competing
         // with them for the cores would answer: wait for them (a while at most).
-        let waited = std::time::Instant::now();
-        while self.priming.load(std::sync::atomic::Ordering::Acquire)
-            && waited.elapsed() < PRIMING_WAIT
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-        }
+        let mut primed = self.priming.subscribe();
+        let _ = tokio::time::timeout(PRIMING_WAIT, primed.wait_for(|priming| !priming)).await;
         // The buffered rows of shards held on other nodes (none when all are held here).
         let def = self.table.def();
         let remote = Remote::read(self.table.store(), def.id, (0, u64::MAX, None), None)
             .await
             .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
         let (batch, over) = SynopsisNode::answer(self, now, GROUP_ROWS_INLINE, &remote);
-        if over && !self.priming.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        // Started once at a time: the one that turns `priming` on.
+        let start = || {
+            self.priming
+                .send_if_modified(|p| !std::mem::replace(p, true))
+        };
+        if over && start() {
             let node = self.clone();
             tokio::task::spawn_blocking(move || {
+                let _done = Primed(node.priming.clone());
                 SynopsisNode::answer(&node, now, u64::MAX, &remote);
-                node.priming
-                    .store(false, std::sync::atomic::Ordering::Release);
             });
         }
         Ok(batch)
