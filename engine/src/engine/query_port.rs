@@ -26,7 +26,7 @@ impl Engine {
         let Some((keys, time)) = crate::store::latest::shape(&def) else {
             return Ok(None);
         };
-        let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+        let quote = |s: &str| crate::query::gapfill::quote(s.to_string());
         let keys: Vec<String> = keys.iter().map(|&k| def.columns[k].name.clone()).collect();
         let sql = format!(
             "SELECT * FROM {}.{} LATEST ON {} PARTITION BY {}",

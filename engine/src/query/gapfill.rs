@@ -278,7 +278,7 @@ fn column_name(e: &Expr) -> String {
 }
 
 /// A double-quoted identifier.
-fn quote(name: String) -> String {
+pub(crate) fn quote(name: String) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 

@@ -299,18 +299,7 @@ impl KeyedSortExec {
         rows: SendableRecordBatchStream,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let once = datafusion::physical_plan::streaming::StreamingTableExec::try_new(
-            rows.schema(),
-            vec![Arc::new(Once {
-                schema: rows.schema(),
-                stream: parking_lot::Mutex::new(Some(rows)),
-            })],
-            None,
-            Vec::<LexOrdering>::new(),
-            false,
-            None,
-        )?;
-        let sort = SortExec::new(self.ordering().clone(), Arc::new(once));
+        let sort = SortExec::new(self.ordering().clone(), Once::exec(rows, Vec::new())?);
         sort.execute(0, context)
     }
 
@@ -502,6 +491,29 @@ fn text_ranks(
 struct Once {
     schema: SchemaRef,
     stream: parking_lot::Mutex<Option<SendableRecordBatchStream>>,
+}
+
+impl Once {
+    /// A plan node of one partition that hands out `rows` (in `ordering`), once.
+    fn exec(
+        rows: SendableRecordBatchStream,
+        ordering: Vec<LexOrdering>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let schema = rows.schema();
+        let once = Arc::new(Once {
+            schema: schema.clone(),
+            stream: parking_lot::Mutex::new(Some(rows)),
+        });
+        let exec = datafusion::physical_plan::streaming::StreamingTableExec::try_new(
+            schema,
+            vec![once],
+            None,
+            ordering,
+            false,
+            None,
+        )?;
+        Ok(Arc::new(exec))
+    }
 }
 
 impl std::fmt::Debug for Once {

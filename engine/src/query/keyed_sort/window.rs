@@ -42,7 +42,7 @@ const RECOMPUTE: ReplaceChildrenOptions =
 const MIN_KEY_ROWS: usize = 64;
 
 /// A window operator whose partitions are a [`KeyedSortExec`]'s keys, and the sort.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct KeyedWindowExec {
     /// The window operator it replaces (run over the sorted rows when keys are small or
     /// memory short).
@@ -174,13 +174,11 @@ impl KeyedWindowExec {
             return None;
         }
         let filtered = Arc::new(Self {
-            window: w.window.clone(),
-            exprs: w.exprs.clone(),
-            sort: w.sort.clone(),
             unread,
             filter: Some(predicate),
             late,
             metrics: ExecutionPlanMetricsSet::new(),
+            ..w.clone()
         });
         let projected: Arc<dyn ExecutionPlan> = match p {
             Some(p) => Arc::new(ProjectionExec::try_new(p.expr().to_vec(), filtered).ok()?),
@@ -219,13 +217,9 @@ impl KeyedWindowExec {
             return None;
         }
         let trimmed = Self {
-            window: w.window.clone(),
-            exprs: w.exprs.clone(),
-            sort: w.sort.clone(),
             unread,
-            filter: None,
-            late: Vec::new(),
             metrics: ExecutionPlanMetricsSet::new(),
+            ..w.clone()
         };
         let projection = ProjectionExec::try_new(p.expr().to_vec(), Arc::new(trimmed)).ok()?;
         Some(Arc::new(projection))
@@ -237,18 +231,8 @@ impl KeyedWindowExec {
         sorted: SendableRecordBatchStream,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let once = datafusion::physical_plan::streaming::StreamingTableExec::try_new(
-            sorted.schema(),
-            vec![Arc::new(Once {
-                schema: sorted.schema(),
-                stream: parking_lot::Mutex::new(Some(sorted)),
-            })],
-            None,
-            vec![self.sort.ordering().clone()],
-            false,
-            None,
-        )?;
-        let window = (self.window.clone()).replace_children(vec![Arc::new(once)], RECOMPUTE)?;
+        let once = Once::exec(sorted, vec![self.sort.ordering().clone()])?;
+        let window = (self.window.clone()).replace_children(vec![once], RECOMPUTE)?;
         window.execute(0, context)
     }
 
@@ -418,15 +402,7 @@ impl ExecutionPlan for KeyedWindowExec {
             metric("handed_to_sort"),
         );
         let elapsed = MetricBuilder::new(&self.metrics).elapsed_compute(partition);
-        let this = Arc::new(Self {
-            window: self.window.clone(),
-            exprs: self.exprs.clone(),
-            sort: self.sort.clone(),
-            unread: self.unread.clone(),
-            filter: self.filter.clone(),
-            late: self.late.clone(),
-            metrics: self.metrics.clone(),
-        });
+        let this = Arc::new(self.clone());
         let out = futures::stream::once(async move {
             let name = format!("SluiceKeyedWindow[{partition}]");
             let (batches, _held) = match read_all(input, &name, &context, &handed).await? {
