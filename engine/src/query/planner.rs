@@ -348,6 +348,19 @@ impl Engine {
         Ok(self.session(database, true)?.task.clone())
     }
 
+    /// On a node holding only some shards, where the others stand now (a kept result also
+    /// needs them not to have moved); `Ok(None)` on a node holding every shard; `Err` when
+    /// that cannot be told in time (no result is kept or used then).
+    async fn shard_versions(&self) -> std::result::Result<Option<Vec<(u32, u64)>>, ()> {
+        match self.store.reader() {
+            Some(r) if self.store.partial() => {
+                let asked = tokio::time::timeout(VERSIONS_WAIT, r.versions()).await;
+                asked.ok().flatten().map(Some).ok_or(())
+            }
+            _ => Ok(None),
+        }
+    }
+
     fn session(&self, database: &str, one_partition: bool) -> Result<Arc<Session>> {
         if database != DEFAULT_DATABASE
             && database != SYSTEM_DATABASE
@@ -381,17 +394,8 @@ impl Engine {
         let session = self.session(database, options.small)?;
         let version = self.store.catalog.snapshot().version;
         let key = (database.to_string(), sql.to_string());
-        // On a node holding only some shards, a kept result also needs the others not to
-        // have moved (`None` when that cannot be told: no result is kept or used then).
-        let versions = match self.store.reader() {
-            Some(r) if !options.no_result_cache && self.store.partial() => {
-                let asked = tokio::time::timeout(VERSIONS_WAIT, r.versions());
-                Some(asked.await.ok().flatten())
-            }
-            _ => None,
-        };
-        let keep = !options.no_result_cache && versions.as_ref().is_none_or(Option::is_some);
-        let versions = versions.flatten();
+        // Where the shards held elsewhere stand, asked (once) only for a kept result.
+        let mut asked = None;
         // `small` plans as one partition: a kept physical plan is per session.
         let okey = (
             key.0.clone(),
@@ -405,15 +409,25 @@ impl Engine {
             .get(&okey)
             .filter(|r| r.version == version)
             .map(|r| {
-                let hit = keep.then(|| r.result(&versions)).flatten();
-                (r.planned.clone(), r.physical.clone(), hit, r.timeless)
+                let kept = r.result.is_some() && r.timeless;
+                (r.planned.clone(), r.physical.clone(), kept, r.timeless)
             });
         if let Some((planned, ..)) = &reused {
             self.check_reads(user, &planned.reads)?;
         }
         let (optimized, reuse, timeless, physical) = match reused {
-            Some((_, _, Some(hit), _)) => return Ok(hit),
-            Some((planned, physical, None, timeless)) => (planned, true, timeless, physical),
+            Some((planned, physical, kept, timeless)) => {
+                if kept && !options.no_result_cache {
+                    let versions = self.shard_versions().await;
+                    let hit = (versions.as_ref().ok())
+                        .and_then(|v| self.planner.reusable.lock().get(&okey)?.result(v));
+                    if let Some(hit) = hit {
+                        return Ok(hit);
+                    }
+                    asked = Some(versions);
+                }
+                (planned, true, timeless, physical)
+            }
             None => {
                 let cached = (self.planner.plans.lock().get(&key))
                     .filter(|(v, _)| *v == version)
@@ -495,6 +509,11 @@ impl Engine {
         };
         // Read before running: a change that lands meanwhile makes the kept result stale.
         let changes: Vec<u64> = optimized.tables.iter().map(|t| t.changes()).collect();
+        let versions = match (reuse && timeless && !options.no_result_cache, asked) {
+            (false, _) => Err(()),
+            (true, Some(v)) => v,
+            (true, None) => self.shard_versions().await,
+        };
         let physical = match physical {
             Some(kept) => reset_plan_states(kept)?,
             None => {
@@ -524,9 +543,9 @@ impl Engine {
         };
         let stream = datafusion::physical_plan::execute_stream(physical, task)?;
         let mut stream = bounded(stream, lease, deadline, (timeout.clone(), limit));
-        if !reuse || !timeless || !keep {
+        let Ok(versions) = versions else {
             return Ok(QueryOutput { schema, stream });
-        }
+        };
         let mut batches = Vec::new();
         let mut bytes = 0;
         while let Some(batch) = stream.next().await {
