@@ -50,7 +50,14 @@ pub(crate) async fn retained_rows(
             }
             continue;
         }
-        for (topic, payload) in messages(rule, &latest.rows, &named) {
+        let messages = match messages(rule, &latest.rows, &named) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(database, table, error = %e, "newest rows not made into retained messages");
+                continue;
+            }
+        };
+        for (topic, payload) in messages {
             if !topic::matches(filter, &topic)
                 || !crate::auth::may_receive(shared.db.as_ref(), user.as_deref(), &topic)
             {
@@ -79,31 +86,25 @@ pub(crate) async fn retained_rows(
 }
 
 /// Each row's topic and payload (JSON of its columns other than the `named` levels, NULLs
-/// left out); rows whose level values cannot make a topic are skipped.
-fn messages(rule: LatestRule<'_>, rows: &RecordBatch, named: &[&str]) -> Vec<(String, Vec<u8>)> {
+/// left out); rows whose level values cannot make a topic are skipped. `Err`: the rows could not be read as such (named why).
+fn messages(
+    rule: LatestRule<'_>,
+    rows: &RecordBatch,
+    named: &[&str],
+) -> Result<Vec<(String, Vec<u8>)>, String> {
     let schema = rows.schema();
     let options = FormatOptions::default();
     let mut levels = Vec::with_capacity(named.len());
     for n in named {
-        let Ok(i) = schema.index_of(n) else {
-            return Vec::new();
-        };
+        let i = schema.index_of(n).map_err(|e| e.to_string())?;
         let column = rows.column(i);
-        let Ok(f) = ArrayFormatter::try_new(column.as_ref(), &options) else {
-            return Vec::new();
-        };
+        let f = ArrayFormatter::try_new(column.as_ref(), &options).map_err(|e| e.to_string())?;
         levels.push((*n, column, f));
     }
     let rest: Vec<usize> = (0..schema.fields().len())
         .filter(|&i| !named.contains(&schema.field(i).name().as_str()))
         .collect();
-    let Ok(payloads) = rows
-        .project(&rest)
-        .map_err(drop)
-        .and_then(|b| json_lines(&b))
-    else {
-        return Vec::new();
-    };
+    let payloads = json_lines(&rows.project(&rest).map_err(|e| e.to_string())?)?;
     let mut out = Vec::with_capacity(rows.num_rows());
     for (row, payload) in payloads.into_iter().enumerate() {
         let value = |name: &str| {
@@ -114,14 +115,14 @@ fn messages(rule: LatestRule<'_>, rows: &RecordBatch, named: &[&str]) -> Vec<(St
             out.push((topic, payload));
         }
     }
-    out
+    Ok(out)
 }
 
 /// One JSON object per row of `batch`.
-fn json_lines(batch: &RecordBatch) -> Result<Vec<Vec<u8>>, ()> {
+fn json_lines(batch: &RecordBatch) -> Result<Vec<Vec<u8>>, String> {
     let mut w = arrow::json::LineDelimitedWriter::new(Vec::new());
-    w.write(batch).map_err(drop)?;
-    w.finish().map_err(drop)?;
+    w.write(batch).map_err(|e| e.to_string())?;
+    w.finish().map_err(|e| e.to_string())?;
     let text = w.into_inner();
     let lines: Vec<Vec<u8>> = (text.split(|&b| b == b'\n'))
         .filter(|l| !l.is_empty())
@@ -129,6 +130,10 @@ fn json_lines(batch: &RecordBatch) -> Result<Vec<Vec<u8>>, ()> {
         .collect();
     match lines.len() == batch.num_rows() {
         true => Ok(lines),
-        false => Err(()),
+        false => Err(format!(
+            "{} JSON lines for {} rows",
+            lines.len(),
+            batch.num_rows()
+        )),
     }
 }
