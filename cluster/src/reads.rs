@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use openraft::async_runtime::WatchReceiver;
 use sluice_engine::types::{ColumnType, Value};
-use sluice_engine::{RowsAnswer, RowsRequest, ShardReader, TableDef};
+use sluice_engine::{PartialAnswer, RowsAnswer, RowsRequest, ShardReader, TableDef};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -61,6 +61,12 @@ impl Cluster {
         let group = GroupId::Shard(request.shard);
         (self.node.read_barrier(group).await).map_err(|e| e.to_string())?;
         let engine = self.engine.upgrade().ok_or("the node is stopping")?;
+        if request.partial.is_some() {
+            return engine
+                .serve_partial(request)
+                .await
+                .map_err(|e| e.to_string());
+        }
         let answer = tokio::task::spawn_blocking(move || engine.shard_rows(&request));
         match answer.await {
             Ok(r) => r.map_err(|e| e.to_string()),
@@ -80,6 +86,43 @@ impl Cluster {
         let mut holders: Vec<u64> = t.holders(shard).into_iter().filter(|n| *n != me).collect();
         holders.sort_by_key(|n| Some(*n) != preferred);
         holders
+    }
+
+    /// `request` answered by a replica of its shard (the leader first, then the others),
+    /// once this node's metadata group has installed the answer's manifest index (which
+    /// `decode` reads with the answer).
+    async fn ask<T>(
+        &self,
+        request: &RowsRequest,
+        what: &str,
+        decode: impl Fn(&[u8]) -> sluice_engine::Result<(u64, T)>,
+    ) -> sluice_engine::Result<T> {
+        let shard = request.shard;
+        let holders = self.holders_to_ask(shard);
+        let mut failures = Vec::new();
+        let last = holders.len().saturating_sub(1);
+        for (i, node) in holders.into_iter().enumerate() {
+            let frame = Frame::cbor(SHARD_ROWS, request, 64).map_err(replication)?;
+            let timeout = match i == last {
+                true => crate::WRITE_DEADLINE + Duration::from_secs(5),
+                false => TRY_NEXT_AFTER,
+            };
+            match self.node.call(node, frame, timeout).await {
+                Ok(bytes) => {
+                    let (index, answer) = decode(&bytes)?;
+                    self.installed(index).await?;
+                    return Ok(answer);
+                }
+                Err(e) => failures.push(format!("node {node}: {e}")),
+            }
+        }
+        if failures.is_empty() {
+            failures.push("it has no replica on another node".into());
+        }
+        Err(replication(format!(
+            "shard {shard}'s {what} could not be read: {}",
+            failures.join("; ")
+        )))
     }
 
     /// Waits until the metadata group has installed its entry `index` here.
@@ -118,32 +161,13 @@ impl ShardReader for Cluster {
     }
 
     async fn read(&self, request: RowsRequest) -> sluice_engine::Result<RowsAnswer> {
-        let shard = request.shard;
-        let holders = self.holders_to_ask(shard);
-        let mut failures = Vec::new();
-        let last = holders.len().saturating_sub(1);
-        for (i, node) in holders.into_iter().enumerate() {
-            let frame = Frame::cbor(SHARD_ROWS, &request, 64).map_err(replication)?;
-            let timeout = match i == last {
-                true => crate::WRITE_DEADLINE + Duration::from_secs(5),
-                false => TRY_NEXT_AFTER,
-            };
-            match self.node.call(node, frame, timeout).await {
-                Ok(bytes) => {
-                    let answer = RowsAnswer::decode(&bytes)?;
-                    self.installed(answer.manifest_index).await?;
-                    return Ok(answer);
-                }
-                Err(e) => failures.push(format!("node {node}: {e}")),
-            }
-        }
-        if failures.is_empty() {
-            failures.push("it has no replica on another node".into());
-        }
-        Err(replication(format!(
-            "shard {shard}'s unflushed rows could not be read: {}",
-            failures.join("; ")
-        )))
+        let decode = |b: &[u8]| RowsAnswer::decode(b).map(|a| (a.manifest_index, a));
+        self.ask(&request, "unflushed rows", decode).await
+    }
+
+    async fn partial(&self, request: RowsRequest) -> sluice_engine::Result<PartialAnswer> {
+        let decode = |b: &[u8]| PartialAnswer::decode(b).map(|a| (a.manifest_index, a));
+        self.ask(&request, "partial aggregate", decode).await
     }
 
     async fn versions(&self) -> Option<Vec<(u32, u64)>> {

@@ -51,7 +51,9 @@ pub use ports::{
 pub use relay::{ClaimedWills, Relay, RelaySink, Relaying, RouteChange};
 pub use store::catalog::{ApiBridges, CatalogData, CatalogLog, DEFAULT_DATABASE, TableDef};
 pub use store::files::{read_state, replace_file};
-pub use store::remote::{RemotePart, RowsAnswer, RowsRequest, ShardReader};
+pub use store::remote::{
+    PartialAnswer, PartialQuery, RemotePart, RowsAnswer, RowsRequest, ShardReader,
+};
 
 /// Engine parts that the criterion benches and `raft_load` measure directly (the
 /// write-ahead log and one partition's buffer). Not an interface: servers use the ports.

@@ -20,6 +20,7 @@ pub(crate) mod pg_catalog;
 pub(crate) mod planner;
 pub(crate) mod provider;
 pub(crate) mod rollup;
+pub(crate) mod split;
 pub(crate) mod statements;
 pub(crate) mod synopsis;
 pub(crate) mod system;

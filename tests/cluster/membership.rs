@@ -135,8 +135,8 @@ pub(super) async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
             "node {id}"
         );
     }
-    // Grouped, the same answer on every node (synopses step aside where some shards are
-    // elsewhere; the scan reads them); EXPLAIN names the shards read from replicas.
+    // Grouped, the same answer on every node (synopses count the rows of the shards held
+    // elsewhere as their replicas send them); EXPLAIN names the shards read from replicas.
     let max = acked.iter().max().unwrap();
     let q = format!(
         "SELECT device, count(*) AS n FROM iot.r WHERE seq <= {max} GROUP BY device ORDER BY device"
@@ -146,6 +146,25 @@ pub(super) async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
     for id in 1..=3 {
         assert_eq!(c.node(id).rows(&q).await, on_4, "node {id}");
     }
+    // Node 4 aggregates in parts: the replicas of the shards it does not hold send their
+    // partial aggregates (states, not rows), exact like the rest (an average and a
+    // distinct count, which no synopsis answers).
+    let q = format!(
+        "SELECT device, avg(seq * 2) AS a, count(DISTINCT seq % 7) AS d FROM iot.r \
+         WHERE seq <= {max} GROUP BY device ORDER BY device"
+    );
+    let on_4 = c.node(4).rows(&q).await;
+    assert!(on_4.len() >= 17, "{on_4:?}");
+    for id in 1..=3 {
+        assert_eq!(c.node(id).rows(&q).await, on_4, "node {id}");
+    }
+    let plan = c.node(4).rows(&format!("EXPLAIN ANALYZE {q}")).await;
+    let plan = format!("{plan:?}");
+    assert!(
+        plan.contains("SluiceSplitAggregate: partial aggregates of shard")
+            && metric(&plan, "remote_partials") >= 1,
+        "{plan}"
+    );
     let plan = c.node(4).rows("EXPLAIN SELECT * FROM iot.r").await;
     let plan = format!("{plan:?}");
     assert!(
@@ -244,4 +263,16 @@ async fn call(s: &Server, method: reqwest::Method, path: &str, body: &str, want:
     let text = r.text().await.unwrap();
     assert_eq!(status, want, "{method} {path} {body}: {text}");
     text
+}
+
+/// The value of counter `name` in an `EXPLAIN ANALYZE` text (0 when absent).
+fn metric(plan: &str, name: &str) -> u64 {
+    let at = plan.find(&format!("{name}=")).map(|i| i + name.len() + 1);
+    let digits = at.map(|i| {
+        plan[i..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+    });
+    digits.and_then(|d| d.parse().ok()).unwrap_or(0)
 }

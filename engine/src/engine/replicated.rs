@@ -229,7 +229,7 @@ impl Engine {
 
     /// Waits until this node's catalog has table `id` (made or dropped), at most
     /// `CATALOG_WAIT`.
-    fn await_table(&self, id: u64) -> Result<()> {
+    pub(crate) fn await_table(&self, id: u64) -> Result<()> {
         let mut started = None;
         while self.store.tables.get(id).is_none() && !self.store.catalog.snapshot().allocated(id) {
             // The clock is read only here: it cost 7% of a replica's apply when read per write.

@@ -18,6 +18,7 @@ use crate::query::parts::PartsSpec;
 use crate::query::provider::SluiceCatalog;
 use crate::store::Store;
 use crate::store::catalog::{DEFAULT_DATABASE, SYSTEM_DATABASE};
+use crate::store::remote::PartialQuery;
 use crate::store::state::TableState;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -40,7 +41,7 @@ const CACHED_PLANS: usize = 4096;
 
 /// A session for one default database.
 pub(crate) struct Session {
-    state: SessionState,
+    pub(crate) state: SessionState,
     /// The task context small queries share (their memory budget is shared too).
     task: Arc<TaskContext>,
     /// Task contexts with a memory budget each, free for the next query: made once and
@@ -61,7 +62,7 @@ pub(crate) struct Lease {
 
 impl Lease {
     /// The leased task context (held until the lease is dropped).
-    fn task(&self) -> Arc<TaskContext> {
+    pub(crate) fn task(&self) -> Arc<TaskContext> {
         self.task
             .clone()
             .expect("a lease holds its task until dropped")
@@ -83,7 +84,7 @@ impl Drop for Lease {
 impl Session {
     /// A task context for one query, with its own memory budget of `limit` bytes: a spare
     /// one, or a new one.
-    fn lease(self: &Arc<Self>, limit: usize) -> Lease {
+    pub(crate) fn lease(self: &Arc<Self>, limit: usize) -> Lease {
         let task = self.spare.lock().pop();
         Lease {
             task: Some(task.unwrap_or_else(|| self.task_with_budget(limit))),
@@ -161,8 +162,8 @@ pub(crate) fn bounded(
 
 /// A plan and the tables it reads.
 #[derive(Clone)]
-struct Planned {
-    plan: LogicalPlan,
+pub(crate) struct Planned {
+    pub(crate) plan: LogicalPlan,
     tables: Vec<Arc<TableState>>,
     /// The databases of the tables it reads (`system` aside): the caller needs SELECT on
     /// each, checked every run (a kept plan may be run by another user).
@@ -265,16 +266,11 @@ fn of_the_moment(plan: &LogicalPlan) -> bool {
     found || walked.is_err()
 }
 
-/// Optimizes `plan` with `now()` read at this moment. A session's own clock is set once,
-/// when the session is made, and sessions live as long as the engine: optimizing through
-/// [`SessionState::optimize`] would give every query the same `now()`.
-fn optimize(state: &SessionState, plan: &LogicalPlan) -> Result<LogicalPlan> {
-    optimize_at(state, plan, Some(chrono::Utc::now()))
-}
-
 /// Optimizes `plan` with `now()` as `now`, or left unfolded when `None` (for a plan kept and
-/// run again: its synopsis nodes then read the clock each run).
-fn optimize_at(
+/// run again: its synopsis nodes then read the clock each run). A session's own clock is
+/// set once, when the session is made, and sessions live as long as the engine: optimizing
+/// through [`SessionState::optimize`] would give every query the same `now()`.
+pub(crate) fn optimize_at(
     state: &SessionState,
     plan: &LogicalPlan,
     now: Option<chrono::DateTime<chrono::Utc>>,
@@ -319,6 +315,7 @@ fn new_session(store: &Arc<Store>, database: &str, one_partition: bool, limit: u
         .with_default_features()
         .with_query_planner(Arc::new(crate::query::optimizer::SluiceQueryPlanner))
         .with_physical_optimizer_rule(Arc::new(crate::query::keyed_sort::KeyedSortRule))
+        .with_physical_optimizer_rule(Arc::new(crate::query::split::SplitRule))
         .build();
     let ctx = SessionContext::new_with_state(state);
     ctx.register_catalog(
@@ -361,7 +358,7 @@ impl Engine {
         }
     }
 
-    fn session(&self, database: &str, one_partition: bool) -> Result<Arc<Session>> {
+    pub(crate) fn session(&self, database: &str, one_partition: bool) -> Result<Arc<Session>> {
         if database != DEFAULT_DATABASE
             && database != SYSTEM_DATABASE
             && !self
@@ -391,6 +388,8 @@ impl Engine {
         let database = options.database.as_deref().unwrap_or(DEFAULT_DATABASE);
         let user = options.user.as_deref();
         let (deadline, timeout) = self.query_deadline();
+        // `now()` of this run, here and on the replicas that aggregate part of it.
+        let now = chrono::Utc::now();
         let session = self.session(database, options.small)?;
         let version = self.store.catalog.snapshot().version;
         let key = (database.to_string(), sql.to_string());
@@ -484,7 +483,7 @@ impl Engine {
                 let optimized = Planned {
                     plan: match unbound {
                         Some(p) => p,
-                        None => optimize(&session.state, &plan)?,
+                        None => optimize_at(&session.state, &plan, Some(now))?,
                     },
                     tables: planned.tables,
                     reads: planned.reads,
@@ -532,6 +531,14 @@ impl Engine {
                 physical
             }
         };
+        if self.store.reader().is_some() {
+            let query = options.params.is_empty().then(|| PartialQuery {
+                database: database.to_string(),
+                sql: sql.to_string(),
+                now_micros: now.timestamp_micros(),
+            });
+            crate::query::split::SplitAggExec::prepare(&physical, query.as_ref());
+        }
         let schema = physical.schema();
         let limit = self.config.query.max_memory_bytes;
         let (task, lease) = match options.small {
@@ -656,7 +663,7 @@ impl Engine {
 
     /// Plans a query; also says whether the plan may be cached (not when it reads `system`
     /// tables, whose rows are taken when the plan is made).
-    async fn plan(
+    pub(crate) async fn plan(
         &self,
         session: &Session,
         database: &str,

@@ -7,8 +7,8 @@ mod scan;
 
 use filters::placed;
 pub(crate) use filters::{KeyFilter, key_filter, row_filter};
-pub(crate) use scan::ScanExec;
-use scan::{Scan, ScanMetrics};
+use scan::ScanMetrics;
+pub(crate) use scan::{Scan, ScanExec};
 
 use crate::query::groups::Answer;
 use crate::query::parts::PartsSpec;
@@ -178,7 +178,12 @@ pub(crate) struct ScanSet {
     pub files: Vec<(String, u64)>,
     /// In-memory rows.
     pub batches: Vec<RecordBatch>,
+    /// The flushed index of each (partition, shard) read, for the shards `remote` names.
+    pub flushed: Cut,
 }
+
+/// The flushed index of each (partition, shard) a scan read.
+pub(crate) type Cut = BTreeMap<(u64, u32), u64>;
 
 impl SluiceTable {
     /// The whole table `state` (no `WHERE PARTS` list).
@@ -263,7 +268,11 @@ impl SluiceTable {
             }
         };
         let admits = self.admitted(&parts, filter, &remote.keys());
-        for (_, p) in in_range(&parts, &admits) {
+        for (key, p) in in_range(&parts, &admits) {
+            for s in &remote.shards {
+                let flushed = p.shards.get(s).map_or(0, |r| r.flushed);
+                set.flushed.insert((key, *s), flushed);
+            }
             for f in &p.files {
                 match self.store.hot.get(&f.path) {
                     Some(chunks) => {
@@ -566,6 +575,7 @@ impl TableProvider for SluiceTable {
             input: Default::default(),
             making: Default::default(),
             metrics,
+            split: None,
         }))
     }
 }

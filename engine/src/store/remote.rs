@@ -42,6 +42,35 @@ pub struct RowsRequest {
     /// replica's last-value cache (one part, partition 0, every column).
     #[serde(default)]
     pub latest: bool,
+    /// Instead of the rows: a query's partial aggregation over them, run by the replica
+    /// ([`PartialAnswer`]).
+    #[serde(default)]
+    pub partial: Option<PartialQuery>,
+}
+
+/// A query whose partial aggregation a replica runs over its buffered rows of one shard
+/// (`crate::query::split`): it plans the same text against the same catalog, with the
+/// asking node's clock.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartialQuery {
+    pub database: String,
+    pub sql: String,
+    /// The asking node's `now()`, in microseconds since the epoch.
+    pub now_micros: i64,
+}
+
+/// A replica's partial aggregation of its buffered rows of a shard.
+#[derive(Debug, Clone, Default)]
+pub struct PartialAnswer {
+    /// The metadata group's index it had installed after taking the rows.
+    pub manifest_index: u64,
+    /// Each partition whose rows it aggregated, with the shard's flushed index there: the
+    /// rows after it are what the states count.
+    pub flushed: Vec<(u64, u64)>,
+    /// Rows aggregated.
+    pub rows: u64,
+    /// The partial aggregate's output (its state columns).
+    pub states: Vec<RecordBatch>,
 }
 
 impl RowsRequest {
@@ -88,6 +117,14 @@ pub trait ShardReader: Send + Sync + 'static {
     /// once this node's metadata group has installed the answer's `manifest_index`. An
     /// error names the shard and why no replica answered.
     async fn read(&self, request: RowsRequest) -> Result<RowsAnswer>;
+
+    /// `request`'s partial aggregation (its `partial` is set) from a replica of its shard,
+    /// as [`ShardReader::read`] asks for rows.
+    async fn partial(&self, request: RowsRequest) -> Result<PartialAnswer> {
+        Err(Error::Replication {
+            reason: format!("no partial aggregation of shard {}", request.shard),
+        })
+    }
 
     /// The node a read of `shard`'s rows asks first (for `EXPLAIN`).
     fn asked_first(&self, _shard: u32) -> Option<u64> {
@@ -136,17 +173,39 @@ impl Remote {
     pub(crate) async fn read(
         store: &crate::store::Store,
         table_id: u64,
-        (lo, hi, only): (u64, u64, Option<Vec<u64>>),
+        keys: (u64, u64, Option<Vec<u64>>),
         columns: Option<Vec<usize>>,
     ) -> Result<Self> {
         let Some(reader) = store.reader() else {
             return Ok(Self::default());
         };
         let shards = reader.remote_shards();
-        if shards.is_empty() || lo > hi {
+        Self::read_of(store, table_id, keys, columns, shards.clone(), &shards).await
+    }
+
+    /// [`Remote::read`] of the shards `read` only, for a node not holding `shards`.
+    pub(crate) async fn read_of(
+        store: &crate::store::Store,
+        table_id: u64,
+        (lo, hi, only): (u64, u64, Option<Vec<u64>>),
+        columns: Option<Vec<usize>>,
+        shards: BTreeSet<u32>,
+        read: &BTreeSet<u32>,
+    ) -> Result<Self> {
+        let Some(reader) = store.reader() else {
+            return Ok(Self::default());
+        };
+        if shards.is_empty() {
             return Ok(Self::default());
         }
-        let reads = shards.iter().map(|&shard| {
+        let mut out = Self {
+            shards,
+            ..Self::default()
+        };
+        if read.is_empty() || lo > hi {
+            return Ok(out);
+        }
+        let reads = read.iter().map(|&shard| {
             reader.read(RowsRequest {
                 table_id,
                 shard,
@@ -155,13 +214,10 @@ impl Remote {
                 only: only.clone(),
                 columns: columns.clone(),
                 latest: false,
+                partial: None,
             })
         });
         let answers = futures::future::try_join_all(reads).await?;
-        let mut out = Self {
-            shards,
-            ..Self::default()
-        };
         for a in answers {
             out.parts
                 .extend(a.parts.into_iter().filter(|p| !p.batches.is_empty()));
@@ -271,6 +327,7 @@ pub(crate) async fn latest_rows(
             only: None,
             columns: None,
             latest: true,
+            partial: None,
         })
     });
     for answer in futures::future::join_all(reads).await {
@@ -453,6 +510,67 @@ impl RowsAnswer {
             manifest_index,
             columns,
             parts,
+        })
+    }
+}
+
+/// Marks a [`PartialAnswer`] (a [`RowsAnswer`] starts with a manifest index).
+const PARTIAL_MAGIC: u64 = 0x5350_4c49_5450_4152;
+
+impl PartialAnswer {
+    /// The answer as bytes: a header (marker, manifest index, rows, each partition and its
+    /// flushed index), then the states as one Arrow IPC stream.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut put = |v: u64| out.extend_from_slice(&v.to_le_bytes());
+        put(PARTIAL_MAGIC);
+        put(self.manifest_index);
+        put(self.rows);
+        put(self.flushed.len() as u64);
+        for (partition, flushed) in &self.flushed {
+            put(*partition);
+            put(*flushed);
+        }
+        let schema = match self.states.first() {
+            Some(b) => b.schema(),
+            None => std::sync::Arc::new(datafusion::arrow::datatypes::Schema::empty()),
+        };
+        let mut writer = StreamWriter::try_new(&mut out, &schema)?;
+        for b in &self.states {
+            writer.write(b)?;
+        }
+        writer.finish()?;
+        drop(writer);
+        Ok(out)
+    }
+
+    /// The answer [`PartialAnswer::encode`] wrote.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let bad = || Error::Replication {
+            reason: "a replica's partial aggregate came back damaged".into(),
+        };
+        let mut at = 0usize;
+        let mut get = || -> Result<u64> {
+            let b = bytes.get(at..at + 8).ok_or_else(bad)?;
+            at += 8;
+            Ok(u64::from_le_bytes(b.try_into().map_err(|_| bad())?))
+        };
+        if get()? != PARTIAL_MAGIC {
+            return Err(bad());
+        }
+        let manifest_index = get()?;
+        let rows = get()?;
+        let n = get()?;
+        let flushed = (0..n)
+            .map(|_| Ok((get()?, get()?)))
+            .collect::<Result<Vec<_>>>()?;
+        let reader = StreamReader::try_new(std::io::Cursor::new(&bytes[at..]), None)?;
+        let states = reader.collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(Self {
+            manifest_index,
+            flushed,
+            rows,
+            states,
         })
     }
 }

@@ -109,7 +109,7 @@ async fn metric(e: &Engine, sql: &str, node: &'static str, name: &'static str) -
     use datafusion::physical_plan::ExecutionPlan;
     let session = e.session("default", false).unwrap();
     let (planned, _) = e.plan(&session, "default", sql, None).await.unwrap();
-    let plan = super::optimize(&session.state, &planned.plan).unwrap();
+    let plan = super::optimize_at(&session.state, &planned.plan, Some(chrono::Utc::now())).unwrap();
     let physical = session.state.create_physical_plan(&plan).await.unwrap();
     datafusion::physical_plan::collect(physical.clone(), session.task.clone())
         .await

@@ -1,11 +1,14 @@
 //! Scanning a table: the partitions and files a query needs ([`Scan`]), read as one DataFusion plan node ([`ScanExec`]) over buffers and Parquet.
 
 use super::*;
+use crate::query::parts::PartsItem;
+use crate::query::split::SplitState;
+use crate::store::remote::RowsRequest;
 use futures::TryStreamExt;
 
 /// What a scan reads, decided when it is planned; the rows are taken when it runs.
 #[derive(Debug)]
-pub(super) struct Scan {
+pub(crate) struct Scan {
     pub(super) table: SluiceTable,
     pub(super) keys: KeyFilter,
     pub(super) rows: RowFilter,
@@ -28,8 +31,19 @@ impl Scan {
         metrics: &ScanMetrics,
         remote: &Remote,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self.input_and_cut(metrics, remote)?.0)
+    }
+
+    /// [`Scan::input`], with the flushed index of each (partition, shard) it read, for
+    /// the shards `remote` names.
+    fn input_and_cut(
+        &self,
+        metrics: &ScanMetrics,
+        remote: &Remote,
+    ) -> DfResult<(Arc<dyn ExecutionPlan>, Cut)> {
         let t = &self.table;
-        let set = t.scan_set(&self.keys, &self.rows, self.projection.as_deref(), remote)?;
+        let mut set = t.scan_set(&self.keys, &self.rows, self.projection.as_deref(), remote)?;
+        let flushed = std::mem::take(&mut set.flushed);
         for (path, bytes) in &set.files {
             t.warm(path, *bytes);
         }
@@ -56,7 +70,130 @@ impl Scan {
             let schema = self.projected.clone();
             inputs.push(MemorySourceConfig::try_new_exec(&parts, schema, None)?);
         }
-        UnionExec::try_new(inputs)
+        Ok((UnionExec::try_new(inputs)?, flushed))
+    }
+
+    /// [`Scan::input`] with the scan's counters in `metrics`, and the cut.
+    pub(crate) fn input_cut(
+        &self,
+        metrics: &ExecutionPlanMetricsSet,
+        remote: &Remote,
+    ) -> DfResult<(Arc<dyn ExecutionPlan>, Cut)> {
+        self.input_and_cut(&ScanMetrics::new(metrics), remote)
+    }
+
+    pub(crate) fn store(&self) -> &Arc<Store> {
+        &self.table.store
+    }
+
+    pub(crate) fn table_id(&self) -> u64 {
+        self.table.def.id
+    }
+
+    /// Whether the scan picks the newest partitions (`WHERE PARTS last n`).
+    pub(crate) fn counts_newest(&self) -> bool {
+        (self.table.parts.as_ref())
+            .is_some_and(|p| p.items.iter().any(|i| matches!(i, PartsItem::Last(_))))
+    }
+
+    /// A request for this scan's partitions and columns of `shard`.
+    pub(crate) fn rows_request(&self, shard: u32) -> RowsRequest {
+        let (lo, hi, only) = self.key_bounds();
+        RowsRequest {
+            table_id: self.table.def.id,
+            shard,
+            lo,
+            hi,
+            only,
+            columns: self.projection.clone(),
+            latest: false,
+            partial: None,
+        }
+    }
+
+    fn key_bounds(&self) -> (u64, u64, Option<Vec<u64>>) {
+        let k = &self.keys;
+        (
+            k.lo,
+            k.hi,
+            k.only.as_ref().map(|o| o.iter().copied().collect()),
+        )
+    }
+
+    /// The buffered rows of the shards `read` from their replicas, for a node not
+    /// holding `shards`.
+    pub(crate) async fn remote_of(
+        &self,
+        shards: BTreeSet<u32>,
+        read: &BTreeSet<u32>,
+    ) -> crate::error::Result<Remote> {
+        let t = &self.table;
+        let keys = self.key_bounds();
+        Remote::read_of(
+            &t.store,
+            t.def.id,
+            keys,
+            self.projection.clone(),
+            shards,
+            read,
+        )
+        .await
+    }
+
+    /// This node's buffered rows of `shard` that the scan reads (partitions and columns,
+    /// not yet in files as far as this node knows), as a plan; with the shard's flushed
+    /// index of each partition that has such rows, and their count.
+    pub(crate) fn shard_input(&self, shard: u32) -> DfResult<ShardInput> {
+        let t = &self.table;
+        let parts = t.state.parts.read();
+        let admits = t.admitted(&parts, &self.keys, &BTreeSet::new());
+        let (mut batches, mut flushed, mut count) = (Vec::new(), Vec::new(), 0u64);
+        for (key, p) in in_range(&parts, &admits) {
+            let Some(s) = p.shards.get(&shard) else {
+                continue;
+            };
+            let chunks = s.buffer.chunks(&t.schema);
+            let total: usize = chunks.iter().map(|c| c.batch.num_rows()).sum();
+            let starts = s.buffer.lsn_starts();
+            let first = starts.iter().find(|(lsn, _)| *lsn > s.flushed);
+            let mut skip = first.map_or(total, |(_, at)| *at as usize);
+            if skip >= total {
+                continue;
+            }
+            flushed.push((key, s.flushed));
+            for c in chunks {
+                let n = c.batch.num_rows();
+                if skip >= n {
+                    skip -= n;
+                    continue;
+                }
+                let kept = c.batch.slice(skip, n - skip);
+                skip = 0;
+                count += kept.num_rows() as u64;
+                let columns = match &self.projection {
+                    Some(p) => p.iter().map(|i| kept.column(*i).clone()).collect(),
+                    None => kept.columns().to_vec(),
+                };
+                let options = datafusion::arrow::array::RecordBatchOptions::new()
+                    .with_row_count(Some(kept.num_rows()));
+                batches.push(RecordBatch::try_new_with_options(
+                    self.projected.clone(),
+                    columns,
+                    &options,
+                )?);
+            }
+        }
+        drop(parts);
+        let n = self.lanes.min(batches.len()).max(1);
+        let mut lanes: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
+        for (i, b) in batches.into_iter().enumerate() {
+            lanes[i % n].push(b);
+        }
+        Ok(ShardInput {
+            plan: MemorySourceConfig::try_new_exec(&lanes, self.projected.clone(), None)?,
+            flushed,
+            rows: count,
+        })
     }
 }
 
@@ -75,6 +212,14 @@ impl Scan {
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))
     }
+}
+
+/// A replica's buffered rows of one shard that a scan reads ([`Scan::shard_input`]).
+pub(crate) struct ShardInput {
+    pub(crate) plan: Arc<dyn ExecutionPlan>,
+    /// Each partition with such rows, and the shard's flushed index there.
+    pub(crate) flushed: Vec<(u64, u64)>,
+    pub(crate) rows: u64,
 }
 
 /// A scan's counters, shown by `EXPLAIN ANALYZE`.
@@ -189,6 +334,37 @@ pub(crate) struct ScanExec {
     /// Held while a partition makes `input` without waiting (all rows here).
     pub(super) making: parking_lot::Mutex<()>,
     pub(super) metrics: ExecutionPlanMetricsSet,
+    /// The run of the split aggregate above it (`crate::query::split`), which reads the
+    /// shards held elsewhere as their replicas' partial aggregates.
+    pub(super) split: Option<Arc<SplitState>>,
+}
+
+impl ScanExec {
+    pub(crate) fn scan(&self) -> &Arc<Scan> {
+        &self.scan
+    }
+
+    /// The shards held elsewhere when planned, with the node asked first for each.
+    pub(crate) fn elsewhere(&self) -> &[(u32, Option<u64>)] {
+        &self.elsewhere
+    }
+
+    /// The scan afresh (as [`ExecutionPlan::reset_state`] makes it), read as part of
+    /// the split aggregate whose run is `split`.
+    pub(crate) fn linked(&self, split: Arc<SplitState>) -> Arc<dyn ExecutionPlan> {
+        Arc::new(Self {
+            scan: self.scan.clone(),
+            shown: self.shown.clone(),
+            of: self.of,
+            elsewhere: self.elsewhere.clone(),
+            properties: self.properties.clone(),
+            planned: None,
+            input: Default::default(),
+            making: Default::default(),
+            metrics: ExecutionPlanMetricsSet::new(),
+            split: Some(split),
+        })
+    }
 }
 
 impl DisplayAs for ScanExec {
@@ -213,6 +389,10 @@ impl DisplayAs for ScanExec {
             write!(f, ", ... {} more", self.shown.len() - SHOWN)?;
         }
         f.write_str("]")?;
+        if self.split.is_some() {
+            // The split aggregate above names the shards aggregated elsewhere.
+            return Ok(());
+        }
         for (i, (shard, node)) in self.elsewhere.iter().enumerate() {
             let lead = if i == 0 {
                 ", unflushed rows of shard"
@@ -267,6 +447,7 @@ impl ExecutionPlan for ScanExec {
             input: Default::default(),
             making: Default::default(),
             metrics: self.metrics.clone(),
+            split: self.split.clone(),
         }))
     }
 
@@ -281,6 +462,7 @@ impl ExecutionPlan for ScanExec {
             input: Default::default(),
             making: Default::default(),
             metrics: ExecutionPlanMetricsSet::new(),
+            split: self.split.clone(),
         }))
     }
 
@@ -302,6 +484,21 @@ impl ExecutionPlan for ScanExec {
                 .map(|j| input.execute(j, context.clone()))
                 .collect::<DfResult<Vec<_>>>()
         };
+        if let Some(split) = self.split.clone().filter(|s| s.splits(&self.scan)) {
+            // Part of a split aggregate on a node holding only some shards: the run's
+            // snapshot (this node's rows, the other shards' partial aggregates) is made
+            // once, by the partition that runs first.
+            let (scan, metrics) = (self.scan.clone(), self.metrics.clone());
+            let run = async move {
+                let made = split.made(&scan, &metrics).await?;
+                let streams = streams(&made.local)?;
+                Ok::<_, DataFusionError>(futures::stream::iter(streams).flatten())
+            };
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                futures::stream::once(run).try_flatten(),
+            )));
+        }
         if let Some(input) = &self.planned {
             let streams = streams(input)?;
             return Ok(Box::pin(RecordBatchStreamAdapter::new(

@@ -133,6 +133,7 @@ fn contradictory_partition_bounds_from_another_node_name_no_rows() {
         only: None,
         columns: None,
         latest: false,
+        partial: None,
     };
     let answer = serve(&table, &request, || 7).unwrap();
     assert!(answer.parts.is_empty());
@@ -145,12 +146,38 @@ fn a_damaged_answer_is_an_error() {
     let bytes = RowsAnswer::default().encode(&schema).unwrap();
     assert!(RowsAnswer::decode(&bytes).unwrap().parts.is_empty());
     assert!(RowsAnswer::decode(&bytes[..5]).is_err());
+    // A partial answer is not taken for rows, nor rows for it.
+    let schema = table_schema(2);
+    let states = RecordBatch::try_new(
+        schema.clone(),
+        (0..2)
+            .map(|_| Arc::new(datafusion::arrow::array::Int64Array::from(vec![1, 2])) as ArrayRef)
+            .collect(),
+    )
+    .unwrap();
+    let partial = PartialAnswer {
+        manifest_index: 9,
+        flushed: vec![(7, 3), (8, 0)],
+        rows: 5,
+        states: vec![states.clone()],
+    };
+    let encoded = partial.encode().unwrap();
+    let back = PartialAnswer::decode(&encoded).unwrap();
+    assert_eq!((back.manifest_index, back.rows), (9, 5));
+    assert_eq!(back.flushed, partial.flushed);
+    assert_eq!(back.states, vec![states]);
+    assert!(PartialAnswer::decode(&encoded[..20]).is_err());
+    assert!(PartialAnswer::decode(&bytes).is_err());
+    let empty = PartialAnswer::default().encode().unwrap();
+    assert!(PartialAnswer::decode(&empty).unwrap().states.is_empty());
 }
 
 /// A cluster's reader as a test sets it: shard 5 is held elsewhere, and its replica holds
 /// `rows` (or does not answer).
 struct Fake {
     rows: parking_lot::Mutex<Option<RowsAnswer>>,
+    /// Shard 5's partial aggregates, as its replica would answer them.
+    partial: parking_lot::Mutex<Option<PartialAnswer>>,
     /// Shard 5's commit index, as its leader would tell it.
     version: std::sync::atomic::AtomicU64,
 }
@@ -159,6 +186,7 @@ impl Fake {
     fn new(rows: Option<RowsAnswer>) -> Self {
         Self {
             rows: parking_lot::Mutex::new(rows),
+            partial: Default::default(),
             version: 1.into(),
         }
     }
@@ -175,6 +203,17 @@ impl ShardReader for Fake {
         self.rows.lock().clone().ok_or_else(|| Error::Replication {
             reason: "shard 5's unflushed rows could not be read: node 2: unreachable".into(),
         })
+    }
+
+    async fn partial(&self, request: RowsRequest) -> Result<PartialAnswer> {
+        assert_eq!(request.shard, 5);
+        assert!(request.partial.is_some_and(|q| q.sql.contains("DISTINCT")));
+        self.partial
+            .lock()
+            .clone()
+            .ok_or_else(|| Error::Replication {
+                reason: "the query cannot be aggregated in parts here".into(),
+            })
     }
 
     async fn versions(&self) -> Option<Vec<(u32, u64)>> {
@@ -273,6 +312,35 @@ async fn queries_add_the_rows_held_elsewhere_or_name_the_shard_they_miss() {
     .await
     .unwrap();
     assert_eq!(rows.matches("| ").count(), 4, "{rows}");
+    // An aggregate no synopsis answers runs in parts, the replica's part as its states.
+    // One cut at another flushed index than this node's (a flush landed in between) is
+    // asked for again, and after the last try the shard's rows are read: counted once.
+    let stale = PartialAnswer {
+        flushed: vec![(key, 6)],
+        rows: 2,
+        ..PartialAnswer::default()
+    };
+    *fake.partial.lock() = Some(stale);
+    let distinct = "SELECT device, count(DISTINCT temp) AS d FROM t.m GROUP BY device \
+                    ORDER BY device";
+    let out = query(&e, distinct).await.unwrap();
+    assert!(
+        out.contains("| a      | 2 |") && out.contains("| c      | 1 |"),
+        "{out}"
+    );
+    let plan = query(&e, &format!("EXPLAIN ANALYZE {distinct}"))
+        .await
+        .unwrap();
+    assert!(
+        plan.contains("SluiceSplitAggregate: partial aggregates of shard 5 on its replicas")
+            && plan.contains("asked_again=2")
+            && plan.contains("remote_partials=0")
+            && plan.contains("remote_shards_read=1"),
+        "{plan}"
+    );
+    *fake.partial.lock() = None;
+    let out = query(&e, distinct).await.unwrap();
+    assert!(out.contains("| a      | 2 |"), "{out}");
     // A rollup folds its source's rows held elsewhere too.
     let per_minute = "SELECT device, n, hi FROM t.per_minute ORDER BY device";
     let per_minute = query(&e, per_minute).await.unwrap();

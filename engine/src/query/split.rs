@@ -1,0 +1,446 @@
+//! Partial aggregation where the rows are. On a cluster node that holds replicas of only
+//! some shards, a query's partial aggregate over a table's scan ([`SplitRule`]) runs in two
+//! places: here over the files and the shards held here, and on one replica of each other
+//! shard over that shard's unflushed rows. Only the aggregate states travel; the final
+//! aggregate above merges both ([`SplitAggExec`]).
+//!
+//! The replica plans the same query text against the same catalog, with this node's clock,
+//! and runs the one partial aggregate of its plan over its buffered rows of the shard
+//! ([`Engine::serve_partial`]). It answers with the shard's flushed index of each partition
+//! it read. Those rows are exactly the ones this node's files lack when this node's own
+//! flushed index of the partition is the same, which it checks once its snapshot is taken
+//! (it waited for the replica's manifest index first, so it is never behind): if a flush
+//! landed in between, it asks again, and after [`TRIES`] it reads the shard's rows instead
+//! (as a scan on such a node always did). A replica that cannot split the query (its plan
+//! differs) is read the same way.
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::query::provider::{Scan, ScanExec};
+use crate::store::remote::{PartialAnswer, PartialQuery, Remote, RowsRequest};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, InputOrderMode, PlanProperties,
+};
+use futures::{StreamExt, TryStreamExt};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, OnceLock};
+
+/// Times a node asks the replicas for partial aggregates before it reads their rows.
+const TRIES: usize = 3;
+
+/// Wraps each partial aggregate over a scan of a table, on a node holding only some of
+/// its shards, in a [`SplitAggExec`].
+#[derive(Debug)]
+pub(crate) struct SplitRule;
+
+impl PhysicalOptimizerRule for SplitRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let held_elsewhere = scan_under(&node).is_some_and(|s| s.scan().store().partial());
+            Ok(match held_elsewhere {
+                true => Transformed::yes(SplitAggExec::wrap(node)? as Arc<dyn ExecutionPlan>),
+                false => Transformed::no(node),
+            })
+        })
+        .data()
+    }
+
+    fn name(&self) -> &str {
+        "sluice_split_aggregate"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// The scan under `node` when `node` is a partial aggregate that can run in parts: over
+/// one scan of a table through operators that take each row alone (filters, projections,
+/// ), in no particular order, and not counting the newest partitions (`WHERE PARTS
+/// last n` needs every shard's partitions in one place).
+pub(crate) fn scan_under(node: &Arc<dyn ExecutionPlan>) -> Option<&ScanExec> {
+    let agg = node.downcast_ref::<AggregateExec>()?;
+    if *agg.mode() != AggregateMode::Partial || *agg.input_order_mode() != InputOrderMode::Linear {
+        return None;
+    }
+    if !matches!(
+        agg.properties().partitioning,
+        Partitioning::UnknownPartitioning(_) | Partitioning::RoundRobinBatch(_)
+    ) {
+        return None;
+    }
+    let mut at = agg.input();
+    loop {
+        if let Some(scan) = at.downcast_ref::<ScanExec>() {
+            return (!scan.scan().counts_newest()).then_some(scan);
+        }
+        let each_row = at.is::<FilterExec>()
+            || at.is::<ProjectionExec>()
+            || at
+                .downcast_ref::<RepartitionExec>()
+                .is_some_and(|r| matches!(r.partitioning(), Partitioning::RoundRobinBatch(_)));
+        match at.children().as_slice() {
+            [child] if each_row => at = child,
+            _ => return None,
+        }
+    }
+}
+
+/// What one run of a split aggregate shares between the scan under it and itself.
+#[derive(Debug)]
+pub(crate) struct SplitState {
+    /// Whether this run splits (the node holds only some shards when it starts).
+    splits: OnceLock<bool>,
+    /// The query, as the replicas plan it (set by the engine before each run; `None`:
+    /// the other shards' rows are read instead).
+    query: parking_lot::Mutex<Option<PartialQuery>>,
+    /// The partial aggregate's output.
+    schema: SchemaRef,
+    made: tokio::sync::OnceCell<Made>,
+    metrics: SplitMetrics,
+}
+
+/// A run's snapshot: the scan's input here, and the other shards' partial aggregates.
+#[derive(Debug)]
+pub(crate) struct Made {
+    pub(crate) local: Arc<dyn ExecutionPlan>,
+    states: Vec<RecordBatch>,
+}
+
+#[derive(Debug, Clone)]
+struct SplitMetrics {
+    /// Shards whose replicas answered with partial aggregates.
+    partials: Count,
+    /// Rows those replicas aggregated.
+    remote_aggregated: Count,
+    /// Shards whose rows were read instead.
+    read_rows_of: Count,
+    /// Times a flush between a replica's answer and this node's snapshot made it ask again.
+    asked_again: Count,
+}
+
+impl SplitState {
+    /// Whether this run splits; decided by the first to ask.
+    pub(crate) fn splits(&self, scan: &Scan) -> bool {
+        *self.splits.get_or_init(|| scan.store().partial())
+    }
+
+    /// The run's snapshot, made by the first to ask.
+    pub(crate) async fn made(
+        &self,
+        scan: &Scan,
+        metrics: &ExecutionPlanMetricsSet,
+    ) -> DfResult<&Made> {
+        self.made.get_or_try_init(|| self.make(scan, metrics)).await
+    }
+
+    async fn make(&self, scan: &Scan, scan_metrics: &ExecutionPlanMetricsSet) -> DfResult<Made> {
+        let external = |e: Error| DataFusionError::External(Box::new(e));
+        let store = scan.store();
+        let Some(reader) = store.reader() else {
+            let (local, _) = scan.input_cut(scan_metrics, &Remote::default())?;
+            return Ok(Made {
+                local,
+                states: Vec::new(),
+            });
+        };
+        let query = self.query.lock().clone();
+        let m = &self.metrics;
+        for attempt in 1..=TRIES {
+            let elsewhere = reader.remote_shards();
+            let ask = query.clone().filter(|_| attempt < TRIES);
+            let asks = elsewhere.iter().filter(|_| ask.is_some()).map(|&shard| {
+                let request = RowsRequest {
+                    partial: ask.clone(),
+                    ..scan.rows_request(shard)
+                };
+                async move { (shard, reader.partial(request).await) }
+            });
+            let mut answered: BTreeMap<u32, PartialAnswer> = BTreeMap::new();
+            for (shard, answer) in futures::future::join_all(asks).await {
+                match answer {
+                    Ok(a)
+                        if a.states
+                            .iter()
+                            .all(|b| b.schema().fields() == self.schema.fields()) =>
+                    {
+                        answered.insert(shard, a);
+                    }
+                    Ok(_) => {
+                        tracing::debug!(shard, "a replica's partial aggregate has other columns")
+                    }
+                    Err(e) => {
+                        tracing::debug!(shard, error = %e, "no partial aggregate from a replica")
+                    }
+                }
+            }
+            let read: BTreeSet<u32> = (elsewhere.iter())
+                .filter(|s| !answered.contains_key(s))
+                .copied()
+                .collect();
+            let remote = scan
+                .remote_of(elsewhere.clone(), &read)
+                .await
+                .map_err(external)?;
+            let (local, flushed) = scan.input_cut(scan_metrics, &remote)?;
+            let cut_alike = answered.iter().all(|(shard, a)| {
+                (a.flushed.iter())
+                    .all(|(p, f)| flushed.get(&(*p, *shard)).copied().unwrap_or(0) == *f)
+            });
+            if !cut_alike {
+                m.asked_again.add(1);
+                continue;
+            }
+            m.partials.add(answered.len());
+            m.read_rows_of.add(read.len());
+            m.remote_aggregated
+                .add(answered.values().map(|a| a.rows as usize).sum());
+            let states = answered.into_values().flat_map(|a| a.states).collect();
+            return Ok(Made { local, states });
+        }
+        Err(DataFusionError::Internal(
+            "SluiceSplitAggregate: the last try reads rows, which always cut alike".into(),
+        ))
+    }
+}
+
+/// A partial aggregate whose shards held elsewhere are aggregated on their replicas: its
+/// output partitions are the aggregate's here, the first followed by the replicas'
+/// states.
+#[derive(Debug)]
+pub(crate) struct SplitAggExec {
+    /// The partial aggregate (its scan linked to `state`).
+    input: Arc<dyn ExecutionPlan>,
+    state: Arc<SplitState>,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    /// The shards held elsewhere when planned, with the node asked first (for `EXPLAIN`).
+    elsewhere: Vec<(u32, Option<u64>)>,
+}
+
+impl SplitAggExec {
+    /// `partial` (a partial aggregate [`scan_under`] takes) run in parts, with a new state.
+    fn wrap(partial: Arc<dyn ExecutionPlan>) -> DfResult<Arc<Self>> {
+        let metrics = ExecutionPlanMetricsSet::new();
+        let counter = |name: &'static str| MetricBuilder::new(&metrics).global_counter(name);
+        let state = Arc::new(SplitState {
+            splits: OnceLock::new(),
+            query: Default::default(),
+            schema: partial.schema(),
+            made: Default::default(),
+            metrics: SplitMetrics {
+                partials: counter("remote_partials"),
+                remote_aggregated: counter("remote_rows_aggregated"),
+                read_rows_of: counter("remote_shards_read"),
+                asked_again: counter("asked_again"),
+            },
+        });
+        let elsewhere = (scan_under(&partial))
+            .map(|s| s.elsewhere().to_vec())
+            .unwrap_or_default();
+        let linked = partial
+            .transform_down(|node| match node.downcast_ref::<ScanExec>() {
+                Some(scan) => Ok(Transformed::yes(scan.linked(state.clone()))),
+                None => Ok(Transformed::no(node)),
+            })
+            .data()?;
+        let p = linked.properties();
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(linked.schema()),
+            Partitioning::UnknownPartitioning(p.partitioning.partition_count()),
+            p.emission_type,
+            p.boundedness,
+        );
+        Ok(Arc::new(Self {
+            input: linked,
+            state,
+            properties: Arc::new(properties),
+            metrics,
+            elsewhere,
+        }))
+    }
+
+    /// Sets the query the replicas plan, for the next run of every split aggregate in
+    /// `plan`.
+    pub(crate) fn prepare(plan: &Arc<dyn ExecutionPlan>, query: Option<&PartialQuery>) {
+        let _ = plan.apply(|node| {
+            if let Some(s) = node.downcast_ref::<SplitAggExec>() {
+                *s.state.query.lock() = query.cloned();
+            }
+            Ok(TreeNodeRecursion::Continue)
+        });
+    }
+}
+
+impl DisplayAs for SplitAggExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("SluiceSplitAggregate: partial aggregates of")?;
+        for (i, (shard, node)) in self.elsewhere.iter().enumerate() {
+            let sep = if i == 0 { " shard" } else { "," };
+            match node {
+                Some(n) => write!(f, "{sep} {shard} on node {n}")?,
+                None => write!(f, "{sep} {shard} on its replicas")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for SplitAggExec {
+    fn name(&self) -> &'static str {
+        "SluiceSplitAggregate"
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        match (children.pop(), children.is_empty()) {
+            (Some(child), true) if scan_under(&child).is_some() => {
+                Ok(Self::wrap(child)? as Arc<dyn ExecutionPlan>)
+            }
+            _ => Err(DataFusionError::Internal(
+                "SluiceSplitAggregate splits a partial aggregate over a scan".into(),
+            )),
+        }
+    }
+
+    fn reset_state(self: Arc<Self>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(Self::wrap(self.input.clone())? as Arc<dyn ExecutionPlan>)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let here = self.input.execute(partition, context)?;
+        if partition != 0 {
+            return Ok(here);
+        }
+        // The replicas' states after this partition's own: the scan under it has made the
+        // run's snapshot by then (its streams start by making it).
+        let state = self.state.clone();
+        let states = futures::stream::once(async move {
+            let states = match (state.splits.get(), state.made.get()) {
+                (Some(true), Some(made)) => made.states.clone(),
+                (Some(true), None) => {
+                    return Err(DataFusionError::Internal(
+                        "SluiceSplitAggregate: the scan under it did not run".into(),
+                    ));
+                }
+                _ => Vec::new(),
+            };
+            Ok(futures::stream::iter(states.into_iter().map(Ok)))
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema(),
+            here.chain(states),
+        )))
+    }
+}
+
+impl Engine {
+    /// Answers a replica's part of a split aggregate (`request.partial`; the caller ran
+    /// the shard's read barrier): the query planned here, its one partial aggregate run
+    /// over this node's buffered rows of the shard, with the flushed index of each
+    /// partition read and the metadata group's index read after.
+    pub async fn serve_partial(self: &Arc<Self>, request: RowsRequest) -> Result<Vec<u8>> {
+        let Some(query) = request.partial.clone() else {
+            return Err(Error::invalid("not a partial aggregation"));
+        };
+        if self.store.tables.get(request.table_id).is_none() {
+            let engine = self.clone();
+            let id = request.table_id;
+            tokio::task::spawn_blocking(move || engine.await_table(id))
+                .await
+                .map_err(|e| Error::invalid(e.to_string()))??;
+        }
+        let session = self.session(&query.database, false)?;
+        let (planned, _) = (self.plan(&session, &query.database, &query.sql, None)).await?;
+        let now = chrono::DateTime::from_timestamp_micros(query.now_micros);
+        let optimized = crate::query::planner::optimize_at(&session.state, &planned.plan, now)?;
+        let physical = (session.state.query_planner())
+            .create_physical_plan(&optimized, &session.state)
+            .await?;
+        let mut partials = Vec::new();
+        physical.apply(|node| {
+            if let Some(a) = node.downcast_ref::<AggregateExec>()
+                && *a.mode() == AggregateMode::Partial
+            {
+                partials.push(node.clone());
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        let cannot = |why: &str| Error::Replication {
+            reason: format!("the query cannot be aggregated in parts here: {why}"),
+        };
+        let [partial] = partials.as_slice() else {
+            return Err(cannot("not one partial aggregate"));
+        };
+        let scan = scan_under(partial)
+            .ok_or_else(|| cannot("no scan under it"))?
+            .scan();
+        if scan.table_id() != request.table_id {
+            return Err(cannot("another table"));
+        }
+        let input = scan.shard_input(request.shard)?;
+        let manifest_index = self.manifest_index();
+        let over_rows = partial
+            .clone()
+            .transform_down(|node| match node.is::<ScanExec>() {
+                true => Ok(Transformed::yes(input.plan.clone())),
+                false => Ok(Transformed::no(node)),
+            })
+            .data()?;
+        let lease = session.lease(self.config.query.max_memory_bytes);
+        let states = datafusion::physical_plan::collect(over_rows, lease.task()).await?;
+        PartialAnswer {
+            manifest_index,
+            flushed: input.flushed,
+            rows: input.rows,
+            states,
+        }
+        .encode()
+    }
+}
