@@ -157,6 +157,11 @@ pub struct QueryConfig {
     /// Longest a query may run, from planning to its last row (`"30s"`, `"5m"`); past it the
     /// query is stopped with a clear error.
     pub timeout: String,
+    /// In a cluster, on a node holding only some shards: an aggregate's partial part runs
+    /// on the other shards' replicas (only its states travel) when about this many of
+    /// their unflushed rows would be read (estimated from the shards held here); fewer
+    /// are read as rows, which costs less than planning the query on each replica.
+    pub split_min_rows: u64,
 }
 
 impl Default for QueryConfig {
@@ -165,6 +170,7 @@ impl Default for QueryConfig {
             hot_cache_bytes: MemoryBudget::Share("25%".into()),
             max_memory_bytes: 1024 * 1024 * 1024,
             timeout: "5m".into(),
+            split_min_rows: 100_000,
         }
     }
 }

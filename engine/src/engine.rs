@@ -219,6 +219,7 @@ impl Engine {
             extra_system: Default::default(),
             reader: Default::default(),
             remote_rows: Default::default(),
+            remote_aggregated: Default::default(),
         });
         let alerts = Arc::new(Alerts::open(&dir));
         alerts.sync(cat.alerts.values());

@@ -310,26 +310,32 @@ async fn run_cluster(bin: &Path, dir: &Path, args: &Args) -> Result<(Vec<Figures
 
 /// Prints each node's share of the work of the loads: rows it applied from the shard logs
 /// it replicates (each node keeps only the shards placed on it), its CPU, resident memory,
-/// the rows its SQL read from other nodes' replicas for the checks, and how long a grouped
-/// query takes there, computed (median of 5).
+/// the rows its SQL read from other nodes' replicas for the checks (and those replicas
+/// aggregated for it), and how long two grouped queries take there, computed (median of
+/// 5): one synopses answer, one only DataFusion's aggregate does (`stddev`).
 async fn per_node(nodes: &[Sluice], pids: &[u32], cpu0: &[f64], stored: u64) -> Result<()> {
-    let grouped =
-        "SELECT device, count(*) AS n, max(temp) AS t FROM bench.readings GROUP BY device";
-    let mut answers = Vec::new();
+    let grouped = [
+        "SELECT device, count(*) AS n, max(temp) AS t FROM bench.readings GROUP BY device",
+        "SELECT device, count(*) AS n, round(stddev(temp), 6) AS s FROM bench.readings \
+         GROUP BY device",
+    ];
+    let mut answers = vec![Vec::new(); grouped.len()];
     for (i, (n, pid)) in nodes.iter().zip(pids).enumerate() {
-        let mut times = Vec::new();
-        for _ in 0..5 {
-            let t = Instant::now();
-            let answer = n
-                .sql_uncached(&format!("{grouped} ORDER BY device"))
-                .await?;
-            times.push(t.elapsed().as_secs_f64() * 1000.0);
-            answers.push(answer);
+        for (q, sql) in grouped.iter().enumerate() {
+            let mut times = Vec::new();
+            for _ in 0..5 {
+                let t = Instant::now();
+                let answer = n.sql_uncached(&format!("{sql} ORDER BY device")).await?;
+                times.push(t.elapsed().as_secs_f64() * 1000.0);
+                answers[q].push(answer);
+            }
+            times.sort_by(f64::total_cmp);
+            let what = ["synopses", "stddev"][q];
+            eprintln!("node {}: grouped query ({what}) {:.1} ms", i + 1, times[2]);
         }
-        times.sort_by(f64::total_cmp);
-        eprintln!("node {}: grouped query {:.1} ms", i + 1, times[2]);
         let applied = n.metric("sluice_shard_rows_applied_total").await?;
         let remote = n.metric("sluice_remote_rows_read_total").await?;
+        let aggregated = n.metric("sluice_remote_rows_aggregated_total").await?;
         let cpu = sluice_bench::cpu_secs(*pid)? - cpu0[i];
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
         let rss = (status.lines())
@@ -338,16 +344,19 @@ async fn per_node(nodes: &[Sluice], pids: &[u32], cpu0: &[f64], stored: u64) -> 
             .unwrap_or(0.0);
         eprintln!(
             "node {}: applied {applied:.0} rows ({:.2} per stored row), CPU {cpu:.2} s \
-             ({:.1} µs per stored row), RSS {:.0} MiB, {remote:.0} rows read from other nodes",
+             ({:.1} µs per stored row), RSS {:.0} MiB, {remote:.0} rows read from other nodes, \
+             {aggregated:.0} aggregated there",
             i + 1,
             applied / stored as f64,
             cpu * 1e6 / stored as f64,
             rss / 1024.0
         );
     }
-    answers.dedup();
-    if answers.len() != 1 {
-        bail!("the nodes answered the grouped query differently: {answers:?}");
+    for mut a in answers {
+        a.dedup();
+        if a.len() != 1 {
+            bail!("the nodes answered a grouped query differently: {a:?}");
+        }
     }
     Ok(())
 }

@@ -127,7 +127,7 @@ impl QueryPort for Engine {
         self.access.render_metrics(&mut out);
         let h = QueryPort::health(self);
         let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-        let figures: [(&str, &str, &str, u64); 8] = [
+        let figures: [(&str, &str, &str, u64); 9] = [
             (
                 "sluice_shard_rows_applied_total",
                 "counter",
@@ -139,6 +139,12 @@ impl QueryPort for Engine {
                 "counter",
                 "Unflushed rows queries read from replicas on other nodes (shards not held here).",
                 load(&self.store.remote_rows),
+            ),
+            (
+                "sluice_remote_rows_aggregated_total",
+                "counter",
+                "Unflushed rows other nodes' replicas aggregated for queries here (partial aggregates).",
+                load(&self.store.remote_aggregated),
             ),
             (
                 "sluice_flushes_total",

@@ -537,7 +537,8 @@ impl Engine {
                 sql: sql.to_string(),
                 now_micros: now.timestamp_micros(),
             });
-            crate::query::split::SplitAggExec::prepare(&physical, query.as_ref());
+            let min_rows = self.config.query.split_min_rows;
+            crate::query::split::SplitAggExec::prepare(&physical, query.as_ref(), min_rows);
         }
         let schema = physical.schema();
         let limit = self.config.query.max_memory_bytes;

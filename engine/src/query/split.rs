@@ -12,7 +12,9 @@
 //! (it waited for the replica's manifest index first, so it is never behind): if a flush
 //! landed in between, it asks again, and after [`TRIES`] it reads the shard's rows instead
 //! (as a scan on such a node always did). A replica that cannot split the query (its plan
-//! differs) is read the same way.
+//! differs) is read the same way, and so are all of them when fewer rows than
+//! `query.split_min_rows` would travel (estimated from the shards held here): planning the
+//! query on each replica costs more than a few rows.
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -111,9 +113,9 @@ pub(crate) fn scan_under(node: &Arc<dyn ExecutionPlan>) -> Option<&ScanExec> {
 pub(crate) struct SplitState {
     /// Whether this run splits (the node holds only some shards when it starts).
     splits: OnceLock<bool>,
-    /// The query, as the replicas plan it (set by the engine before each run; `None`:
-    /// the other shards' rows are read instead).
-    query: parking_lot::Mutex<Option<PartialQuery>>,
+    /// The query, as the replicas plan it, and `query.split_min_rows` (set by the engine
+    /// before each run; `None`: the other shards' rows are read instead).
+    query: parking_lot::Mutex<Option<(PartialQuery, u64)>>,
     /// The partial aggregate's output.
     schema: SchemaRef,
     made: tokio::sync::OnceCell<Made>,
@@ -164,7 +166,12 @@ impl SplitState {
                 states: Vec::new(),
             });
         };
-        let query = self.query.lock().clone();
+        // Few rows elsewhere (as many per shard as here) travel for less than the
+        // replicas' planning costs.
+        let query = (self.query.lock().clone()).and_then(|(q, min)| {
+            let elsewhere = reader.remote_shards().len() as u64;
+            (scan.held_rows_per_shard() * elsewhere >= min).then_some(q)
+        });
         let m = &self.metrics;
         for attempt in 1..=TRIES {
             let elsewhere = reader.remote_shards();
@@ -213,8 +220,9 @@ impl SplitState {
             }
             m.partials.add(answered.len());
             m.read_rows_of.add(read.len());
-            m.remote_aggregated
-                .add(answered.values().map(|a| a.rows as usize).sum());
+            let aggregated: u64 = answered.values().map(|a| a.rows).sum();
+            m.remote_aggregated.add(aggregated as usize);
+            (store.remote_aggregated).fetch_add(aggregated, std::sync::atomic::Ordering::Relaxed);
             let states = answered.into_values().flat_map(|a| a.states).collect();
             return Ok(Made { local, states });
         }
@@ -282,10 +290,14 @@ impl SplitAggExec {
 
     /// Sets the query the replicas plan, for the next run of every split aggregate in
     /// `plan`.
-    pub(crate) fn prepare(plan: &Arc<dyn ExecutionPlan>, query: Option<&PartialQuery>) {
+    pub(crate) fn prepare(
+        plan: &Arc<dyn ExecutionPlan>,
+        query: Option<&PartialQuery>,
+        min_rows: u64,
+    ) {
         let _ = plan.apply(|node| {
             if let Some(s) = node.downcast_ref::<SplitAggExec>() {
-                *s.state.query.lock() = query.cloned();
+                *s.state.query.lock() = query.map(|q| (q.clone(), min_rows));
             }
             Ok(TreeNodeRecursion::Continue)
         });

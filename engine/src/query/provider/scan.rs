@@ -140,6 +140,23 @@ impl Scan {
         .await
     }
 
+    /// The buffered rows of the partitions this scan reads, per shard held here (a guess
+    /// at the other shards').
+    pub(crate) fn held_rows_per_shard(&self) -> u64 {
+        let t = &self.table;
+        let parts = t.state.parts.read();
+        let admits = t.admitted(&parts, &self.keys, &BTreeSet::new());
+        let mut shards = BTreeSet::new();
+        let mut rows = 0;
+        for (_, p) in in_range(&parts, &admits) {
+            for (s, r) in &p.shards {
+                shards.insert(*s);
+                rows += r.buffer.rows as u64;
+            }
+        }
+        rows / (shards.len() as u64).max(1)
+    }
+
     /// This node's buffered rows of `shard` that the scan reads (partitions and columns,
     /// not yet in files as far as this node knows), as a plan; with the shard's flushed
     /// index of each partition that has such rows, and their count.
