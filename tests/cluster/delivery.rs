@@ -31,9 +31,20 @@ pub(crate) async fn subscriber(
     clean: bool,
     filters: &[&str],
 ) -> (AsyncClient, Got) {
+    subscriber_at(port, id, clean, filters, QoS::AtLeastOnce).await
+}
+
+/// [`subscriber`] at `qos`.
+async fn subscriber_at(
+    port: u16,
+    id: &str,
+    clean: bool,
+    filters: &[&str],
+    qos: QoS,
+) -> (AsyncClient, Got) {
     let (client, mut el) = AsyncClient::new(options(port, id, clean), 100);
     for f in filters {
-        client.subscribe(*f, QoS::AtLeastOnce).await.unwrap();
+        client.subscribe(*f, qos).await.unwrap();
     }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let (subscribed, wait) = tokio::sync::oneshot::channel::<()>();
@@ -70,24 +81,32 @@ pub(crate) async fn subscriber(
 /// Publishes `n` numbered messages from `id` on `port` to each of `topics` at QoS 1 (the
 /// payload names the publisher and the number), returning once all are PUBACKed.
 async fn publish(port: u16, id: &str, topics: &[String], n: u64, retain: bool) {
+    publish_at(port, id, topics, n, retain, QoS::AtLeastOnce).await;
+}
+
+/// [`publish`] at `qos`.
+async fn publish_at(port: u16, id: &str, topics: &[String], n: u64, retain: bool, qos: QoS) {
     let mut all = Vec::new();
     for seq in 0..n {
         let body = format!(r#"{{"ts": "2026-11-26T10:00:00Z", "device": "{id}", "seq": {seq}}}"#);
         all.extend(topics.iter().map(|t| (t.clone(), body.clone())));
     }
-    publish_each(port, id, all, retain).await;
+    publish_each_at(port, id, all, retain, qos).await;
 }
 
 /// Publishes each (topic, payload) from client `id` on `port` at QoS 1, in order; returns
 /// once all are PUBACKed.
 pub(crate) async fn publish_each(port: u16, id: &str, all: Vec<(String, String)>, retain: bool) {
+    publish_each_at(port, id, all, retain, QoS::AtLeastOnce).await;
+}
+
+/// [`publish_each`] at `qos` (QoS 2: returns once all are PUBCOMPed).
+async fn publish_each_at(port: u16, id: &str, all: Vec<(String, String)>, retain: bool, qos: QoS) {
     let (client, mut el) = AsyncClient::new(options(port, id, true), 100);
     let n = all.len();
     tokio::spawn(async move {
         for (t, body) in all {
-            (client.publish(t, QoS::AtLeastOnce, retain, body))
-                .await
-                .unwrap();
+            (client.publish(t, qos, retain, body)).await.unwrap();
         }
     });
     let mut acked = 0;
@@ -96,7 +115,7 @@ pub(crate) async fn publish_each(port: u16, id: &str, all: Vec<(String, String)>
             .await
             .expect("a PUBACK within 30 s")
             .unwrap();
-        if let Event::Incoming(Packet::PubAck(_)) = ev {
+        if let Event::Incoming(Packet::PubAck(_) | Packet::PubComp(_)) = ev {
             acked += 1;
         }
     }
@@ -133,32 +152,32 @@ fn once_in_order(got: &[(String, bytes::Bytes)], who: &str) {
 }
 
 /// A lasting session moves with its client: queued messages come along, later ones follow
-/// it, and the connection it left is closed.
-async fn session_moves(c: &Cluster, (a, b, z): (u64, u64, u64)) {
+/// it, and the connection it left is closed; at QoS 1 and at QoS 2 (subscription and
+/// messages), each message once.
+async fn session_moves(c: &Cluster, (a, b, z): (u64, u64, u64), qos: QoS) {
     const N: u64 = 20;
     let port = |id: u64| c.node(id).mqtt_port();
-    let (mover, mut first) = subscriber(port(a), "mover", false, &["move/#"]).await;
+    let (id, topic) = (format!("mover-{qos:?}"), format!("move/{qos:?}"));
+    let filter = format!("{topic}/#");
+    let topics = [format!("{topic}/x")];
+    let (mover, mut first) = subscriber_at(port(a), &id, false, &[&filter], qos).await;
     mover.disconnect().await.unwrap();
     while first.recv().await.is_some() {}
-    publish(port(b), "pub-move", &["move/x".to_string()], N, false).await;
+    publish_at(port(b), &format!("pub-{id}"), &topics, N, false, qos).await;
     // On node z now: the N queued on node a come along, and what is published next follows.
-    let (_m, mut there) = subscriber(port(z), "mover", false, &[]).await;
-    publish(port(a), "pub-move2", &["move/x".to_string()], N, false).await;
-    let got = take(
-        &mut there,
-        2 * N as usize,
-        "a session moved to another node",
-    )
-    .await;
-    once_in_order(&got, "a session moved to another node");
+    let (_m, mut there) = subscriber_at(port(z), &id, false, &[], qos).await;
+    publish_at(port(a), &format!("pub2-{id}"), &topics, N, false, qos).await;
+    let who = format!("a session moved to another node at {qos:?}");
+    let got = take(&mut there, 2 * N as usize, &who).await;
+    once_in_order(&got, &who);
     // Back on node a: the connection on node z is closed.
-    let (_m, mut back) = subscriber(port(a), "mover", false, &[]).await;
+    let (_m, mut back) = subscriber_at(port(a), &id, false, &[], qos).await;
     let closed = tokio::time::timeout(Duration::from_secs(10), there.recv()).await;
     assert!(
         matches!(closed, Ok(None)),
         "the connection taken over stays open: {closed:?}"
     );
-    publish(port(b), "pub-move3", &["move/x".to_string()], 1, false).await;
+    publish_at(port(b), &format!("pub3-{id}"), &topics, 1, false, qos).await;
     take(&mut back, 1, "a session moved back").await;
 }
 
@@ -235,7 +254,8 @@ pub(crate) async fn one_broker_across_nodes(c: &mut Cluster) {
     let got = take(&mut all, 1, "a subscriber to a table written over HTTP").await;
     assert_eq!(got, vec![("/iot/d".to_string(), bytes::Bytes::from(rows))]);
 
-    session_moves(c, (a, b, z)).await;
+    session_moves(c, (a, b, z), QoS::AtLeastOnce).await;
+    session_moves(c, (a, b, z), QoS::ExactlyOnce).await;
 
     // A lasting session on node z: z is killed, messages are published on node a meanwhile,
     // and it gets them once z is back. Another goes to node a while z is down: its

@@ -18,6 +18,7 @@
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::query::made_once::MadeOnce;
 use crate::query::provider::{Scan, ScanExec};
 use crate::store::remote::{PartialAnswer, PartialQuery, Remote, RowsRequest};
 use datafusion::arrow::datatypes::SchemaRef;
@@ -118,7 +119,7 @@ pub(crate) struct SplitState {
     query: parking_lot::Mutex<Option<(PartialQuery, u64)>>,
     /// The partial aggregate's output.
     schema: SchemaRef,
-    made: tokio::sync::OnceCell<Made>,
+    made: Arc<MadeOnce<Made>>,
     metrics: SplitMetrics,
 }
 
@@ -147,13 +148,16 @@ impl SplitState {
         *self.splits.get_or_init(|| scan.store().partial())
     }
 
-    /// The run's snapshot, made by the first to ask.
+    /// The run's snapshot, made once ([`MadeOnce`]).
     pub(crate) async fn made(
-        &self,
-        scan: &Scan,
+        self: &Arc<Self>,
+        scan: &Arc<Scan>,
         metrics: &ExecutionPlanMetricsSet,
     ) -> DfResult<&Made> {
-        self.made.get_or_try_init(|| self.make(scan, metrics)).await
+        let (me, scan, metrics) = (self.clone(), scan.clone(), metrics.clone());
+        (self.made)
+            .get_or_spawn(async move { me.make(&scan, &metrics).await })
+            .await
     }
 
     async fn make(&self, scan: &Scan, scan_metrics: &ExecutionPlanMetricsSet) -> DfResult<Made> {
@@ -374,7 +378,8 @@ impl ExecutionPlan for SplitAggExec {
         let state = self.state.clone();
         let states = futures::stream::once(async move {
             let states = match (state.splits.get(), state.made.get()) {
-                (Some(true), Some(made)) => made.states.clone(),
+                (Some(true), Some(Ok(made))) => made.states.clone(),
+                (Some(true), Some(Err(e))) => return Err(e),
                 (Some(true), None) => {
                     return Err(DataFusionError::Internal(
                         "SluiceSplitAggregate: the scan under it did not run".into(),

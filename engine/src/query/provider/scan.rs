@@ -1,6 +1,7 @@
 //! Scanning a table: the partitions and files a query needs ([`Scan`]), read as one DataFusion plan node ([`ScanExec`]) over buffers and Parquet.
 
 use super::*;
+use crate::query::made_once::MadeOnce;
 use crate::query::parts::PartsItem;
 use crate::query::split::SplitState;
 use crate::store::remote::RowsRequest;
@@ -347,7 +348,7 @@ pub(crate) struct ScanExec {
     pub(super) planned: Option<Arc<dyn ExecutionPlan>>,
     /// A later run's input (or the first's, when other nodes hold some of its rows), made
     /// by the first partition executed.
-    pub(super) input: Arc<tokio::sync::OnceCell<Arc<dyn ExecutionPlan>>>,
+    pub(super) input: Arc<MadeOnce<Arc<dyn ExecutionPlan>>>,
     /// Held while a partition makes `input` without waiting (all rows here).
     pub(super) making: parking_lot::Mutex<()>,
     pub(super) metrics: ExecutionPlanMetricsSet,
@@ -532,11 +533,11 @@ impl ExecutionPlan for ScanExec {
             let input = {
                 let _making = self.making.lock();
                 match self.input.get() {
-                    Some(i) => i.clone(),
+                    Some(i) => i?.clone(),
                     None => {
                         let metrics = ScanMetrics::new(&self.metrics);
                         let made = self.scan.input(&metrics, &Remote::default())?;
-                        let _ = self.input.set(made.clone());
+                        self.input.set(made.clone());
                         made
                     }
                 }
@@ -547,11 +548,10 @@ impl ExecutionPlan for ScanExec {
                 futures::stream::iter(streams).flatten(),
             )));
         }
-        // One snapshot per run, taken by the partition that runs first, once the rows other
-        // nodes hold are read.
+        // One snapshot per run, taken once the rows other nodes hold are read ([`MadeOnce`]).
         let (scan, cell, metrics) = (self.scan.clone(), self.input.clone(), self.metrics.clone());
         let run = async move {
-            let made = cell.get_or_try_init(|| async {
+            let made = cell.get_or_spawn(async move {
                 let remote = scan.remote().await?;
                 scan.input(&ScanMetrics::new(&metrics), &remote)
             });
