@@ -447,30 +447,15 @@ impl RowsAnswer {
                 put(&mut out, *at);
             }
         }
-        let schema = match self.parts.iter().flat_map(|p| &p.batches).next() {
-            Some(b) => b.schema(),
-            None => schema.clone(),
-        };
-        let mut writer = StreamWriter::try_new(&mut out, &schema)?;
-        for b in self.parts.iter().flat_map(|p| &p.batches) {
-            writer.write(b)?;
-        }
-        writer.finish()?;
-        drop(writer);
+        write_ipc(&mut out, schema, self.parts.iter().flat_map(|p| &p.batches))?;
         Ok(out)
     }
 
     /// The answer [`RowsAnswer::encode`] wrote.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
-        let bad = || Error::Replication {
-            reason: "a replica's rows came back damaged".into(),
-        };
-        let mut at = 0usize;
-        let mut get = || -> Result<u64> {
-            let b = bytes.get(at..at + 8).ok_or_else(bad)?;
-            at += 8;
-            Ok(u64::from_le_bytes(b.try_into().map_err(|_| bad())?))
-        };
+        let bad = || damaged("rows");
+        let mut words = Words { bytes, at: 0 };
+        let mut get = || words.next("rows");
         let manifest_index = get()?;
         let n = get()?;
         let columns = (0..n)
@@ -488,7 +473,7 @@ impl RowsAnswer {
                 .collect::<Result<Vec<_>>>()?;
             heads.push((shard, partition, batches, starts));
         }
-        let reader = StreamReader::try_new(std::io::Cursor::new(&bytes[at..]), None)?;
+        let reader = StreamReader::try_new(std::io::Cursor::new(words.rest()), None)?;
         let mut batches = reader
             .collect::<std::result::Result<Vec<_>, _>>()?
             .into_iter();
@@ -514,6 +499,51 @@ impl RowsAnswer {
     }
 }
 
+/// `batches` as one Arrow IPC stream after `out` (of their schema, else `schema`).
+fn write_ipc<'a>(
+    out: &mut Vec<u8>,
+    schema: &SchemaRef,
+    batches: impl Iterator<Item = &'a RecordBatch> + Clone,
+) -> Result<()> {
+    let schema = batches
+        .clone()
+        .next()
+        .map_or(schema.clone(), |b| b.schema());
+    let mut writer = StreamWriter::try_new(out, &schema)?;
+    for b in batches {
+        writer.write(b)?;
+    }
+    writer.finish()?;
+    Ok(())
+}
+
+fn damaged(what: &str) -> Error {
+    Error::Replication {
+        reason: format!("a replica's {what} came back damaged"),
+    }
+}
+
+/// Reads an answer's header: little-endian words, then the rest.
+struct Words<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Words<'a> {
+    fn next(&mut self, what: &str) -> Result<u64> {
+        let b = self
+            .bytes
+            .get(self.at..self.at + 8)
+            .ok_or_else(|| damaged(what))?;
+        self.at += 8;
+        Ok(u64::from_le_bytes(b.try_into().map_err(|_| damaged(what))?))
+    }
+
+    fn rest(&self) -> &'a [u8] {
+        &self.bytes[self.at..]
+    }
+}
+
 /// Marks a [`PartialAnswer`] (a [`RowsAnswer`] starts with a manifest index).
 const PARTIAL_MAGIC: u64 = 0x5350_4c49_5450_4152;
 
@@ -531,32 +561,17 @@ impl PartialAnswer {
             put(*partition);
             put(*flushed);
         }
-        let schema = match self.states.first() {
-            Some(b) => b.schema(),
-            None => std::sync::Arc::new(datafusion::arrow::datatypes::Schema::empty()),
-        };
-        let mut writer = StreamWriter::try_new(&mut out, &schema)?;
-        for b in &self.states {
-            writer.write(b)?;
-        }
-        writer.finish()?;
-        drop(writer);
+        let empty = std::sync::Arc::new(datafusion::arrow::datatypes::Schema::empty());
+        write_ipc(&mut out, &empty, self.states.iter())?;
         Ok(out)
     }
 
     /// The answer [`PartialAnswer::encode`] wrote.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
-        let bad = || Error::Replication {
-            reason: "a replica's partial aggregate came back damaged".into(),
-        };
-        let mut at = 0usize;
-        let mut get = || -> Result<u64> {
-            let b = bytes.get(at..at + 8).ok_or_else(bad)?;
-            at += 8;
-            Ok(u64::from_le_bytes(b.try_into().map_err(|_| bad())?))
-        };
+        let mut words = Words { bytes, at: 0 };
+        let mut get = || words.next("partial aggregate");
         if get()? != PARTIAL_MAGIC {
-            return Err(bad());
+            return Err(damaged("partial aggregate"));
         }
         let manifest_index = get()?;
         let rows = get()?;
@@ -564,7 +579,7 @@ impl PartialAnswer {
         let flushed = (0..n)
             .map(|_| Ok((get()?, get()?)))
             .collect::<Result<Vec<_>>>()?;
-        let reader = StreamReader::try_new(std::io::Cursor::new(&bytes[at..]), None)?;
+        let reader = StreamReader::try_new(std::io::Cursor::new(words.rest()), None)?;
         let states = reader.collect::<std::result::Result<Vec<_>, _>>()?;
         Ok(Self {
             manifest_index,

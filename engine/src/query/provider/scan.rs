@@ -370,6 +370,12 @@ impl ScanExec {
     /// The scan afresh (as [`ExecutionPlan::reset_state`] makes it), read as part of
     /// the split aggregate whose run is `split`.
     pub(crate) fn linked(&self, split: Arc<SplitState>) -> Arc<dyn ExecutionPlan> {
+        self.afresh(Some(split))
+    }
+
+    /// The scan ready for another run (nothing of this one's kept), in the split
+    /// aggregate run `split`.
+    fn afresh(&self, split: Option<Arc<SplitState>>) -> Arc<dyn ExecutionPlan> {
         Arc::new(Self {
             scan: self.scan.clone(),
             shown: self.shown.clone(),
@@ -380,7 +386,7 @@ impl ScanExec {
             input: Default::default(),
             making: Default::default(),
             metrics: ExecutionPlanMetricsSet::new(),
-            split: Some(split),
+            split,
         })
     }
 }
@@ -470,18 +476,7 @@ impl ExecutionPlan for ScanExec {
     }
 
     fn reset_state(self: Arc<Self>) -> DfResult<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self {
-            scan: self.scan.clone(),
-            shown: self.shown.clone(),
-            of: self.of,
-            elsewhere: self.elsewhere.clone(),
-            properties: self.properties.clone(),
-            planned: None,
-            input: Default::default(),
-            making: Default::default(),
-            metrics: ExecutionPlanMetricsSet::new(),
-            split: self.split.clone(),
-        }))
+        Ok(self.afresh(self.split.clone()))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
