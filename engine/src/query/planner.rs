@@ -37,7 +37,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Plans kept; past this the cache is emptied and refills with what is used.
-const CACHED_PLANS: usize = 4096;
+pub(crate) const CACHED_PLANS: usize = 4096;
 
 /// A session for one default database.
 pub(crate) struct Session {
@@ -235,11 +235,18 @@ pub(crate) struct Planner {
     timeout: std::sync::OnceLock<(std::time::Duration, Arc<str>)>,
     /// PostgreSQL clients' catalog sessions ([`crate::query::pg_catalog`]).
     pub(crate) catalog: crate::query::pg_catalog::CatalogSessions,
+    /// Partial aggregates this node ran for others ([`crate::query::split`]).
+    pub(crate) partials: crate::query::split::ReplicaPlans,
 }
 
 /// Inserts into a bounded cache: past `limit` entries it is emptied and refills with what is
 /// used.
-fn bounded_insert<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, limit: usize, k: K, v: V) {
+pub(crate) fn bounded_insert<K: std::hash::Hash + Eq, V>(
+    map: &mut HashMap<K, V>,
+    limit: usize,
+    k: K,
+    v: V,
+) {
     if map.len() >= limit {
         map.clear();
     }
@@ -249,7 +256,7 @@ fn bounded_insert<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, limit: us
 /// Whether `plan` reads a value of the moment: calls a function that is not immutable
 /// (`now()`, `random()`), which optimizing folds into the plan or which must be evaluated
 /// each run. (Synopsis nodes read the clock when they run and show no expressions.)
-fn of_the_moment(plan: &LogicalPlan) -> bool {
+pub(crate) fn of_the_moment(plan: &LogicalPlan) -> bool {
     use datafusion::common::tree_node::TreeNodeRecursion;
     let mut found = false;
     let walked = plan.apply_with_subqueries(|node| {

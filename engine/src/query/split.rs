@@ -414,9 +414,63 @@ impl Engine {
                 .map_err(|e| Error::invalid(e.to_string()))??;
         }
         let session = self.session(&query.database, false)?;
-        let (planned, _) = (self.plan(&session, &query.database, &query.sql, None)).await?;
+        let partial = self.partial_of(&session, &query, request.table_id).await?;
+        let no_scan = || Error::invalid("a kept partial aggregate lost its scan");
+        let input = scan_under(&partial)
+            .ok_or_else(no_scan)?
+            .scan()
+            .shard_input(request.shard)?;
+        let manifest_index = self.manifest_index();
+        let over_rows = partial
+            .transform_down(|node| match node.is::<ScanExec>() {
+                true => Ok(Transformed::yes(input.plan.clone())),
+                false => Ok(Transformed::no(node)),
+            })
+            .data()?;
+        let lease = session.lease(self.config.query.max_memory_bytes);
+        let states = datafusion::physical_plan::collect(over_rows, lease.task()).await?;
+        PartialAnswer {
+            manifest_index,
+            flushed: input.flushed,
+            rows: input.rows,
+            states,
+        }
+        .encode()
+    }
+}
+
+/// Partial aggregates a replica ran for other nodes, kept per (database, query text) with
+/// the catalog version they were planned at, ready for another run: a query whose plan
+/// reads no value of the moment (`now()`) is planned once, not for every request.
+#[derive(Default)]
+pub(crate) struct ReplicaPlans(parking_lot::Mutex<std::collections::HashMap<QueryKey, Kept>>);
+
+/// (database, query text).
+type QueryKey = (String, String);
+/// (catalog version, the partial aggregate).
+type Kept = (u64, Arc<dyn ExecutionPlan>);
+
+impl Engine {
+    /// The one partial aggregate over a scan of table `table_id` in `query`'s plan, kept
+    /// or planned here.
+    async fn partial_of(
+        &self,
+        session: &crate::query::planner::Session,
+        query: &PartialQuery,
+        table_id: u64,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        use crate::query::planner::{CACHED_PLANS, bounded_insert, of_the_moment, optimize_at};
+        let version = self.store.catalog.snapshot().version;
+        let key = (query.database.clone(), query.sql.clone());
+        let kept = self.planner.partials.0.lock().get(&key).cloned();
+        if let Some((v, kept)) = kept
+            && v == version
+        {
+            return Ok(datafusion::physical_plan::execution_plan::reset_plan_states(kept)?);
+        }
+        let (planned, _) = (self.plan(session, &query.database, &query.sql, None)).await?;
         let now = chrono::DateTime::from_timestamp_micros(query.now_micros);
-        let optimized = crate::query::planner::optimize_at(&session.state, &planned.plan, now)?;
+        let optimized = optimize_at(&session.state, &planned.plan, now)?;
         let physical = (session.state.query_planner())
             .create_physical_plan(&optimized, &session.state)
             .await?;
@@ -435,29 +489,19 @@ impl Engine {
         let [partial] = partials.as_slice() else {
             return Err(cannot("not one partial aggregate"));
         };
-        let scan = scan_under(partial)
-            .ok_or_else(|| cannot("no scan under it"))?
-            .scan();
-        if scan.table_id() != request.table_id {
+        let scan = scan_under(partial).ok_or_else(|| cannot("no scan under it"))?;
+        if scan.scan().table_id() != table_id {
             return Err(cannot("another table"));
         }
-        let input = scan.shard_input(request.shard)?;
-        let manifest_index = self.manifest_index();
-        let over_rows = partial
-            .clone()
-            .transform_down(|node| match node.is::<ScanExec>() {
-                true => Ok(Transformed::yes(input.plan.clone())),
-                false => Ok(Transformed::no(node)),
-            })
-            .data()?;
-        let lease = session.lease(self.config.query.max_memory_bytes);
-        let states = datafusion::physical_plan::collect(over_rows, lease.task()).await?;
-        PartialAnswer {
-            manifest_index,
-            flushed: input.flushed,
-            rows: input.rows,
-            states,
+        if !of_the_moment(&planned.plan) {
+            let entry = (version, partial.clone());
+            bounded_insert(
+                &mut self.planner.partials.0.lock(),
+                CACHED_PLANS,
+                key,
+                entry,
+            );
         }
-        .encode()
+        Ok(partial.clone())
     }
 }
