@@ -171,7 +171,7 @@ impl Default for QueryConfig {
             hot_cache_bytes: MemoryBudget::Share("25%".into()),
             max_memory_bytes: 1024 * 1024 * 1024,
             timeout: "5m".into(),
-            split_min_rows: 250_000,
+            split_min_rows: 100_000,
         }
     }
 }
