@@ -16,7 +16,7 @@ use openraft::async_runtime::WatchReceiver;
 use sluice_engine::types::{ColumnType, Value};
 use sluice_engine::{PartialAnswer, RowsAnswer, RowsRequest, ShardReader, TableDef};
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long this node waits for its metadata group to install the file changes a replica's
 /// rows were cut by.
@@ -127,22 +127,13 @@ impl Cluster {
 
     /// Waits until the metadata group has installed its entry `index` here.
     async fn installed(&self, index: u64) -> sluice_engine::Result<()> {
-        let started = Instant::now();
-        loop {
-            let engine = self
-                .engine
-                .upgrade()
-                .ok_or_else(|| replication("stopping"))?;
-            if engine.manifest_index() >= index {
-                return Ok(());
-            }
-            if started.elapsed() > MANIFEST_WAIT {
-                return Err(replication(format!(
-                    "the metadata group's entry {index} was not installed here after {} s",
-                    MANIFEST_WAIT.as_secs()
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        let engine = (self.engine.upgrade()).ok_or_else(|| replication("stopping"))?;
+        match engine.manifest_installed(index, MANIFEST_WAIT).await {
+            true => Ok(()),
+            false => Err(replication(format!(
+                "the metadata group's entry {index} was not installed here after {} s",
+                MANIFEST_WAIT.as_secs()
+            ))),
         }
     }
 }

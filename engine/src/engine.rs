@@ -64,7 +64,7 @@ pub struct Engine {
     /// the manifest is its own).
     pub(crate) manifests: Storage,
     /// The manifest's `raft_index` (in a cluster), readable without its lock.
-    pub(crate) manifest_index: std::sync::atomic::AtomicU64,
+    pub(crate) manifest_index: tokio::sync::watch::Sender<u64>,
     /// Journal records found by the WAL replay at start, until the broker takes them.
     pub(crate) journal_replay: parking_lot::Mutex<Vec<(u64, Vec<u8>)>>,
     /// The first LSN the journal's owner still needs: WAL truncation keeps it.
@@ -255,7 +255,7 @@ impl Engine {
             flushes: Default::default(),
             shard_rows_applied: Default::default(),
             manifests,
-            manifest_index: manifest_index.into(),
+            manifest_index: tokio::sync::watch::Sender::new(manifest_index),
             journal_replay: parking_lot::Mutex::new(journal),
             // Until the broker says what it still needs, every journal record is kept.
             journal_floor: journal_floor.into(),

@@ -7,7 +7,6 @@ use super::Engine;
 use crate::error::{Error, Result};
 use crate::store::catalog::CatalogData;
 use crate::store::storage::Manifest;
-use std::sync::atomic::Ordering;
 
 impl Engine {
     /// The catalog and the manifest (JSON), as the metadata group's entries applied so far
@@ -82,7 +81,7 @@ impl Engine {
             t.rows_removed();
         }
         self.store.hot.remove(&gone);
-        self.manifest_index.store(raft_index, Ordering::Release);
+        self.manifest_index.send_replace(raft_index);
         tracing::info!(raft_index, "installed the metadata group's snapshot");
         Ok(())
     }
