@@ -223,7 +223,7 @@ pub(crate) struct Planner {
     /// (database, one partition) -> its session.
     sessions: Mutex<HashMap<(String, bool), Arc<Session>>>,
     /// (database, SQL) -> (catalog version, plan before optimization).
-    plans: Mutex<HashMap<(String, String), (u64, Planned)>>,
+    pub(crate) plans: Mutex<HashMap<(String, String), (u64, Planned)>>,
     /// (database, SQL, parameters) -> the optimized plan, for plans whose optimization
     /// reads nothing that changes between runs, with its last small result, valid while no
     /// table it reads has changed (an alert query polled with no new rows is not recomputed).

@@ -441,7 +441,8 @@ impl Engine {
 
 /// Partial aggregates a replica ran for other nodes, kept per (database, query text) with
 /// the catalog version they were planned at, ready for another run: a query whose plan
-/// reads no value of the moment (`now()`) is planned once, not for every request.
+/// reads no value of the moment (`now()`) is planned once, not for every request (one
+/// that does is optimized for each, from the engine's kept logical plans).
 #[derive(Default)]
 pub(crate) struct ReplicaPlans(parking_lot::Mutex<std::collections::HashMap<QueryKey, Kept>>);
 
@@ -468,7 +469,27 @@ impl Engine {
         {
             return Ok(datafusion::physical_plan::execution_plan::reset_plan_states(kept)?);
         }
-        let (planned, _) = (self.plan(session, &query.database, &query.sql, None)).await?;
+        // The text planned before (by a query here, or a request with `now()`), else now.
+        let before = (self.planner.plans.lock().get(&key))
+            .filter(|(v, _)| *v == version)
+            .map(|(_, p)| p.clone());
+        let planned = match before {
+            Some(planned) => planned,
+            None => {
+                let (planned, cacheable) =
+                    (self.plan(session, &query.database, &query.sql, None)).await?;
+                if cacheable {
+                    let entry = (version, planned.clone());
+                    bounded_insert(
+                        &mut self.planner.plans.lock(),
+                        CACHED_PLANS,
+                        key.clone(),
+                        entry,
+                    );
+                }
+                planned
+            }
+        };
         let now = chrono::DateTime::from_timestamp_micros(query.now_micros);
         let optimized = optimize_at(&session.state, &planned.plan, now)?;
         let physical = (session.state.query_planner())
