@@ -9,6 +9,14 @@ use crate::store::catalog::CatalogData;
 use crate::store::storage::Manifest;
 
 impl Engine {
+    /// Whether the metadata group's entry `index` is installed here within `wait` (its
+    /// files and flushed indexes in place: the index is published after them).
+    pub async fn manifest_installed(&self, index: u64, wait: std::time::Duration) -> bool {
+        let mut installed = self.manifest_index.subscribe();
+        let reached = installed.wait_for(|i| *i >= index);
+        matches!(tokio::time::timeout(wait, reached).await, Ok(Ok(_)))
+    }
+
     /// The catalog and the manifest (JSON), as the metadata group's entries applied so far
     /// left them. Called from the group's snapshot, which no apply runs beside.
     pub fn meta_state(&self) -> Result<(String, String)> {

@@ -638,7 +638,6 @@ impl Engine {
                 "partition expired"
             );
         }
-        self.manifest_index.send_replace(raft_index);
         for f in flushed {
             let Some(t) = live(f.table_id) else { continue };
             let mut parts = t.parts.write();
@@ -674,19 +673,14 @@ impl Engine {
                 "merged files installed"
             );
         }
+        // Last: a node that waited for this index reads these files and flushed indexes.
+        self.manifest_index.send_replace(raft_index);
         Ok(fits)
     }
 
     /// The metadata group's log index of the last file change installed here.
     pub fn manifest_index(&self) -> u64 {
         *self.manifest_index.borrow()
-    }
-
-    /// Whether the metadata group's entry `index` is installed here within `wait`.
-    pub async fn manifest_installed(&self, index: u64, wait: std::time::Duration) -> bool {
-        let mut installed = self.manifest_index.subscribe();
-        let reached = installed.wait_for(|i| *i >= index);
-        matches!(tokio::time::timeout(wait, reached).await, Ok(Ok(_)))
     }
 
     /// The last log index of `shard` whose rows are all in installed files, as far as this

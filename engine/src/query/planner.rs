@@ -542,7 +542,7 @@ impl Engine {
             let query = options.params.is_empty().then(|| PartialQuery {
                 database: database.to_string(),
                 sql: sql.to_string(),
-                now_micros: now.timestamp_micros(),
+                now_nanos: now.timestamp_nanos_opt().unwrap_or(i64::MAX),
             });
             let min_rows = self.config.query.split_min_rows;
             crate::query::split::SplitAggExec::prepare(&physical, query.as_ref(), min_rows);

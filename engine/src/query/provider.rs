@@ -171,6 +171,13 @@ pub(crate) struct SluiceTable {
     parts: Option<PartsSpec>,
 }
 
+tokio::task_local! {
+    /// Set while a replica plans another node's partial aggregate
+    /// (`crate::query::split`): its scans make no input when planned (they would read the
+    /// table and warm its files for nothing).
+    pub(crate) static FOR_A_REPLICA: ();
+}
+
 /// What a scan reads, taken under the partition lock.
 #[derive(Debug, Default)]
 pub(crate) struct ScanSet {
@@ -561,7 +568,7 @@ impl TableProvider for SluiceTable {
                     .collect()
             })
             .unwrap_or_default();
-        let planned = match elsewhere.is_empty() {
+        let planned = match elsewhere.is_empty() && FOR_A_REPLICA.try_with(|_| ()).is_err() {
             false => None,
             true => Some(scan.input(&ScanMetrics::new(&metrics), &Remote::default())?),
         };

@@ -173,8 +173,10 @@ impl SplitState {
         // Few rows elsewhere (as many per shard as here) travel for less than the
         // replicas' planning costs.
         let query = (self.query.lock().clone()).and_then(|(q, min)| {
-            let elsewhere = reader.remote_shards().len() as u64;
-            (scan.held_rows_per_shard() * elsewhere >= min).then_some(q)
+            let elsewhere = reader.remote_shards();
+            // Holding none, it cannot guess: the rows may be many.
+            let per_shard = scan.held_rows_per_shard(&elsewhere).unwrap_or(u64::MAX);
+            (per_shard.saturating_mul(elsewhere.len() as u64) >= min).then_some(q)
         });
         let m = &self.metrics;
         for attempt in 1..=TRIES {
@@ -464,9 +466,18 @@ impl Engine {
         let version = self.store.catalog.snapshot().version;
         let key = (query.database.clone(), query.sql.clone());
         let kept = self.planner.partials.0.lock().get(&key).cloned();
+        let cannot = |why: &str| Error::Replication {
+            reason: format!("the query cannot be aggregated in parts here: {why}"),
+        };
+        let of_table = |p: &Arc<dyn ExecutionPlan>| {
+            scan_under(p).is_some_and(|s| s.scan().table_id() == table_id)
+        };
         if let Some((v, kept)) = kept
             && v == version
         {
+            if !of_table(&kept) {
+                return Err(cannot("another table"));
+            }
             return Ok(datafusion::physical_plan::execution_plan::reset_plan_states(kept)?);
         }
         // The text planned before (by a query here, or a request with `now()`), else now.
@@ -490,11 +501,14 @@ impl Engine {
                 planned
             }
         };
-        let now = chrono::DateTime::from_timestamp_micros(query.now_micros);
-        let optimized = optimize_at(&session.state, &planned.plan, now)?;
-        let physical = (session.state.query_planner())
-            .create_physical_plan(&optimized, &session.state)
-            .await?;
+        let now = chrono::DateTime::from_timestamp_nanos(query.now_nanos);
+        let optimized = optimize_at(&session.state, &planned.plan, Some(now))?;
+        // Its scans read nothing when planned: their rows are chosen when served.
+        let physical = crate::query::provider::FOR_A_REPLICA.scope(
+            (),
+            (session.state.query_planner()).create_physical_plan(&optimized, &session.state),
+        );
+        let physical = physical.await?;
         let mut partials = Vec::new();
         physical.apply(|node| {
             if let Some(a) = node.downcast_ref::<AggregateExec>()
@@ -504,15 +518,11 @@ impl Engine {
             }
             Ok(TreeNodeRecursion::Continue)
         })?;
-        let cannot = |why: &str| Error::Replication {
-            reason: format!("the query cannot be aggregated in parts here: {why}"),
-        };
         let [partial] = partials.as_slice() else {
             return Err(cannot("not one partial aggregate"));
         };
-        let scan = scan_under(partial).ok_or_else(|| cannot("no scan under it"))?;
-        if scan.scan().table_id() != table_id {
-            return Err(cannot("another table"));
+        if !of_table(partial) {
+            return Err(cannot("no scan of the table under it"));
         }
         if !of_the_moment(&planned.plan) {
             let entry = (version, partial.clone());

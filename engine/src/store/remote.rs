@@ -55,8 +55,8 @@ pub struct RowsRequest {
 pub struct PartialQuery {
     pub database: String,
     pub sql: String,
-    /// The asking node's `now()`, in microseconds since the epoch.
-    pub now_micros: i64,
+    /// The asking node's `now()`, in nanoseconds since the epoch.
+    pub now_nanos: i64,
 }
 
 /// A replica's partial aggregation of its buffered rows of a shard.

@@ -141,21 +141,21 @@ impl Scan {
         .await
     }
 
-    /// The buffered rows of the partitions this scan reads, per shard held here (a guess
-    /// at the other shards').
-    pub(crate) fn held_rows_per_shard(&self) -> u64 {
+    /// The buffered rows of the partitions this scan reads, per shard held here (not in
+    /// `elsewhere`): a guess at the other shards'. `None` when it holds none.
+    pub(crate) fn held_rows_per_shard(&self, elsewhere: &BTreeSet<u32>) -> Option<u64> {
         let t = &self.table;
         let parts = t.state.parts.read();
         let admits = t.admitted(&parts, &self.keys, &BTreeSet::new());
         let mut shards = BTreeSet::new();
         let mut rows = 0;
         for (_, p) in in_range(&parts, &admits) {
-            for (s, r) in &p.shards {
+            for (s, r) in p.shards.iter().filter(|(s, _)| !elsewhere.contains(s)) {
                 shards.insert(*s);
                 rows += r.buffer.rows as u64;
             }
         }
-        rows / (shards.len() as u64).max(1)
+        (!shards.is_empty()).then(|| rows / shards.len() as u64)
     }
 
     /// This node's buffered rows of `shard` that the scan reads (partitions and columns,
@@ -175,9 +175,8 @@ impl Scan {
             let starts = s.buffer.lsn_starts();
             let first = starts.iter().find(|(lsn, _)| *lsn > s.flushed);
             let mut skip = first.map_or(total, |(_, at)| *at as usize);
-            if skip >= total {
-                continue;
-            }
+            // Every partition with an entry of the shard, rows or none: the asker checks
+            // each against its own flushed index (one it lags behind misses rows).
             flushed.push((key, s.flushed));
             for c in chunks {
                 let n = c.batch.num_rows();
