@@ -128,9 +128,13 @@ impl Cluster {
     /// Waits until the metadata group has installed its entry `index` here.
     async fn installed(&self, index: u64) -> sluice_engine::Result<()> {
         let engine = (self.engine.upgrade()).ok_or_else(|| replication("stopping"))?;
-        match engine.manifest_installed(index, MANIFEST_WAIT).await {
-            true => Ok(()),
-            false => Err(replication(format!(
+        let mut installed = engine.manifest_watch();
+        drop(engine);
+        let reached = installed.wait_for(|i| *i >= index);
+        match tokio::time::timeout(MANIFEST_WAIT, reached).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(replication("stopping")),
+            Err(_) => Err(replication(format!(
                 "the metadata group's entry {index} was not installed here after {} s",
                 MANIFEST_WAIT.as_secs()
             ))),

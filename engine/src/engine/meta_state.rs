@@ -9,12 +9,10 @@ use crate::store::catalog::CatalogData;
 use crate::store::storage::Manifest;
 
 impl Engine {
-    /// Whether the metadata group's entry `index` is installed here within `wait` (its
-    /// files and flushed indexes in place: the index is published after them).
-    pub async fn manifest_installed(&self, index: u64, wait: std::time::Duration) -> bool {
-        let mut installed = self.manifest_index.subscribe();
-        let reached = installed.wait_for(|i| *i >= index);
-        matches!(tokio::time::timeout(wait, reached).await, Ok(Ok(_)))
+    /// The metadata group's index installed here, as it moves (published once the files
+    /// and flushed indexes of its entry are in place); it ends with the engine.
+    pub fn manifest_watch(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.manifest_index.subscribe()
     }
 
     /// The catalog and the manifest (JSON), as the metadata group's entries applied so far
