@@ -66,3 +66,46 @@ impl<T: Send + Sync + 'static> MadeOnce<T> {
             .unwrap_or_else(|| Err(DataFusionError::Internal("no snapshot".into())))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every waiter gets the one value made (once), the error it failed with, or an error
+    /// when making it panicked; a value set without waiting is what all get.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_partition_gets_the_one_value_or_its_error() {
+        let made = Arc::new(MadeOnce::<u64>::default());
+        let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let waiters = (0..4).map(|_| {
+            let (made, calls) = (made.clone(), calls.clone());
+            tokio::spawn(async move {
+                let make = async move {
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    Ok(7)
+                };
+                *made.get_or_spawn(make).await.unwrap()
+            })
+        });
+        for w in futures::future::join_all(waiters).await {
+            assert_eq!(w.unwrap(), 7);
+        }
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+
+        let failed = Arc::new(MadeOnce::<u64>::default());
+        let e = async { Err(DataFusionError::Execution("shard 5 unreachable".into())) };
+        let err = failed.get_or_spawn(e).await.unwrap_err().to_string();
+        assert!(err.contains("shard 5 unreachable"), "{err}");
+        assert!(failed.get().is_some_and(|r| r.is_err()));
+
+        let panicked = Arc::new(MadeOnce::<u64>::default());
+        let boom = async { panic!("boom") };
+        let err = panicked.get_or_spawn(boom).await.unwrap_err().to_string();
+        assert!(err.contains("panicked"), "{err}");
+
+        let set = Arc::new(MadeOnce::<u64>::default());
+        set.set(3);
+        let unused = async { Ok(9) };
+        assert_eq!(*set.get_or_spawn(unused).await.unwrap(), 3);
+    }
+}
