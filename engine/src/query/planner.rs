@@ -539,13 +539,15 @@ impl Engine {
             }
         };
         if self.store.reader().is_some() {
-            let query = options.params.is_empty().then(|| PartialQuery {
-                database: database.to_string(),
-                sql: sql.to_string(),
-                now_nanos: now.timestamp_nanos_opt().unwrap_or(i64::MAX),
-            });
+            let query = || {
+                options.params.is_empty().then(|| PartialQuery {
+                    database: database.to_string(),
+                    sql: sql.to_string(),
+                    now_nanos: now.timestamp_nanos_opt().unwrap_or(i64::MAX),
+                })
+            };
             let min_rows = self.config.query.split_min_rows;
-            crate::query::split::SplitAggExec::prepare(&physical, query.as_ref(), min_rows);
+            crate::query::split::SplitAggExec::prepare(&physical, query, min_rows);
         }
         let schema = physical.schema();
         let limit = self.config.query.max_memory_bytes;

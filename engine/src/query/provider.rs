@@ -8,7 +8,7 @@ mod scan;
 use filters::placed;
 pub(crate) use filters::{KeyFilter, key_filter, row_filter};
 use scan::ScanMetrics;
-pub(crate) use scan::{Scan, ScanExec};
+pub(crate) use scan::{Scan, ScanExec, write_elsewhere};
 
 use crate::query::groups::Answer;
 use crate::query::parts::PartsSpec;

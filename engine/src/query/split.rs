@@ -19,7 +19,7 @@
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::query::made_once::MadeOnce;
-use crate::query::provider::{Scan, ScanExec};
+use crate::query::provider::{Scan, ScanExec, write_elsewhere};
 use crate::store::remote::{PartialAnswer, PartialQuery, Remote, RowsRequest};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -294,16 +294,18 @@ impl SplitAggExec {
         }))
     }
 
-    /// Sets the query the replicas plan, for the next run of every split aggregate in
-    /// `plan`.
+    /// Sets the query the replicas plan (made by `query` only if the plan has a split
+    /// aggregate), for the next run of every split aggregate in `plan`.
     pub(crate) fn prepare(
         plan: &Arc<dyn ExecutionPlan>,
-        query: Option<&PartialQuery>,
+        query: impl Fn() -> Option<PartialQuery>,
         min_rows: u64,
     ) {
+        let mut made = None;
         let _ = plan.apply(|node| {
             if let Some(s) = node.downcast_ref::<SplitAggExec>() {
-                *s.state.query.lock() = query.map(|q| (q.clone(), min_rows));
+                let q = made.get_or_insert_with(&query).clone();
+                *s.state.query.lock() = q.map(|q| (q, min_rows));
             }
             Ok(TreeNodeRecursion::Continue)
         });
@@ -313,14 +315,7 @@ impl SplitAggExec {
 impl DisplayAs for SplitAggExec {
     fn fmt_as(&self, _: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("SluiceSplitAggregate: partial aggregates of")?;
-        for (i, (shard, node)) in self.elsewhere.iter().enumerate() {
-            let sep = if i == 0 { " shard" } else { "," };
-            match node {
-                Some(n) => write!(f, "{sep} {shard} on node {n}")?,
-                None => write!(f, "{sep} {shard} on its replicas")?,
-            }
-        }
-        Ok(())
+        write_elsewhere(f, &self.elsewhere, " shard", "on")
     }
 }
 

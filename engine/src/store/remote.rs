@@ -251,17 +251,7 @@ impl Remote {
             let flushed = (parts.get(&p.partition))
                 .and_then(|l| l.shards.get(&p.shard))
                 .map_or(0, |s| s.flushed);
-            let total: u64 = p.batches.iter().map(|b| b.num_rows() as u64).sum();
-            let first = p.starts.iter().find(|(lsn, _)| *lsn > flushed);
-            let mut skip = first.map_or(total, |(_, at)| *at) as usize;
-            for b in &p.batches {
-                let n = b.num_rows();
-                if skip >= n {
-                    skip -= n;
-                    continue;
-                }
-                let kept = b.slice(skip, n - skip);
-                skip = 0;
+            for kept in after(&p.batches, &p.starts, flushed) {
                 out.push(fit(&kept, &p.columns, schema, projection)?);
             }
         }
@@ -269,9 +259,31 @@ impl Remote {
     }
 }
 
+/// The rows of `batches` (a shard's rows of a partition in log order, `starts` where each
+/// log index's rows begin) of the log indexes after `flushed`.
+pub(crate) fn after<'a>(
+    batches: impl IntoIterator<Item = &'a RecordBatch>,
+    starts: &[(u64, u64)],
+    flushed: u64,
+) -> Vec<RecordBatch> {
+    let first = starts.iter().find(|(lsn, _)| *lsn > flushed);
+    let mut skip = first.map_or(usize::MAX, |(_, at)| *at as usize);
+    let mut out = Vec::new();
+    for b in batches {
+        let n = b.num_rows();
+        if skip >= n {
+            skip = skip.saturating_sub(n);
+            continue;
+        }
+        out.push(b.slice(skip, n - skip));
+        skip = 0;
+    }
+    out
+}
+
 /// `batch` (whose columns are the table's at positions `columns`) as a batch of `schema`
 /// (the table's columns `projection`): columns the replica lacked are NULL.
-fn fit(
+pub(crate) fn fit(
     batch: &RecordBatch,
     columns: &[usize],
     schema: &SchemaRef,

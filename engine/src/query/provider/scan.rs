@@ -4,7 +4,11 @@ use super::*;
 use crate::query::made_once::MadeOnce;
 use crate::query::parts::PartsItem;
 use crate::query::split::SplitState;
-use crate::store::remote::RowsRequest;
+use crate::store::remote::{RowsRequest, after, fit};
+
+fn external(e: crate::error::Error) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
 use futures::TryStreamExt;
 
 /// What a scan reads, decided when it is planned; the rows are taken when it runs.
@@ -62,16 +66,24 @@ impl Scan {
             inputs.push(t.parquet(set.files, predicate, projection, self.limit, lanes)?);
         }
         if !set.batches.is_empty() || inputs.is_empty() {
-            let n = lanes.min(set.batches.len()).max(1);
-            let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
-            for (i, b) in set.batches.into_iter().enumerate() {
-                parts[i % n].push(b);
-            }
             // The batches have the projected columns already.
-            let schema = self.projected.clone();
-            inputs.push(MemorySourceConfig::try_new_exec(&parts, schema, None)?);
+            inputs.push(self.in_lanes(set.batches)?);
         }
         Ok((UnionExec::try_new(inputs)?, flushed))
+    }
+
+    /// `batches` (of the projected columns) as a plan of the scan's lanes, spread evenly.
+    fn in_lanes(&self, batches: Vec<RecordBatch>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let n = self.lanes.min(batches.len()).max(1);
+        let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
+        for (i, b) in batches.into_iter().enumerate() {
+            parts[i % n].push(b);
+        }
+        Ok(MemorySourceConfig::try_new_exec(
+            &parts,
+            self.projected.clone(),
+            None,
+        )?)
     }
 
     /// [`Scan::input`] with the scan's counters in `metrics`, and the cut.
@@ -165,49 +177,30 @@ impl Scan {
         let t = &self.table;
         let parts = t.state.parts.read();
         let admits = t.admitted(&parts, &self.keys, &BTreeSet::new());
-        let (mut batches, mut flushed, mut count) = (Vec::new(), Vec::new(), 0u64);
+        let (mut batches, mut flushed) = (Vec::new(), Vec::new());
+        let all: Vec<usize> = (0..t.schema.fields().len()).collect();
         for (key, p) in in_range(&parts, &admits) {
             let Some(s) = p.shards.get(&shard) else {
                 continue;
             };
-            let chunks = s.buffer.chunks(&t.schema);
-            let total: usize = chunks.iter().map(|c| c.batch.num_rows()).sum();
-            let starts = s.buffer.lsn_starts();
-            let first = starts.iter().find(|(lsn, _)| *lsn > s.flushed);
-            let mut skip = first.map_or(total, |(_, at)| *at as usize);
             // Every partition with an entry of the shard, rows or none: the asker checks
             // each against its own flushed index (one it lags behind misses rows).
             flushed.push((key, s.flushed));
-            for c in chunks {
-                let n = c.batch.num_rows();
-                if skip >= n {
-                    skip -= n;
-                    continue;
-                }
-                let kept = c.batch.slice(skip, n - skip);
-                skip = 0;
-                count += kept.num_rows() as u64;
-                let columns = match &self.projection {
-                    Some(p) => p.iter().map(|i| kept.column(*i).clone()).collect(),
-                    None => kept.columns().to_vec(),
-                };
-                let options = datafusion::arrow::array::RecordBatchOptions::new()
-                    .with_row_count(Some(kept.num_rows()));
-                batches.push(RecordBatch::try_new_with_options(
-                    self.projected.clone(),
-                    columns,
-                    &options,
-                )?);
+            let chunks = s.buffer.chunks(&t.schema);
+            let kept = after(
+                chunks.iter().map(|c| &c.batch),
+                &s.buffer.lsn_starts(),
+                s.flushed,
+            );
+            for b in kept {
+                let projection = self.projection.as_deref();
+                batches.push(fit(&b, &all, &self.projected, projection).map_err(external)?);
             }
         }
         drop(parts);
-        let n = self.lanes.min(batches.len()).max(1);
-        let mut lanes: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
-        for (i, b) in batches.into_iter().enumerate() {
-            lanes[i % n].push(b);
-        }
+        let count = batches.iter().map(|b| b.num_rows() as u64).sum();
         Ok(ShardInput {
-            plan: MemorySourceConfig::try_new_exec(&lanes, self.projected.clone(), None)?,
+            plan: self.in_lanes(batches)?,
             flushed,
             rows: count,
         })
@@ -218,16 +211,15 @@ impl Scan {
     /// The buffered rows of the shards this node holds no replica of, from their replicas
     /// (nothing when it holds them all).
     pub(super) async fn remote(&self) -> DfResult<Remote> {
-        let k = &self.keys;
-        let keys = (
-            k.lo,
-            k.hi,
-            k.only.as_ref().map(|o| o.iter().copied().collect()),
-        );
         let t = &self.table;
-        Remote::read(&t.store, t.def.id, keys, self.projection.clone())
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))
+        Remote::read(
+            &t.store,
+            t.def.id,
+            self.key_bounds(),
+            self.projection.clone(),
+        )
+        .await
+        .map_err(external)
     }
 }
 
@@ -416,19 +408,26 @@ impl DisplayAs for ScanExec {
             // The split aggregate above names the shards aggregated elsewhere.
             return Ok(());
         }
-        for (i, (shard, node)) in self.elsewhere.iter().enumerate() {
-            let lead = if i == 0 {
-                ", unflushed rows of shard"
-            } else {
-                ","
-            };
-            match node {
-                Some(n) => write!(f, "{lead} {shard} from node {n}")?,
-                None => write!(f, "{lead} {shard} from its replicas")?,
-            }
-        }
-        Ok(())
+        write_elsewhere(f, &self.elsewhere, ", unflushed rows of shard", "from")
     }
+}
+
+/// `elsewhere` (shards, each with the node asked first) for `EXPLAIN`: `lead` before the
+/// first, then `shard at node n` (or `at its replicas`), comma-separated.
+pub(crate) fn write_elsewhere(
+    f: &mut std::fmt::Formatter,
+    elsewhere: &[(u32, Option<u64>)],
+    lead: &str,
+    at: &str,
+) -> std::fmt::Result {
+    for (i, (shard, node)) in elsewhere.iter().enumerate() {
+        let lead = if i == 0 { lead } else { "," };
+        match node {
+            Some(n) => write!(f, "{lead} {shard} {at} node {n}")?,
+            None => write!(f, "{lead} {shard} {at} its replicas")?,
+        }
+    }
+    Ok(())
 }
 
 impl ExecutionPlan for ScanExec {
