@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use openraft::async_runtime::WatchReceiver;
 use sluice_engine::types::{ColumnType, Value};
-use sluice_engine::{PartialAnswer, RowsAnswer, RowsRequest, ShardReader, TableDef};
+use sluice_engine::{PartialAnswer, RowsAnswer, RowsRequest, ShardReader, SummaryAnswer, TableDef};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -67,7 +67,10 @@ impl Cluster {
                 .await
                 .map_err(|e| e.to_string());
         }
-        let answer = tokio::task::spawn_blocking(move || engine.shard_rows(&request));
+        let answer = tokio::task::spawn_blocking(move || match request.summary.is_some() {
+            true => engine.serve_summary(&request),
+            false => engine.shard_rows(&request),
+        });
         match answer.await {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
@@ -163,6 +166,11 @@ impl ShardReader for Cluster {
     async fn partial(&self, request: RowsRequest) -> sluice_engine::Result<PartialAnswer> {
         let decode = |b: &[u8]| PartialAnswer::decode(b).map(|a| (a.manifest_index, a));
         self.ask(&request, "partial aggregate", decode).await
+    }
+
+    async fn summary(&self, request: RowsRequest) -> sluice_engine::Result<SummaryAnswer> {
+        let decode = |b: &[u8]| SummaryAnswer::decode(b).map(|a| (a.manifest_index, a));
+        self.ask(&request, "synopses", decode).await
     }
 
     async fn versions(&self) -> Option<Vec<(u32, u64)>> {

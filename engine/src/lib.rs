@@ -52,7 +52,7 @@ pub use relay::{ClaimedWills, Relay, RelaySink, Relaying, RouteChange};
 pub use store::catalog::{ApiBridges, CatalogData, CatalogLog, DEFAULT_DATABASE, TableDef};
 pub use store::files::{read_state, replace_file};
 pub use store::remote::{
-    PartialAnswer, PartialQuery, RemotePart, RowsAnswer, RowsRequest, ShardReader,
+    PartialAnswer, PartialQuery, RemotePart, RowsAnswer, RowsRequest, ShardReader, SummaryAnswer,
 };
 
 /// Engine parts that the criterion benches and `raft_load` measure directly (the

@@ -23,6 +23,7 @@ pub(crate) mod provider;
 pub(crate) mod rollup;
 pub(crate) mod split;
 pub(crate) mod statements;
+pub(crate) mod summaries;
 pub(crate) mod synopsis;
 pub(crate) mod system;
 pub(crate) mod users;

@@ -167,6 +167,7 @@ pub(super) async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
             && metric(&plan, "remote_partials") >= 1,
         "{plan}"
     );
+    summarized_elsewhere(c).await;
     let plan = c.node(4).rows("EXPLAIN SELECT * FROM iot.r").await;
     let plan = format!("{plan:?}");
     assert!(
@@ -265,6 +266,64 @@ async fn call(s: &Server, method: reqwest::Method, path: &str, body: &str, want:
     let text = r.text().await.unwrap();
     assert_eq!(status, want, "{method} {path} {body}: {text}");
     text
+}
+
+/// A query that synopses answer (counts and bounds per device, and over all rows) on node
+/// 4: the replicas of the shards it does not hold send the synopses of their unflushed
+/// rows, not the rows; the answers are every other node's.
+async fn summarized_elsewhere(c: &Cluster) {
+    c.node(1)
+        .sql_ok("CREATE TABLE iot.g (ts TIMESTAMP, device VARCHAR, v DOUBLE) PARTITION BY ymdh(ts)")
+        .await;
+    eventually("the table reaches node 4", 20, || async {
+        c.node(4).sql("DESCRIBE iot.g").await.status == 200
+    })
+    .await;
+    let rows: Vec<String> = (0..960)
+        .map(|i| {
+            format!(
+                "2026-01-01 00:{:02}:{:02},g{},{}.5",
+                i / 60 % 60,
+                i % 60,
+                i % 48,
+                i
+            )
+        })
+        .collect();
+    c.node(1)
+        .write_ok("iot", "g", "text/csv", rows.join("\n"))
+        .await;
+    let grouped = "SELECT device, count(*) AS n, max(v) AS top, sum(v) AS s FROM iot.g \
+                   GROUP BY device ORDER BY device";
+    let whole = "SELECT count(*) AS n, min(v) AS low, avg(v) AS a FROM iot.g";
+    let counter = |text: &str, name: &str| -> u64 {
+        let line = text.lines().find(|l| l.starts_with(&format!("{name} ")));
+        line.and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = c.node(4).metrics().await;
+    let (on_4, all_4) = (c.node(4).rows(grouped).await, c.node(4).rows(whole).await);
+    let after = c.node(4).metrics().await;
+    assert_eq!(on_4.len(), 48, "{on_4:?}");
+    assert_eq!(all_4[0]["n"], 960, "{all_4:?}");
+    for id in 1..=3 {
+        assert_eq!(c.node(id).rows(grouped).await, on_4, "node {id}");
+        assert_eq!(c.node(id).rows(whole).await, all_4, "node {id}");
+    }
+    let plan = format!(
+        "{:?}",
+        c.node(4).rows(&format!("EXPLAIN ANALYZE {grouped}")).await
+    );
+    assert!(metric(&plan, "from_synopsis") == 1, "{plan}");
+    let (read, summarized) = (
+        "sluice_remote_rows_read_total",
+        "sluice_remote_rows_aggregated_total",
+    );
+    assert_eq!(counter(&after, read), counter(&before, read), "{after}");
+    assert!(
+        counter(&after, summarized) > counter(&before, summarized),
+        "{before}\n{after}"
+    );
 }
 
 /// The value of counter `name` in an `EXPLAIN ANALYZE` text (0 when absent).

@@ -143,7 +143,7 @@ impl QueryPort for Engine {
             (
                 "sluice_remote_rows_aggregated_total",
                 "counter",
-                "Unflushed rows other nodes' replicas aggregated for queries here (partial aggregates).",
+                "Unflushed rows other nodes' replicas aggregated for queries here (partial aggregates, synopses).",
                 load(&self.store.remote_aggregated),
             ),
             (

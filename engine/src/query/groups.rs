@@ -74,8 +74,39 @@ pub(crate) fn keyable(ty: &DataType) -> bool {
     ty.is_integer() || matches!(ty, DataType::Utf8 | DataType::Boolean | DataType::Date32)
 }
 
+/// A [`Key`] as it travels between nodes.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum WireKey {
+    Null,
+    Bool(bool),
+    Int(i128),
+    Str(String),
+}
+
+impl From<&Key> for WireKey {
+    fn from(k: &Key) -> Self {
+        match k {
+            Key::Null => Self::Null,
+            Key::Bool(b) => Self::Bool(*b),
+            Key::Int(i) => Self::Int(*i),
+            Key::Str(s) => Self::Str(s.to_string()),
+        }
+    }
+}
+
+impl From<WireKey> for Key {
+    fn from(k: WireKey) -> Self {
+        match k {
+            WireKey::Null => Self::Null,
+            WireKey::Bool(b) => Self::Bool(b),
+            WireKey::Int(i) => Self::Int(i),
+            WireKey::Str(s) => Self::Str(s.into()),
+        }
+    }
+}
+
 /// What a `GROUP BY` groups by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum GroupKey {
     /// A column's values.
     Column(usize),
@@ -534,6 +565,19 @@ impl Answer {
     pub fn add_rows(&mut self, groups: Vec<Group>) {
         for mut g in groups {
             self.merge(std::mem::take(&mut g.key), &g);
+        }
+    }
+
+    /// Adds groups of another answer with the same keys and columns (another node's).
+    pub fn add_answered(&mut self, groups: &[crate::store::remote::SummaryGroup]) {
+        for (key, rows, syn) in groups {
+            let key = key.iter().cloned().map(Key::from).collect();
+            let (n, out) = (self.groups.entry(key))
+                .or_insert_with(|| (0, vec![ColumnSynopsis::default(); self.columns.len()]));
+            *n += rows;
+            for (o, s) in out.iter_mut().zip(syn) {
+                o.merge(s);
+            }
         }
     }
 

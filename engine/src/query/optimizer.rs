@@ -21,7 +21,7 @@ use crate::query::provider::{SluiceTable, row_filter};
 use crate::query::synopsis::{ColumnSynopsis, Num};
 use crate::store::catalog::TableDef;
 use crate::store::chunk::{RowFilter, comparable};
-use crate::store::remote::Remote;
+use crate::store::remote::{Remote, SummaryQuery};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use datafusion::arrow::array::new_empty_array;
@@ -609,12 +609,18 @@ impl Answering for SynopsisNode {
         // with them for the cores would answer: wait for them (a while at most).
         let mut primed = self.priming.subscribe();
         let _ = tokio::time::timeout(PRIMING_WAIT, primed.wait_for(|priming| !priming)).await;
-        // The buffered rows of shards held on other nodes (none when all are held here).
-        let def = self.table.def();
-        let remote = Remote::read(self.table.store(), def.id, (0, u64::MAX, None), None)
-            .await
-            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
-        let (batch, over) = SynopsisNode::answer(self, now, GROUP_ROWS_INLINE, &remote);
+        // With the synopses of the buffered rows of shards held on other nodes, from their
+        // replicas (none when all are held here).
+        let summary = (self.unbound.as_ref())
+            .map_or(Some(self.filter.clone()), |u| {
+                u.bind(&self.table.def(), now)
+            })
+            .map(|f| SummaryQuery::new(&self.group, &self.columns, &f));
+        let answer = |remote: &Remote| SynopsisNode::answer(self, now, GROUP_ROWS_INLINE, remote);
+        let ((batch, over), remote) =
+            crate::query::summaries::answered(&self.table, summary, answer)
+                .await
+                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
         // Started once at a time: the one that turns `priming` on.
         let start = || {
             self.priming

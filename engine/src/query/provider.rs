@@ -219,6 +219,13 @@ impl SluiceTable {
         &self.store
     }
 
+    /// Whether this reference picks the newest partitions (`WHERE PARTS last n`).
+    pub(crate) fn counts_newest(&self) -> bool {
+        (self.parts.as_ref()).is_some_and(|p| {
+            (p.items.iter()).any(|i| matches!(i, crate::query::parts::PartsItem::Last(_)))
+        })
+    }
+
     /// Whether this reference reads the whole table (no `WHERE PARTS` list).
     pub(crate) fn whole(&self) -> bool {
         self.parts.is_none()
@@ -383,6 +390,9 @@ impl SluiceTable {
         for c in chunks {
             c.groups_into(answer, filter)?;
         }
+        for a in &remote.summaries {
+            answer.add_answered(&a.groups);
+        }
         Some(())
     }
 
@@ -498,6 +508,9 @@ impl SluiceTable {
         for b in fetched.ok()? {
             let (n, syn) = Chunk::plain(b).synopsis_where(columns, filter)?;
             add(n, &syn);
+        }
+        for (_, n, syn) in remote.summaries.iter().flat_map(|a| &a.groups) {
+            add(*n, syn);
         }
         Some((rows, out))
     }

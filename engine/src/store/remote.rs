@@ -46,7 +46,44 @@ pub struct RowsRequest {
     /// ([`PartialAnswer`]).
     #[serde(default)]
     pub partial: Option<PartialQuery>,
+    /// Instead of the rows: their synopses per group, for a query a synopsis answers
+    /// ([`SummaryAnswer`]).
+    #[serde(default)]
+    pub summary: Option<SummaryQuery>,
 }
+
+/// What a query answered from synopses needs of a shard's buffered rows
+/// (`crate::query::summaries`): the synopses of `columns` per combination of values of
+/// `keys` (one group when there are none) over the rows the filter admits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SummaryQuery {
+    pub keys: Vec<crate::query::groups::GroupKey>,
+    pub columns: Vec<usize>,
+    /// The filter's equalities, time bounds and number comparisons (the operator as SQL
+    /// writes it), as [`crate::store::chunk::RowFilter`] holds them.
+    pub equal: Vec<(usize, Vec<String>)>,
+    pub time: Vec<(usize, i64, i64)>,
+    pub value: Vec<(usize, String, crate::query::synopsis::Num)>,
+}
+
+/// A replica's synopses of its buffered rows of a shard ([`SummaryQuery`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SummaryAnswer {
+    /// As [`PartialAnswer`]'s.
+    pub manifest_index: u64,
+    pub flushed: Vec<(u64, u64)>,
+    /// Rows summarized.
+    pub rows: u64,
+    /// Each group: its key values, its rows, the synopsis of each column asked.
+    pub groups: Vec<SummaryGroup>,
+}
+
+/// One group of a [`SummaryAnswer`].
+pub(crate) type SummaryGroup = (
+    Vec<crate::query::groups::WireKey>,
+    u64,
+    Vec<crate::query::synopsis::ColumnSynopsis>,
+);
 
 /// A query whose partial aggregation a replica runs over its buffered rows of one shard
 /// (`crate::query::split`): it plans the same text against the same catalog, with the
@@ -126,6 +163,14 @@ pub trait ShardReader: Send + Sync + 'static {
         })
     }
 
+    /// `request`'s synopses (its `summary` is set) from a replica of its shard, as
+    /// [`ShardReader::read`] asks for rows.
+    async fn summary(&self, request: RowsRequest) -> Result<SummaryAnswer> {
+        Err(Error::Replication {
+            reason: format!("no synopses of shard {}", request.shard),
+        })
+    }
+
     /// The node a read of `shard`'s rows asks first (for `EXPLAIN`).
     fn asked_first(&self, _shard: u32) -> Option<u64> {
         None
@@ -159,6 +204,9 @@ pub(crate) struct Remote {
     /// do not count.
     pub shards: BTreeSet<u32>,
     pub parts: Vec<RemotePart>,
+    /// The synopses of the buffered rows of shards whose replicas summarized them for a
+    /// query answered from synopses (`crate::query::summaries`), instead of their rows.
+    pub summaries: Vec<SummaryAnswer>,
 }
 
 impl Remote {
@@ -215,6 +263,7 @@ impl Remote {
                 columns: columns.clone(),
                 latest: false,
                 partial: None,
+                summary: None,
             })
         });
         let answers = futures::future::try_join_all(reads).await?;
@@ -266,8 +315,7 @@ pub(crate) fn after<'a>(
     starts: &[(u64, u64)],
     flushed: u64,
 ) -> Vec<RecordBatch> {
-    let first = starts.iter().find(|(lsn, _)| *lsn > flushed);
-    let mut skip = first.map_or(usize::MAX, |(_, at)| *at as usize);
+    let mut skip = rows_through(starts, flushed);
     let mut out = Vec::new();
     for b in batches {
         let n = b.num_rows();
@@ -279,6 +327,13 @@ pub(crate) fn after<'a>(
         skip = 0;
     }
     out
+}
+
+/// How many of a shard's rows of a partition (`starts`: where each log index's rows begin)
+/// are of the log indexes up to `flushed` (all of them: `usize::MAX`).
+pub(crate) fn rows_through(starts: &[(u64, u64)], flushed: u64) -> usize {
+    let first = starts.iter().find(|(lsn, _)| *lsn > flushed);
+    first.map_or(usize::MAX, |(_, at)| *at as usize)
 }
 
 /// `batch` (whose columns are the table's at positions `columns`) as a batch of `schema`
@@ -340,6 +395,7 @@ pub(crate) async fn latest_rows(
             columns: None,
             latest: true,
             partial: None,
+            summary: None,
         })
     });
     for answer in futures::future::join_all(reads).await {

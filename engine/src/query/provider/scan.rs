@@ -2,7 +2,6 @@
 
 use super::*;
 use crate::query::made_once::MadeOnce;
-use crate::query::parts::PartsItem;
 use crate::query::split::SplitState;
 use crate::store::remote::{RowsRequest, after, fit};
 
@@ -105,8 +104,7 @@ impl Scan {
 
     /// Whether the scan picks the newest partitions (`WHERE PARTS last n`).
     pub(crate) fn counts_newest(&self) -> bool {
-        (self.table.parts.as_ref())
-            .is_some_and(|p| p.items.iter().any(|i| matches!(i, PartsItem::Last(_))))
+        self.table.counts_newest()
     }
 
     /// A request for this scan's partitions and columns of `shard`.
@@ -121,6 +119,7 @@ impl Scan {
             columns: self.projection.clone(),
             latest: false,
             partial: None,
+            summary: None,
         }
     }
 

@@ -61,6 +61,7 @@ fn rows_are_cut_at_this_nodes_flushed_index_and_fitted_to_its_schema() {
     let remote = Remote {
         shards: [3].into(),
         parts: back.parts,
+        summaries: Vec::new(),
     };
     assert!(!remote.holds(3) && remote.holds(1));
 
@@ -134,6 +135,7 @@ fn contradictory_partition_bounds_from_another_node_name_no_rows() {
         columns: None,
         latest: false,
         partial: None,
+        summary: None,
     };
     let answer = serve(&table, &request, || 7).unwrap();
     assert!(answer.parts.is_empty());
@@ -178,6 +180,9 @@ struct Fake {
     rows: parking_lot::Mutex<Option<RowsAnswer>>,
     /// Shard 5's partial aggregates, as its replica would answer them.
     partial: parking_lot::Mutex<Option<PartialAnswer>>,
+    /// Shard 5's synopses, as its replica would answer them, and the times asked.
+    summary: parking_lot::Mutex<Option<SummaryAnswer>>,
+    summaries_asked: std::sync::atomic::AtomicU64,
     /// Shard 5's commit index, as its leader would tell it.
     version: std::sync::atomic::AtomicU64,
 }
@@ -187,6 +192,8 @@ impl Fake {
         Self {
             rows: parking_lot::Mutex::new(rows),
             partial: Default::default(),
+            summary: Default::default(),
+            summaries_asked: 0.into(),
             version: 1.into(),
         }
     }
@@ -214,6 +221,19 @@ impl ShardReader for Fake {
             .ok_or_else(|| Error::Replication {
                 reason: "the query cannot be aggregated in parts here".into(),
             })
+    }
+
+    async fn summary(&self, request: RowsRequest) -> Result<SummaryAnswer> {
+        assert_eq!(request.shard, 5);
+        let q = request.summary.unwrap();
+        let by_device = q.keys == vec![crate::query::groups::GroupKey::Column(1)];
+        if by_device {
+            (self.summaries_asked).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let answer = self.summary.lock().clone().filter(|_| by_device);
+        answer.ok_or_else(|| Error::Replication {
+            reason: "the shard's rows cannot be summarized by their synopses here".into(),
+        })
     }
 
     async fn versions(&self) -> Option<Vec<(u32, u64)>> {
@@ -314,6 +334,46 @@ async fn queries_add_the_rows_held_elsewhere_or_name_the_shard_they_miss() {
     .await
     .unwrap();
     assert_eq!(rows.matches("| ").count(), 4, "{rows}");
+    // A query synopses answer adds the replica's synopses of its rows instead of the rows
+    // (here a made-up count of c, to tell them apart); synopses cut at another flushed
+    // index than this node's (a flush landed in between) are asked for again, and after
+    // the last try the shard's rows are read.
+    let summary = |flushed| SummaryAnswer {
+        flushed: vec![(key, flushed)],
+        rows: 7,
+        groups: vec![(
+            vec![crate::query::groups::WireKey::Str("c".into())],
+            7,
+            vec![],
+        )],
+        ..SummaryAnswer::default()
+    };
+    let asked = || {
+        fake.summaries_asked
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = asked();
+    *fake.summary.lock() = Some(summary(0));
+    let by_device = |name: &str| {
+        format!("SELECT device, count(*) AS {name} FROM t.m GROUP BY device ORDER BY device")
+    };
+    let out = query(&e, &by_device("k")).await.unwrap();
+    assert!(
+        out.contains("| a      | 1 |") && out.contains("| c      | 7 |"),
+        "{out}"
+    );
+    *fake.summary.lock() = Some(summary(6));
+    let out = query(&e, &by_device("j")).await.unwrap();
+    assert!(
+        out.contains("| a      | 2 |") && out.contains("| c      | 1 |"),
+        "{out}"
+    );
+    assert_eq!(
+        asked() - before,
+        1 + 2,
+        "asked once, then twice before the rows were read"
+    );
+    *fake.summary.lock() = None;
     // An aggregate no synopsis answers runs in parts, the replica's part as its states.
     // One cut at another flushed index than this node's (a flush landed in between) is
     // asked for again, and after the last try the shard's rows are read: counted once.

@@ -1,0 +1,253 @@
+//! Synopses where the rows are. A query answered from synopses (`SluiceSynopsisExec`:
+//! counts, sums, bounds and averages, ungrouped or grouped by few-valued columns) on a
+//! cluster node that holds replicas of only some shards needs the other shards' buffered
+//! rows too. Instead of reading those rows and grouping them here, it asks one replica of
+//! each such shard for their synopses per group ([`SummaryQuery`] on a `RowsRequest`): the
+//! replica adds up the group synopses its sealed chunks keep (made once per chunk), so a
+//! few hundred bytes travel instead of every row.
+//!
+//! Exact as a split aggregate is ([`crate::query::split`]): the replica answers with the
+//! shard's flushed index of each partition it summarized, this node waits until it
+//! installed the replica's manifest index, and keeps the synopses only if its own flushed
+//! indexes of those (partition, shard) pairs equal the replica's, read before and after it
+//! made its part of the answer (they only grow, so equal reads mean the answer saw them);
+//! otherwise it asks again, and the last time reads the rows instead. A replica that cannot
+//! summarize (a filter its chunks' synopses do not decide, a query of the newest
+//! partitions) is read as rows.
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::query::groups::{Answer, GroupKey, WireKey};
+use crate::query::provider::SluiceTable;
+use crate::query::synopsis::ColumnSynopsis;
+use crate::store::chunk::{Chunk, RowFilter};
+use crate::store::remote::{Remote, RowsRequest, SummaryAnswer, SummaryGroup, SummaryQuery};
+use datafusion::logical_expr::Operator;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+
+/// Times a node asks the replicas for synopses before it reads their rows.
+const TRIES: usize = 3;
+
+impl SummaryQuery {
+    /// The synopses of `columns` per combination of `keys` over the rows `filter` admits.
+    pub(crate) fn new(keys: &[GroupKey], columns: &[usize], filter: &RowFilter) -> Self {
+        Self {
+            keys: keys.to_vec(),
+            columns: columns.to_vec(),
+            equal: filter.equal.clone(),
+            time: filter.time.clone(),
+            value: (filter.value.iter())
+                .map(|(c, op, v)| (*c, op.to_string(), *v))
+                .collect(),
+        }
+    }
+
+    fn filter(&self) -> Result<RowFilter> {
+        let op = |s: &str| match s {
+            "<" => Ok(Operator::Lt),
+            "<=" => Ok(Operator::LtEq),
+            ">" => Ok(Operator::Gt),
+            ">=" => Ok(Operator::GtEq),
+            "=" => Ok(Operator::Eq),
+            other => Err(Error::invalid(format!("no such comparison: {other}"))),
+        };
+        Ok(RowFilter {
+            equal: self.equal.clone(),
+            time: self.time.clone(),
+            value: (self.value.iter())
+                .map(|(c, o, v)| Ok((*c, op(o)?, *v)))
+                .collect::<Result<_>>()?,
+        })
+    }
+}
+
+impl SummaryAnswer {
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        serde_json::to_vec(self).map_err(|e| Error::invalid(format!("synopses: {e}")))
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        serde_json::from_slice(bytes).map_err(|e| Error::Replication {
+            reason: format!("a replica's synopses could not be read: {e}"),
+        })
+    }
+}
+
+/// `answer` (a synopsis answer made here, with what other nodes contribute in its
+/// [`Remote`]) for a query of `table` whose part on other nodes `query` describes (`None`:
+/// their rows are read). Returns the answer and the [`Remote`] it was made with.
+pub(crate) async fn answered<T>(
+    table: &SluiceTable,
+    query: Option<SummaryQuery>,
+    mut answer: impl FnMut(&Remote) -> T,
+) -> Result<(T, Remote)> {
+    let store = table.store();
+    let id = table.def().id;
+    let all = (0, u64::MAX, None);
+    let Some(reader) = store.reader() else {
+        let remote = Remote::default();
+        return Ok((answer(&remote), remote));
+    };
+    // `WHERE PARTS last n` counts partitions by the rows in them: read those.
+    let query = query.filter(|_| !table.counts_newest());
+    for attempt in 1..=TRIES {
+        let elsewhere = reader.remote_shards();
+        let ask = query
+            .clone()
+            .filter(|_| attempt < TRIES && !elsewhere.is_empty());
+        let asks = elsewhere.iter().filter(|_| ask.is_some()).map(|&shard| {
+            let request = RowsRequest {
+                table_id: id,
+                shard,
+                lo: 0,
+                hi: u64::MAX,
+                only: None,
+                columns: None,
+                latest: false,
+                partial: None,
+                summary: ask.clone(),
+            };
+            async move { (shard, reader.summary(request).await) }
+        });
+        let mut answered = BTreeMap::new();
+        for (shard, a) in futures::future::join_all(asks).await {
+            match a {
+                Ok(a) => {
+                    answered.insert(shard, a);
+                }
+                Err(e) => tracing::debug!(shard, error = %e, "no synopses from a replica"),
+            }
+        }
+        let read: BTreeSet<u32> = (elsewhere.iter())
+            .filter(|s| !answered.contains_key(s))
+            .copied()
+            .collect();
+        let mut remote = Remote::read_of(store, id, all.clone(), None, elsewhere, &read).await?;
+        let before = flushed_here(table, &answered);
+        let alike = answered.iter().all(|(shard, a)| {
+            (a.flushed.iter()).all(|(p, f)| before.get(&(*p, *shard)).copied().unwrap_or(0) == *f)
+        });
+        remote.summaries = answered.into_values().collect();
+        if !alike {
+            continue;
+        }
+        let out = answer(&remote);
+        if flushed_here_of(table, &before) {
+            let rows: u64 = remote.summaries.iter().map(|a| a.rows).sum();
+            store.remote_aggregated.fetch_add(rows, Ordering::Relaxed);
+            return Ok((out, remote));
+        }
+    }
+    Err(Error::Replication {
+        reason: "the shards held elsewhere kept flushing while a query read them".into(),
+    })
+}
+
+/// This node's flushed index of each (partition, shard) that a replica's answer in
+/// `answered` names.
+fn flushed_here(
+    table: &SluiceTable,
+    answered: &BTreeMap<u32, SummaryAnswer>,
+) -> BTreeMap<(u64, u32), u64> {
+    let parts = table.state().parts.read();
+    let mut out = BTreeMap::new();
+    for (shard, a) in answered {
+        for (p, _) in &a.flushed {
+            let f = (parts.get(p).and_then(|x| x.shards.get(shard))).map_or(0, |s| s.flushed);
+            out.insert((*p, *shard), f);
+        }
+    }
+    out
+}
+
+/// Whether this node's flushed indexes are still those of `cut`.
+fn flushed_here_of(table: &SluiceTable, cut: &BTreeMap<(u64, u32), u64>) -> bool {
+    let parts = table.state().parts.read();
+    cut.iter().all(|((p, shard), f)| {
+        (parts.get(p).and_then(|x| x.shards.get(shard))).map_or(0, |s| s.flushed) == *f
+    })
+}
+
+impl Engine {
+    /// Answers another node's [`SummaryQuery`] (`request.summary`; the caller ran the
+    /// shard's read barrier): the synopses of this node's buffered rows of the shard per
+    /// group, with the shard's flushed index of each partition. Blocks while this node's
+    /// catalog does not know the table yet (run it off the runtime's threads).
+    pub fn serve_summary(&self, request: &RowsRequest) -> Result<Vec<u8>> {
+        let Some(query) = &request.summary else {
+            return Err(Error::invalid("not a request for synopses"));
+        };
+        self.await_table(request.table_id)?;
+        let Some(table) = self.store.tables.get(request.table_id) else {
+            return Err(Error::Replication {
+                reason: format!("table {} is not known on this node", request.table_id),
+            });
+        };
+        let cannot = || Error::Replication {
+            reason: "the shard's rows cannot be summarized by their synopses here".into(),
+        };
+        let filter = query.filter()?;
+        let schema = table.schema();
+        let mut answer = Answer::new(query.keys.clone(), query.columns.clone());
+        let mut one = (0, vec![ColumnSynopsis::default(); query.columns.len()]);
+        let (mut flushed, mut rows) = (Vec::new(), 0);
+        {
+            let parts = table.parts.read();
+            for (key, p) in parts.iter() {
+                let Some(s) = p.shards.get(&request.shard) else {
+                    continue;
+                };
+                flushed.push((*key, s.flushed));
+                let chunks = s.buffer.chunks(&schema);
+                for c in after(chunks, &s.buffer.lsn_starts(), s.flushed) {
+                    rows += c.batch.num_rows() as u64;
+                    if !query.keys.is_empty() {
+                        c.groups_into(&mut answer, &filter).ok_or_else(cannot)?;
+                        continue;
+                    }
+                    let (n, syn) = c
+                        .synopsis_where(&query.columns, &filter)
+                        .ok_or_else(cannot)?;
+                    one.0 += n;
+                    for (o, s) in one.1.iter_mut().zip(&syn) {
+                        o.merge(s);
+                    }
+                }
+            }
+        }
+        let groups: Vec<SummaryGroup> = match query.keys.is_empty() {
+            true => vec![(Vec::new(), one.0, one.1)],
+            false => (answer.groups.into_iter())
+                .map(|(k, (n, syn))| (k.iter().map(WireKey::from).collect(), n, syn))
+                .collect(),
+        };
+        SummaryAnswer {
+            manifest_index: self.manifest_index(),
+            flushed,
+            rows,
+            groups,
+        }
+        .encode()
+    }
+}
+
+/// The chunks of a shard's rows of a partition (in log order, `starts` where each log
+/// index's rows begin) with the rows of the log indexes after `flushed`: whole chunks as
+/// they are (with the synopses they keep), a chunk cut by it as a plain one.
+fn after(chunks: Vec<Chunk>, starts: &[(u64, u64)], flushed: u64) -> Vec<Chunk> {
+    let mut skip = crate::store::remote::rows_through(starts, flushed);
+    let mut out = Vec::new();
+    for c in chunks {
+        let n = c.batch.num_rows();
+        match skip {
+            0 => out.push(c),
+            s if s >= n => skip -= n,
+            s => {
+                out.push(Chunk::plain(c.batch.slice(s, n - s)));
+                skip = 0;
+            }
+        }
+    }
+    out
+}
