@@ -154,6 +154,10 @@ impl ShardReader for Cluster {
             .collect()
     }
 
+    fn me(&self) -> u64 {
+        self.node.id()
+    }
+
     fn asked_first(&self, shard: u32) -> Option<u64> {
         self.holders_to_ask(shard).first().copied()
     }

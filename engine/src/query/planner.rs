@@ -539,13 +539,8 @@ impl Engine {
             }
         };
         if self.store.reader().is_some() {
-            let query = || {
-                options.params.is_empty().then(|| PartialQuery {
-                    database: database.to_string(),
-                    sql: sql.to_string(),
-                    now_nanos: now.timestamp_nanos_opt().unwrap_or(i64::MAX),
-                })
-            };
+            let query =
+                || (options.params.is_empty()).then(|| PartialQuery::new(database, sql, now));
             let min_rows = self.config.query.split_min_rows;
             crate::query::split::SplitAggExec::prepare(&physical, query, min_rows);
         }

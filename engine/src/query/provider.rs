@@ -187,10 +187,41 @@ pub(crate) struct ScanSet {
     pub batches: Vec<RecordBatch>,
     /// The flushed index of each (partition, shard) read, for the shards `remote` names.
     pub flushed: Cut,
+    /// Files left to other nodes (`remote.files`) that the scan came across.
+    pub skipped: usize,
 }
 
 /// The flushed index of each (partition, shard) a scan read.
 pub(crate) type Cut = BTreeMap<(u64, u32), u64>;
+
+/// Rows picked from indexed chunks, gathered into batches at the end.
+#[derive(Default)]
+pub(crate) struct Picker {
+    picked: Vec<RecordBatch>,
+    at: Vec<(usize, usize)>,
+}
+
+impl Picker {
+    pub(crate) fn take(&mut self, pick: Pick, batches: &mut Vec<RecordBatch>) {
+        match pick {
+            Pick::Nothing => {}
+            Pick::Whole(b) => batches.push(b),
+            Pick::Rows(b, rows) => {
+                (self.at).extend(rows.iter().map(|r| (self.picked.len(), *r as usize)));
+                self.picked.push(b);
+            }
+        }
+    }
+
+    /// The picked rows into `batches`, in batches of a chunk's size: bounded copies, spread
+    /// over the lanes.
+    pub(crate) fn finish(self, batches: &mut Vec<RecordBatch>) -> DfResult<()> {
+        for rows in self.at.chunks(crate::store::buffer::SEAL_ROWS) {
+            batches.push(crate::store::chunk::gather(&self.picked, rows)?);
+        }
+        Ok(())
+    }
+}
 
 impl SluiceTable {
     /// The whole table `state` (no `WHERE PARTS` list).
@@ -271,16 +302,7 @@ impl SluiceTable {
     ) -> DfResult<ScanSet> {
         let parts = self.state.parts.read();
         let mut set = ScanSet::default();
-        // Rows picked from indexed chunks, gathered into one batch at the end.
-        let (mut picked, mut at) = (Vec::new(), Vec::new());
-        let mut take = |pick: Pick, batches: &mut Vec<RecordBatch>| match pick {
-            Pick::Nothing => {}
-            Pick::Whole(b) => batches.push(b),
-            Pick::Rows(b, rows) => {
-                at.extend(rows.iter().map(|r| (picked.len(), *r as usize)));
-                picked.push(b);
-            }
-        };
+        let mut picker = Picker::default();
         let admits = self.admitted(&parts, filter, &remote.keys());
         for (key, p) in in_range(&parts, &admits) {
             for s in &remote.shards {
@@ -288,21 +310,14 @@ impl SluiceTable {
                 set.flushed.insert((key, *s), flushed);
             }
             for f in &p.files {
-                match self.store.hot.get(&f.path) {
-                    Some(chunks) => {
-                        for c in chunks {
-                            let widened = crate::store::buffer::widen(&c.batch, &self.schema);
-                            take(
-                                rows.pick(&c.with_batch(widened), projection),
-                                &mut set.batches,
-                            );
-                        }
-                    }
-                    None => set.files.push((f.path.clone(), f.bytes)),
+                if remote.files.contains(&f.path) {
+                    set.skipped += 1;
+                    continue;
                 }
+                self.file_into(&mut set, &mut picker, (&f.path, f.bytes), rows, projection);
             }
             for c in p.unflushed_chunks_of(&self.schema, &|s| remote.holds(s)) {
-                take(rows.pick(&c, projection), &mut set.batches);
+                picker.take(rows.pick(&c, projection), &mut set.batches);
             }
         }
         let projected = match projection {
@@ -312,12 +327,30 @@ impl SluiceTable {
         let fetched = remote.rows_of(&parts, |k| admits.admits(k), &projected, projection);
         set.batches
             .extend(fetched.map_err(|e| DataFusionError::External(Box::new(e)))?);
-        // In batches of a chunk's size: bounded copies, spread over the lanes.
-        for rows in at.chunks(crate::store::buffer::SEAL_ROWS) {
-            set.batches
-                .push(crate::store::chunk::gather(&picked, rows)?);
-        }
+        picker.finish(&mut set.batches)?;
         Ok(set)
+    }
+
+    /// Adds file `path` (of `bytes`) to `set`: its rows that `rows` picks when the hot
+    /// cache holds it, else the file to read.
+    pub(crate) fn file_into(
+        &self,
+        set: &mut ScanSet,
+        picker: &mut Picker,
+        (path, bytes): (&str, u64),
+        rows: &RowFilter,
+        projection: Option<&[usize]>,
+    ) {
+        match self.store.hot.get(path) {
+            Some(chunks) => {
+                for c in chunks {
+                    let widened = crate::store::buffer::widen(&c.batch, &self.schema);
+                    let pick = rows.pick(&c.with_batch(widened), projection);
+                    picker.take(pick, &mut set.batches);
+                }
+            }
+            None => set.files.push((path.to_string(), bytes)),
+        }
     }
 
     /// Rows and synopses of `answer.columns` per combination of values of `answer.keys`

@@ -20,7 +20,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::query::made_once::MadeOnce;
 use crate::query::provider::{Scan, ScanExec, write_elsewhere};
-use crate::store::remote::{PartialAnswer, PartialQuery, Remote, RowsRequest};
+use crate::store::remote::{PartialAnswer, PartialQuery, Remote, RowsRequest, ShardReader};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::config::ConfigOptions;
@@ -140,6 +140,8 @@ struct SplitMetrics {
     read_rows_of: Count,
     /// Times a flush between a replica's answer and this node's snapshot made it ask again.
     asked_again: Count,
+    /// Files the replicas read (their share of the table's files).
+    files_elsewhere: Count,
 }
 
 impl SplitState {
@@ -164,39 +166,50 @@ impl SplitState {
         let external = |e: Error| DataFusionError::External(Box::new(e));
         let store = scan.store();
         let Some(reader) = store.reader() else {
-            let (local, _) = scan.input_cut(scan_metrics, &Remote::default())?;
+            let (local, _, _) = scan.input_cut(scan_metrics, &Remote::default())?;
             return Ok(Made {
                 local,
                 states: Vec::new(),
             });
         };
-        // Few rows elsewhere (as many per shard as here) travel for less than the
-        // replicas' planning costs.
+        // Few rows elsewhere (as many per shard as here, and the rows of the files other
+        // nodes would read) travel for less than the replicas' planning costs.
         let query = (self.query.lock().clone()).and_then(|(q, min)| {
             let elsewhere = reader.remote_shards();
             // Holding none, it cannot guess: the rows may be many.
             let per_shard = scan.held_rows_per_shard(&elsewhere).unwrap_or(u64::MAX);
-            (per_shard.saturating_mul(elsewhere.len() as u64) >= min).then_some(q)
+            let (_, in_files) = files_to_nodes(scan.files(), &elsewhere, &**reader);
+            let rows = per_shard.saturating_mul(elsewhere.len() as u64);
+            (rows.saturating_add(in_files) >= min).then_some(q)
         });
         let m = &self.metrics;
         for attempt in 1..=TRIES {
             let elsewhere = reader.remote_shards();
             let ask = query.clone().filter(|_| attempt < TRIES);
+            let mut shares = match ask {
+                Some(_) => files_to_nodes(scan.files(), &elsewhere, &**reader).0,
+                None => BTreeMap::new(),
+            };
             let asks = elsewhere.iter().filter(|_| ask.is_some()).map(|&shard| {
+                let files = shares.remove(&shard).unwrap_or_default();
                 let request = RowsRequest {
-                    partial: ask.clone(),
+                    partial: ask.clone().map(|q| PartialQuery { files, ..q }),
                     ..scan.rows_request(shard)
                 };
-                async move { (shard, reader.partial(request).await) }
+                let asked = request.clone();
+                async move { (shard, asked, reader.partial(request).await) }
             });
             let mut answered: BTreeMap<u32, PartialAnswer> = BTreeMap::new();
-            for (shard, answer) in futures::future::join_all(asks).await {
+            let mut elsewhere_files = BTreeSet::new();
+            for (shard, request, answer) in futures::future::join_all(asks).await {
                 match answer {
                     Ok(a)
                         if a.states
                             .iter()
                             .all(|b| b.schema().fields() == self.schema.fields()) =>
                     {
+                        let files = request.partial.into_iter().flat_map(|q| q.files);
+                        elsewhere_files.extend(files.map(|(path, _)| path));
                         answered.insert(shard, a);
                     }
                     Ok(_) => {
@@ -211,20 +224,24 @@ impl SplitState {
                 .filter(|s| !answered.contains_key(s))
                 .copied()
                 .collect();
-            let remote = scan
+            let mut remote = scan
                 .remote_of(elsewhere.clone(), &read)
                 .await
                 .map_err(external)?;
-            let (local, flushed) = scan.input_cut(scan_metrics, &remote)?;
+            remote.files = elsewhere_files;
+            let (local, flushed, skipped) = scan.input_cut(scan_metrics, &remote)?;
             let cut_alike = answered.iter().all(|(shard, a)| {
                 (a.flushed.iter())
                     .all(|(p, f)| flushed.get(&(*p, *shard)).copied().unwrap_or(0) == *f)
             });
-            if !cut_alike {
+            // A file read elsewhere that the snapshot lacks was compacted in between: its
+            // rows are in a file read here too.
+            if !cut_alike || skipped != remote.files.len() {
                 m.asked_again.add(1);
                 continue;
             }
             m.partials.add(answered.len());
+            m.files_elsewhere.add(skipped);
             m.read_rows_of.add(read.len());
             let aggregated: u64 = answered.values().map(|a| a.rows).sum();
             m.remote_aggregated.add(aggregated as usize);
@@ -236,6 +253,38 @@ impl SplitState {
             "SluiceSplitAggregate: the last try reads rows, which always cut alike".into(),
         ))
     }
+}
+
+/// Each file of `files` (path, size, rows) goes to one node, by rendezvous hashing of its
+/// path over this node and those asked first for the shards `elsewhere`, so that a file is
+/// read (and kept in the hot cache) by the same node query after query. Returns the files
+/// of each shard whose request carries them (the first shard asked of each other node),
+/// and the rows of those files.
+fn files_to_nodes(
+    files: Vec<(String, u64, u64)>,
+    elsewhere: &BTreeSet<u32>,
+    reader: &dyn ShardReader,
+) -> (BTreeMap<u32, Vec<(String, u64)>>, u64) {
+    use std::hash::BuildHasher;
+    let mut nodes: BTreeMap<u64, u32> = BTreeMap::new();
+    for s in elsewhere {
+        if let Some(node) = reader.asked_first(*s) {
+            nodes.entry(node).or_insert(*s);
+        }
+    }
+    let (me, hash) = (reader.me(), foldhash::fast::FixedState::with_seed(0x51u64));
+    let mut out: BTreeMap<u32, Vec<(String, u64)>> = BTreeMap::new();
+    let mut rows = 0u64;
+    for (path, bytes, n) in files {
+        let to = (nodes.keys().copied())
+            .chain([me])
+            .max_by_key(|node| hash.hash_one((&path, *node)));
+        if let Some(shard) = to.and_then(|node| nodes.get(&node)) {
+            rows = rows.saturating_add(n);
+            out.entry(*shard).or_default().push((path, bytes));
+        }
+    }
+    (out, rows)
 }
 
 /// A partial aggregate whose shards held elsewhere are aggregated on their replicas: its
@@ -267,6 +316,7 @@ impl SplitAggExec {
                 remote_aggregated: counter("remote_rows_aggregated"),
                 read_rows_of: counter("remote_shards_read"),
                 asked_again: counter("asked_again"),
+                files_elsewhere: counter("remote_files"),
             },
         });
         let elsewhere = (scan_under(&partial))
@@ -416,7 +466,7 @@ impl Engine {
         let input = scan_under(&partial)
             .ok_or_else(no_scan)?
             .scan()
-            .shard_input(request.shard)?;
+            .shard_input(request.shard, &query.files)?;
         let manifest_index = self.manifest_index();
         let over_rows = partial
             .transform_down(|node| match node.is::<ScanExec>() {

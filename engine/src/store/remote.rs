@@ -94,6 +94,21 @@ pub struct PartialQuery {
     pub sql: String,
     /// The asking node's `now()`, in nanoseconds since the epoch.
     pub now_nanos: i64,
+    /// Files (path, size) the replica reads too, its share of the table's files.
+    #[serde(default)]
+    pub files: Vec<(String, u64)>,
+}
+
+impl PartialQuery {
+    /// Query `sql` of `database` with the clock at `now`, no files.
+    pub fn new(database: &str, sql: &str, now: chrono::DateTime<chrono::Utc>) -> Self {
+        Self {
+            database: database.to_string(),
+            sql: sql.to_string(),
+            now_nanos: now.timestamp_nanos_opt().unwrap_or(i64::MAX),
+            files: Vec::new(),
+        }
+    }
 }
 
 /// A replica's partial aggregation of its buffered rows of a shard.
@@ -171,6 +186,11 @@ pub trait ShardReader: Send + Sync + 'static {
         })
     }
 
+    /// This node's id (0 outside a cluster).
+    fn me(&self) -> u64 {
+        0
+    }
+
     /// The node a read of `shard`'s rows asks first (for `EXPLAIN`).
     fn asked_first(&self, _shard: u32) -> Option<u64> {
         None
@@ -207,6 +227,9 @@ pub(crate) struct Remote {
     /// The synopses of the buffered rows of shards whose replicas summarized them for a
     /// query answered from synopses (`crate::query::summaries`), instead of their rows.
     pub summaries: Vec<SummaryAnswer>,
+    /// Files other nodes read for this query (their part of a split aggregate): left out
+    /// here.
+    pub files: BTreeSet<String>,
 }
 
 impl Remote {

@@ -39,12 +39,12 @@ impl Scan {
     }
 
     /// [`Scan::input`], with the flushed index of each (partition, shard) it read, for
-    /// the shards `remote` names.
+    /// the shards `remote` names, and how many of `remote.files` it came across.
     fn input_and_cut(
         &self,
         metrics: &ScanMetrics,
         remote: &Remote,
-    ) -> DfResult<(Arc<dyn ExecutionPlan>, Cut)> {
+    ) -> DfResult<(Arc<dyn ExecutionPlan>, Cut, usize)> {
         let t = &self.table;
         let mut set = t.scan_set(&self.keys, &self.rows, self.projection.as_deref(), remote)?;
         let flushed = std::mem::take(&mut set.flushed);
@@ -68,7 +68,7 @@ impl Scan {
             // The batches have the projected columns already.
             inputs.push(self.in_lanes(set.batches)?);
         }
-        Ok((UnionExec::try_new(inputs)?, flushed))
+        Ok((UnionExec::try_new(inputs)?, flushed, set.skipped))
     }
 
     /// `batches` (of the projected columns) as a plan of the scan's lanes, spread evenly.
@@ -85,12 +85,13 @@ impl Scan {
         )?)
     }
 
-    /// [`Scan::input`] with the scan's counters in `metrics`, and the cut.
+    /// [`Scan::input`] with the scan's counters in `metrics`, the cut, and how many of
+    /// `remote.files` it came across.
     pub(crate) fn input_cut(
         &self,
         metrics: &ExecutionPlanMetricsSet,
         remote: &Remote,
-    ) -> DfResult<(Arc<dyn ExecutionPlan>, Cut)> {
+    ) -> DfResult<(Arc<dyn ExecutionPlan>, Cut, usize)> {
         self.input_and_cut(&ScanMetrics::new(metrics), remote)
     }
 
@@ -169,10 +170,21 @@ impl Scan {
         (!shards.is_empty()).then(|| rows / shards.len() as u64)
     }
 
+    /// The files (path, size, rows) of the partitions this scan reads.
+    pub(crate) fn files(&self) -> Vec<(String, u64, u64)> {
+        let t = &self.table;
+        let parts = t.state.parts.read();
+        let admits = t.admitted(&parts, &self.keys, &BTreeSet::new());
+        (in_range(&parts, &admits).into_iter())
+            .flat_map(|(_, p)| p.files.iter().map(|f| (f.path.clone(), f.bytes, f.rows)))
+            .collect()
+    }
+
     /// This node's buffered rows of `shard` that the scan reads (partitions and columns,
-    /// not yet in files as far as this node knows), as a plan; with the shard's flushed
-    /// index of each partition that has such rows, and their count.
-    pub(crate) fn shard_input(&self, shard: u32) -> DfResult<ShardInput> {
+    /// not yet in files as far as this node knows), and the rows of `files` it picks, as a
+    /// plan; with the shard's flushed index of each partition that has such rows, and
+    /// their count.
+    pub(crate) fn shard_input(&self, shard: u32, files: &[(String, u64)]) -> DfResult<ShardInput> {
         let t = &self.table;
         let parts = t.state.parts.read();
         let admits = t.admitted(&parts, &self.keys, &BTreeSet::new());
@@ -198,8 +210,29 @@ impl Scan {
         }
         drop(parts);
         let count = batches.iter().map(|b| b.num_rows() as u64).sum();
+        let (projection, mut set) = (self.projection.as_deref(), ScanSet::default());
+        let mut picker = Picker::default();
+        for (path, bytes) in files {
+            t.file_into(
+                &mut set,
+                &mut picker,
+                (path, *bytes),
+                &self.rows,
+                projection,
+            );
+        }
+        picker.finish(&mut batches)?;
+        batches.append(&mut set.batches);
+        let mut inputs = vec![self.in_lanes(batches)?];
+        if !set.files.is_empty() {
+            for (path, bytes) in &set.files {
+                t.warm(path, *bytes);
+            }
+            let (predicate, projection) = (self.predicate.clone(), self.projection.clone());
+            inputs.push(t.parquet(set.files, predicate, projection, self.limit, self.lanes)?);
+        }
         Ok(ShardInput {
-            plan: self.in_lanes(batches)?,
+            plan: UnionExec::try_new(inputs)?,
             flushed,
             rows: count,
         })

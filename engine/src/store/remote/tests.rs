@@ -62,6 +62,7 @@ fn rows_are_cut_at_this_nodes_flushed_index_and_fitted_to_its_schema() {
         shards: [3].into(),
         parts: back.parts,
         summaries: Vec::new(),
+        files: Default::default(),
     };
     assert!(!remote.holds(3) && remote.holds(1));
 
