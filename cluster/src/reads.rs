@@ -1,7 +1,8 @@
 //! Queries on a node that holds replicas of only some shards (placement is the truth: a
 //! node keeps the shards placed on it, nothing else). The engine asks [`Cluster`], as its
 //! [`ShardReader`], which shards it does not hold and reads their buffered rows from one of
-//! their replicas ([`SHARD_ROWS`]); files are on the shared store, read by every node.
+//! their replicas ([`SHARD_ROWS`]), or asks that replica for the partial aggregate or the
+//! synopses of those rows (and of a share of the files, which are on the shared store).
 //!
 //! A shard counts as held once this node is one of its replicas and a read barrier on it
 //! succeeded (the replica caught up); it stops counting before the replica is closed.

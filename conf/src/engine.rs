@@ -158,10 +158,10 @@ pub struct QueryConfig {
     /// query is stopped with a clear error.
     pub timeout: String,
     /// In a cluster, on a node holding only some shards: an aggregate's partial part runs
-    /// on the other shards' replicas (only its states travel, not the rows) when about
-    /// this many of their unflushed rows would be read (estimated from the shards held
-    /// here); fewer are read as rows, which costs less than planning the query on each
-    /// replica.
+    /// on the other shards' replicas (only its states travel, not the rows), each also
+    /// reading a share of the files, when about this many of their unflushed rows and of
+    /// those files' rows would be read (estimated from the shards held here); fewer are
+    /// read here, which costs less than planning the query on each replica.
     pub split_min_rows: u64,
 }
 

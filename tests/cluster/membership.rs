@@ -270,7 +270,8 @@ async fn call(s: &Server, method: reqwest::Method, path: &str, body: &str, want:
 
 /// A query that synopses answer (counts and bounds per device, and over all rows) on node
 /// 4: the replicas of the shards it does not hold send the synopses of their unflushed
-/// rows, not the rows; the answers are every other node's.
+/// rows, not the rows. Then, in files, an aggregate in parts: each file is read by one of
+/// node 4 and the replicas it asks. Every answer is checked against the rows written.
 async fn summarized_elsewhere(c: &Cluster) {
     c.node(1)
         .sql_ok("CREATE TABLE iot.g (ts TIMESTAMP, device VARCHAR, v DOUBLE) PARTITION BY ymdh(ts)")
@@ -279,8 +280,8 @@ async fn summarized_elsewhere(c: &Cluster) {
         c.node(4).sql("DESCRIBE iot.g").await.status == 200
     })
     .await;
-    // 24 hourly partitions: their files (after the flush below) are many.
-    let rows: Vec<String> = (0..960)
+    // Each batch: 24 hourly partitions; device g{k} gets 20 rows, v = k + 48 j + 0.5.
+    let batch: Vec<String> = (0..960)
         .map(|i| {
             format!(
                 "2026-01-01 {:02}:00:{:02},g{},{}.5",
@@ -291,45 +292,60 @@ async fn summarized_elsewhere(c: &Cluster) {
             )
         })
         .collect();
-    c.node(1)
-        .write_ok("iot", "g", "text/csv", rows.join("\n"))
-        .await;
+    let batch = batch.join("\n");
     let grouped = "SELECT device, count(*) AS n, max(v) AS top, sum(v) AS s FROM iot.g \
-                   GROUP BY device ORDER BY device";
-    let whole = "SELECT count(*) AS n, min(v) AS low, avg(v) AS a FROM iot.g";
+                   GROUP BY device";
+    let whole = "SELECT count(*) AS n, min(v) AS low, max(v) AS top FROM iot.g";
+    let exact = |rows: &[serde_json::Value], whole: &[serde_json::Value], m: f64, at: &str| {
+        assert_eq!(rows.len(), 48, "{at}: {rows:?}");
+        for r in rows {
+            let k: f64 = r["device"].as_str().unwrap()[1..].parse().unwrap();
+            let want = (20.0 * m, k + 912.5, m * (20.0 * k + 9130.0));
+            let got = (r["n"].as_f64(), r["top"].as_f64(), r["s"].as_f64());
+            assert_eq!(got, (Some(want.0), Some(want.1), Some(want.2)), "{at}: {r}");
+        }
+        let w = &whole[0];
+        let got = (w["n"].as_f64(), w["low"].as_f64(), w["top"].as_f64());
+        assert_eq!(got, (Some(960.0 * m), Some(0.5), Some(959.5)), "{at}: {w}");
+    };
     let counter = |text: &str, name: &str| -> u64 {
         let line = text.lines().find(|l| l.starts_with(&format!("{name} ")));
         line.and_then(|l| l.rsplit(' ').next()?.parse().ok())
             .unwrap_or(0)
     };
-    let before = c.node(4).metrics().await;
-    let (on_4, all_4) = (c.node(4).rows(grouped).await, c.node(4).rows(whole).await);
-    let after = c.node(4).metrics().await;
-    assert_eq!(on_4.len(), 48, "{on_4:?}");
-    assert_eq!(all_4[0]["n"], 960, "{all_4:?}");
+    let (read, summarized) = (
+        "sluice_remote_rows_read_total",
+        "sluice_remote_rows_aggregated_total",
+    );
+    // Rows are flushed a second after they come (`max_age`): a batch is written and asked
+    // for at once, again until node 4 asked while they were still buffered.
+    let mut m = 0.0;
+    let mut from_replicas = false;
+    while !from_replicas && m < 20.0 {
+        c.node(1)
+            .write_ok("iot", "g", "text/csv", batch.clone())
+            .await;
+        m += 1.0;
+        let before = c.node(4).metrics().await;
+        let (on_4, all_4) = (c.node(4).rows(grouped).await, c.node(4).rows(whole).await);
+        let after = c.node(4).metrics().await;
+        exact(&on_4, &all_4, m, "node 4");
+        from_replicas = counter(&after, read) == counter(&before, read)
+            && counter(&after, summarized) > counter(&before, summarized);
+    }
+    assert!(from_replicas, "node 4 never summed the replicas' synopses");
     for id in 1..=3 {
-        assert_eq!(c.node(id).rows(grouped).await, on_4, "node {id}");
-        assert_eq!(c.node(id).rows(whole).await, all_4, "node {id}");
+        let (g, w) = (c.node(id).rows(grouped).await, c.node(id).rows(whole).await);
+        exact(&g, &w, m, &format!("node {id}"));
     }
     let plan = format!(
         "{:?}",
         c.node(4).rows(&format!("EXPLAIN ANALYZE {grouped}")).await
     );
     assert!(metric(&plan, "from_synopsis") == 1, "{plan}");
-    let (read, summarized) = (
-        "sluice_remote_rows_read_total",
-        "sluice_remote_rows_aggregated_total",
-    );
-    assert_eq!(counter(&after, read), counter(&before, read), "{after}");
-    assert!(
-        counter(&after, summarized) > counter(&before, summarized),
-        "{before}\n{after}"
-    );
-    // In files, the rows of an aggregate in parts are read by several nodes: each file by
-    // one of node 4 and the replicas it asks (their partial aggregates), the same answer
-    // (exact sums of halves: the order states merge in cannot round them apart).
+
     let r = c.node(1).rows("FLUSH TABLE iot.g").await;
-    assert!(r[0]["files_written"].as_u64() > Some(0), "{r:?}");
+    assert!(r[0]["files_written"].as_u64().is_some(), "{r:?}");
     let buffered = "SELECT sum(buffered_rows) AS n FROM system.partitions WHERE table_name = 'g'";
     for id in 1..=4 {
         eventually_eq(
@@ -340,18 +356,35 @@ async fn summarized_elsewhere(c: &Cluster) {
         )
         .await;
     }
-    let spread = "SELECT device, avg(v) AS a, count(DISTINCT v) AS d FROM iot.g \
-                  GROUP BY device ORDER BY device";
-    let on_4 = c.node(4).rows(spread).await;
-    assert_eq!(on_4.len(), 48, "{on_4:?}");
-    for id in 1..=3 {
-        assert_eq!(c.node(id).rows(spread).await, on_4, "node {id}");
+    // An average and a distinct count, which no synopsis answers: in parts.
+    let spread = "SELECT device, count(*) AS n, avg(v) AS a, count(DISTINCT v) AS d \
+                  FROM iot.g GROUP BY device";
+    let spread_exact = |rows: &[serde_json::Value], at: &str| {
+        assert_eq!(rows.len(), 48, "{at}: {rows:?}");
+        for r in rows {
+            let k: f64 = r["device"].as_str().unwrap()[1..].parse().unwrap();
+            let got = (r["n"].as_f64(), r["a"].as_f64(), r["d"].as_f64());
+            assert_eq!(
+                got,
+                (Some(20.0 * m), Some(k + 456.5), Some(20.0)),
+                "{at}: {r}"
+            );
+        }
+    };
+    for id in 1..=4 {
+        spread_exact(&c.node(id).rows(spread).await, &format!("node {id}"));
     }
-    let plan = format!(
-        "{:?}",
-        c.node(4).rows(&format!("EXPLAIN ANALYZE {spread}")).await
-    );
-    assert!(metric(&plan, "remote_files") >= 1, "{plan}");
+    // Compactions (every 2 s here) can make node 4 ask again, twice, and read every file
+    // itself; soon a run finds its files still there.
+    eventually("node 4 leaves files to the replicas", 20, || async {
+        spread_exact(&c.node(4).rows(spread).await, "node 4");
+        let plan = format!(
+            "{:?}",
+            c.node(4).rows(&format!("EXPLAIN ANALYZE {spread}")).await
+        );
+        metric(&plan, "remote_files") >= 1
+    })
+    .await;
 }
 
 /// The value of counter `name` in an `EXPLAIN ANALYZE` text (0 when absent).

@@ -570,24 +570,32 @@ impl Answer {
 
     /// Adds groups of another answer with the same keys and columns (another node's).
     pub fn add_answered(&mut self, groups: &[crate::store::remote::SummaryGroup]) {
+        let none = ColumnSynopsis::default();
         for (key, rows, syn) in groups {
             let key = key.iter().cloned().map(Key::from).collect();
-            let (n, out) = (self.groups.entry(key))
-                .or_insert_with(|| (0, vec![ColumnSynopsis::default(); self.columns.len()]));
-            *n += rows;
-            for (o, s) in out.iter_mut().zip(syn) {
-                o.merge(s);
-            }
+            self.add_group(key, *rows, |i, _| syn.get(i).unwrap_or(&none));
         }
     }
 
     fn merge(&mut self, key: Vec<Key>, g: &Group) {
         let none = ColumnSynopsis::default();
-        let (rows, syn) = (self.groups.entry(key))
-            .or_insert_with(|| (0, vec![ColumnSynopsis::default(); self.columns.len()]));
-        *rows += g.rows;
-        for (o, c) in syn.iter_mut().zip(&self.columns) {
-            o.merge(g.synopsis.get(*c).unwrap_or(&none));
+        self.add_group(key, g.rows, |_, c| g.synopsis.get(c).unwrap_or(&none));
+    }
+
+    /// Adds `rows` rows of group `key`; `syn` gives the synopsis of each of this answer's
+    /// columns (by its place here and its position in the table).
+    fn add_group<'a>(
+        &mut self,
+        key: Vec<Key>,
+        rows: u64,
+        syn: impl Fn(usize, usize) -> &'a ColumnSynopsis,
+    ) {
+        let columns = &self.columns;
+        let (n, out) = (self.groups.entry(key))
+            .or_insert_with(|| (0, vec![ColumnSynopsis::default(); columns.len()]));
+        *n += rows;
+        for (i, (o, c)) in out.iter_mut().zip(columns).enumerate() {
+            o.merge(syn(i, *c));
         }
     }
 }

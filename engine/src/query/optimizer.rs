@@ -611,16 +611,16 @@ impl Answering for SynopsisNode {
         let _ = tokio::time::timeout(PRIMING_WAIT, primed.wait_for(|priming| !priming)).await;
         // With the synopses of the buffered rows of shards held on other nodes, from their
         // replicas (none when all are held here).
-        let summary = (self.unbound.as_ref())
-            .map_or(Some(self.filter.clone()), |u| {
-                u.bind(&self.table.def(), now)
-            })
-            .map(|f| SummaryQuery::new(&self.group, &self.columns, &f));
+        let filter = (self.unbound.as_ref()).map_or(Some(self.filter.clone()), |u| {
+            u.bind(&self.table.def(), now)
+        });
+        let summary = (filter.as_ref()).map(|f| SummaryQuery::new(&self.group, &self.columns, f));
         let answer = |remote: &Remote| SynopsisNode::answer(self, now, GROUP_ROWS_INLINE, remote);
-        let ((batch, over), remote) =
-            crate::query::summaries::answered(&self.table, summary, answer)
-                .await
-                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+        let filter = filter.unwrap_or_default();
+        let answered = crate::query::summaries::answered(&self.table, summary, &filter, answer);
+        let ((batch, over), remote) = answered
+            .await
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
         // Started once at a time: the one that turns `priming` on.
         let start = || {
             self.priming

@@ -250,6 +250,12 @@ impl SluiceTable {
         &self.store
     }
 
+    /// The partitions the time bounds of `filter` admit, as a `RowsRequest` names them;
+    /// `None` when it has a bound the synopses cannot use.
+    pub(crate) fn key_bounds(&self, filter: &RowFilter) -> Option<(u64, u64, Option<Vec<u64>>)> {
+        Some(self.time_bounds(filter)?.2.request_bounds())
+    }
+
     /// Whether this reference picks the newest partitions (`WHERE PARTS last n`).
     pub(crate) fn counts_newest(&self) -> bool {
         (self.parts.as_ref()).is_some_and(|p| {

@@ -1,26 +1,32 @@
 //! Partial aggregation where the rows are. On a cluster node that holds replicas of only
-//! some shards, a query's partial aggregate over a table's scan ([`SplitRule`]) runs in two
-//! places: here over the files and the shards held here, and on one replica of each other
-//! shard over that shard's unflushed rows. Only the aggregate states travel; the final
-//! aggregate above merges both ([`SplitAggExec`]).
+//! some shards, a query's partial aggregate over a table's scan ([`SplitRule`]) runs in
+//! several places: here over the shards held here and this node's share of the files, and
+//! on one replica of each other shard over that shard's unflushed rows and the share of the
+//! files given to it ([`files_to_nodes`]). Only the aggregate states travel; the final
+//! aggregate above merges them ([`SplitAggExec`]).
 //!
 //! The replica plans the same query text against the same catalog, with this node's clock,
-//! and runs the one partial aggregate of its plan over its buffered rows of the shard
-//! ([`Engine::serve_partial`]). It answers with the shard's flushed index of each partition
-//! it read. Those rows are exactly the ones this node's files lack when this node's own
-//! flushed index of the partition is the same, which it checks once its snapshot is taken
-//! (it waited for the replica's manifest index first, so it is never behind): if a flush
-//! landed in between, it asks again, and after [`TRIES`] it reads the shard's rows instead
-//! (as a scan on such a node always did). A replica that cannot split the query (its plan
-//! differs) is read the same way, and so are all of them when fewer rows than
-//! `query.split_min_rows` would travel (estimated from the shards held here): planning the
-//! query on each replica costs more than a few rows.
+//! and runs the one partial aggregate of its plan over its buffered rows of the shard and
+//! its files ([`Engine::serve_partial`]). It answers with the shard's flushed index of each
+//! partition it read and the number of files read. Those rows are exactly the ones this
+//! node's files lack when this node's own flushed index of the partition is the same, which
+//! it checks once its snapshot is taken (it waited for the replica's manifest index first,
+//! so it is never behind), and its snapshot leaves out exactly the files read elsewhere
+//! when it came across every one of them (none was compacted away meanwhile): otherwise it
+//! asks again, and after [`TRIES`] it reads the shard's rows and every file itself (as a
+//! scan on such a node always did). A replica that cannot split the query (its plan
+//! differs, or it read no files: an older version) is read the same way, and so are all of
+//! them when fewer rows than `query.split_min_rows` would travel or be read elsewhere
+//! (estimated from the shards held here and the files' rows): planning the query on each
+//! replica costs more than a few rows.
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::query::made_once::MadeOnce;
 use crate::query::provider::{Scan, ScanExec, write_elsewhere};
-use crate::store::remote::{PartialAnswer, PartialQuery, Remote, RowsRequest, ShardReader};
+use crate::store::remote::{
+    PartialAnswer, PartialQuery, Remote, RowsRequest, ShardReader, cut_alike,
+};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::config::ConfigOptions;
@@ -134,11 +140,12 @@ pub(crate) struct Made {
 struct SplitMetrics {
     /// Shards whose replicas answered with partial aggregates.
     partials: Count,
-    /// Rows those replicas aggregated.
+    /// Buffered rows those replicas aggregated (the files they read: `remote_files`).
     remote_aggregated: Count,
     /// Shards whose rows were read instead.
     read_rows_of: Count,
-    /// Times a flush between a replica's answer and this node's snapshot made it ask again.
+    /// Times a flush (or a compaction of a file read elsewhere) between a replica's answer
+    /// and this node's snapshot made it ask again.
     asked_again: Count,
     /// Files the replicas read (their share of the table's files).
     files_elsewhere: Count,
@@ -174,11 +181,14 @@ impl SplitState {
         };
         // Few rows elsewhere (as many per shard as here, and the rows of the files other
         // nodes would read) travel for less than the replicas' planning costs.
-        let query = (self.query.lock().clone()).and_then(|(q, min)| {
+        let first = self.query.lock().clone();
+        let mut shares = BTreeMap::new();
+        let query = first.and_then(|(q, min)| {
             let elsewhere = reader.remote_shards();
             // Holding none, it cannot guess: the rows may be many.
             let per_shard = scan.held_rows_per_shard(&elsewhere).unwrap_or(u64::MAX);
-            let (_, in_files) = files_to_nodes(scan.files(), &elsewhere, &**reader);
+            let in_files;
+            (shares, in_files) = files_to_nodes(scan.files(), &elsewhere, &**reader);
             let rows = per_shard.saturating_mul(elsewhere.len() as u64);
             (rows.saturating_add(in_files) >= min).then_some(q)
         });
@@ -186,34 +196,38 @@ impl SplitState {
         for attempt in 1..=TRIES {
             let elsewhere = reader.remote_shards();
             let ask = query.clone().filter(|_| attempt < TRIES);
-            let mut shares = match ask {
-                Some(_) => files_to_nodes(scan.files(), &elsewhere, &**reader).0,
-                None => BTreeMap::new(),
-            };
+            if attempt > 1 {
+                shares = match ask {
+                    Some(_) => files_to_nodes(scan.files(), &elsewhere, &**reader).0,
+                    None => BTreeMap::new(),
+                };
+            }
             let asks = elsewhere.iter().filter(|_| ask.is_some()).map(|&shard| {
                 let files = shares.remove(&shard).unwrap_or_default();
+                let paths: Vec<String> = files.iter().map(|(path, _)| path.clone()).collect();
                 let request = RowsRequest {
                     partial: ask.clone().map(|q| PartialQuery { files, ..q }),
                     ..scan.rows_request(shard)
                 };
-                let asked = request.clone();
-                async move { (shard, asked, reader.partial(request).await) }
+                async move { (shard, paths, reader.partial(request).await) }
             });
             let mut answered: BTreeMap<u32, PartialAnswer> = BTreeMap::new();
             let mut elsewhere_files = BTreeSet::new();
-            for (shard, request, answer) in futures::future::join_all(asks).await {
+            for (shard, paths, answer) in futures::future::join_all(asks).await {
                 match answer {
                     Ok(a)
-                        if a.states
-                            .iter()
-                            .all(|b| b.schema().fields() == self.schema.fields()) =>
+                        if a.files_read == paths.len() as u64
+                            && (a.states.iter())
+                                .all(|b| b.schema().fields() == self.schema.fields()) =>
                     {
-                        let files = request.partial.into_iter().flat_map(|q| q.files);
-                        elsewhere_files.extend(files.map(|(path, _)| path));
+                        elsewhere_files.extend(paths);
                         answered.insert(shard, a);
                     }
                     Ok(_) => {
-                        tracing::debug!(shard, "a replica's partial aggregate has other columns")
+                        tracing::debug!(
+                            shard,
+                            "a replica's partial aggregate has other columns or files"
+                        )
                     }
                     Err(e) => {
                         tracing::debug!(shard, error = %e, "no partial aggregate from a replica")
@@ -230,10 +244,7 @@ impl SplitState {
                 .map_err(external)?;
             remote.files = elsewhere_files;
             let (local, flushed, skipped) = scan.input_cut(scan_metrics, &remote)?;
-            let cut_alike = answered.iter().all(|(shard, a)| {
-                (a.flushed.iter())
-                    .all(|(p, f)| flushed.get(&(*p, *shard)).copied().unwrap_or(0) == *f)
-            });
+            let cut_alike = (answered.iter()).all(|(s, a)| cut_alike(*s, &a.flushed, &flushed));
             // A file read elsewhere that the snapshot lacks was compacted in between: its
             // rows are in a file read here too.
             if !cut_alike || skipped != remote.files.len() {
@@ -272,7 +283,7 @@ fn files_to_nodes(
             nodes.entry(node).or_insert(*s);
         }
     }
-    let (me, hash) = (reader.me(), foldhash::fast::FixedState::with_seed(0x51u64));
+    let (me, hash) = (reader.me(), foldhash::quality::FixedState::with_seed(0x51u64));
     let mut out: BTreeMap<u32, Vec<(String, u64)>> = BTreeMap::new();
     let mut rows = 0u64;
     for (path, bytes, n) in files {
@@ -447,8 +458,8 @@ impl ExecutionPlan for SplitAggExec {
 impl Engine {
     /// Answers a replica's part of a split aggregate (`request.partial`; the caller ran
     /// the shard's read barrier): the query planned here, its one partial aggregate run
-    /// over this node's buffered rows of the shard, with the flushed index of each
-    /// partition read and the metadata group's index read after.
+    /// over this node's buffered rows of the shard and the files the request names, with
+    /// the flushed index of each partition read and the metadata group's index read after.
     pub async fn serve_partial(self: &Arc<Self>, request: RowsRequest) -> Result<Vec<u8>> {
         let Some(query) = request.partial.clone() else {
             return Err(Error::invalid("not a partial aggregation"));
@@ -480,6 +491,7 @@ impl Engine {
             manifest_index,
             flushed: input.flushed,
             rows: input.rows,
+            files_read: query.files.len() as u64,
             states,
         }
         .encode()
@@ -579,5 +591,83 @@ impl Engine {
             );
         }
         Ok(partial.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::remote::RowsAnswer;
+
+    /// This node is node 1; shard 5's replica asked first is on node 2, shards 6 and 7's
+    /// on node 3 (node 4 only when `four`).
+    struct Holders {
+        four: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl ShardReader for Holders {
+        fn remote_shards(&self) -> BTreeSet<u32> {
+            [5, 6, 7, 8].into()
+        }
+        fn me(&self) -> u64 {
+            1
+        }
+        fn asked_first(&self, shard: u32) -> Option<u64> {
+            match shard {
+                5 => Some(2),
+                6 | 7 => Some(3),
+                8 => self.four.then_some(4),
+                _ => None,
+            }
+        }
+        async fn read(&self, _: RowsRequest) -> Result<RowsAnswer> {
+            unreachable!()
+        }
+        async fn versions(&self) -> Option<Vec<(u32, u64)>> {
+            None
+        }
+        fn shards_of(
+            &self,
+            _: &crate::store::catalog::TableDef,
+            _: &[usize],
+            _: &RecordBatch,
+        ) -> Option<Vec<u32>> {
+            None
+        }
+    }
+
+    /// Each file goes to one node, with the request of the first shard asked there; the
+    /// same files go to the same nodes every time, and a node joining the candidates takes
+    /// files only from the others (rendezvous hashing), so hot caches stay warm.
+    #[test]
+    fn files_go_to_one_node_each_and_stay_there() {
+        let files: Vec<(String, u64, u64)> = (0..600)
+            .map(|i| (format!("t/p{i}/f.parquet"), 10, 100))
+            .collect();
+        let shards: BTreeSet<u32> = [5, 6, 7, 8].into();
+        let (three, rows) = files_to_nodes(files.clone(), &shards, &Holders { four: false });
+        assert_eq!(three.keys().copied().collect::<Vec<_>>(), vec![5, 6]);
+        let (to_2, to_3) = (three[&5].len(), three[&6].len());
+        // About a third each to nodes 2 and 3; the rest stays here.
+        assert!(
+            (150..250).contains(&to_2) && (150..250).contains(&to_3),
+            "{to_2} {to_3}"
+        );
+        assert_eq!(rows, 100 * (to_2 + to_3) as u64);
+        let again = files_to_nodes(files.clone(), &shards, &Holders { four: true }).0;
+        for (shard, kept) in [(5, &three[&5]), (6, &three[&6])] {
+            let now: BTreeSet<&String> = again[&shard].iter().map(|(p, _)| p).collect();
+            assert!(
+                now.iter().all(|p| kept.iter().any(|(k, _)| k == *p)),
+                "shard {shard}"
+            );
+        }
+        let to_4 = again[&8].len();
+        assert!((100..200).contains(&to_4), "{to_4}");
+        assert_eq!(
+            three,
+            files_to_nodes(files, &shards, &Holders { four: false }).0
+        );
     }
 }

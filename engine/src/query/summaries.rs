@@ -12,8 +12,8 @@
 //! indexes of those (partition, shard) pairs equal the replica's, read before and after it
 //! made its part of the answer (they only grow, so equal reads mean the answer saw them);
 //! otherwise it asks again, and the last time reads the rows instead. A replica that cannot
-//! summarize (a filter its chunks' synopses do not decide, a query of the newest
-//! partitions) is read as rows.
+//! summarize (a filter its chunks' synopses do not decide) is read as rows, and so are all
+//! of them for a `WHERE PARTS` list (it picks partitions by what this node knows of them).
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -21,7 +21,10 @@ use crate::query::groups::{Answer, GroupKey, WireKey};
 use crate::query::provider::SluiceTable;
 use crate::query::synopsis::ColumnSynopsis;
 use crate::store::chunk::{Chunk, RowFilter};
-use crate::store::remote::{Remote, RowsRequest, SummaryAnswer, SummaryGroup, SummaryQuery};
+use crate::store::remote::{
+    Remote, RowsRequest, SummaryAnswer, SummaryGroup, SummaryQuery, cut_after, cut_alike,
+};
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::logical_expr::Operator;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -77,32 +80,33 @@ impl SummaryAnswer {
 /// `answer` (a synopsis answer made here, with what other nodes contribute in its
 /// [`Remote`]) for a query of `table` whose part on other nodes `query` describes (`None`:
 /// their rows are read). Returns the answer and the [`Remote`] it was made with.
-pub(crate) async fn answered<T>(
+pub(crate) async fn answered(
     table: &SluiceTable,
     query: Option<SummaryQuery>,
-    mut answer: impl FnMut(&Remote) -> T,
-) -> Result<(T, Remote)> {
+    filter: &RowFilter,
+    mut answer: impl FnMut(&Remote) -> (Option<RecordBatch>, bool),
+) -> Result<((Option<RecordBatch>, bool), Remote)> {
     let store = table.store();
     let id = table.def().id;
-    let all = (0, u64::MAX, None);
     let Some(reader) = store.reader() else {
         let remote = Remote::default();
         return Ok((answer(&remote), remote));
     };
-    // `WHERE PARTS last n` counts partitions by the rows in them: read those.
-    let query = query.filter(|_| !table.counts_newest());
+    // The partitions the filter's time bounds admit. A `WHERE PARTS` list picks partitions
+    // by what this node knows of them (`last n` by the rows in them): those read rows.
+    let keys = table.key_bounds(filter).filter(|_| table.whole());
+    let query = query.filter(|_| keys.is_some());
+    let (lo, hi, only) = keys.unwrap_or((0, u64::MAX, None));
     for attempt in 1..=TRIES {
         let elsewhere = reader.remote_shards();
-        let ask = query
-            .clone()
-            .filter(|_| attempt < TRIES && !elsewhere.is_empty());
+        let ask = (query.clone()).filter(|_| attempt < TRIES && !elsewhere.is_empty());
         let asks = elsewhere.iter().filter(|_| ask.is_some()).map(|&shard| {
             let request = RowsRequest {
                 table_id: id,
                 shard,
-                lo: 0,
-                hi: u64::MAX,
-                only: None,
+                lo,
+                hi,
+                only: only.clone(),
                 columns: None,
                 latest: false,
                 partial: None,
@@ -123,50 +127,41 @@ pub(crate) async fn answered<T>(
             .filter(|s| !answered.contains_key(s))
             .copied()
             .collect();
-        let mut remote = Remote::read_of(store, id, all.clone(), None, elsewhere, &read).await?;
-        let before = flushed_here(table, &answered);
-        let alike = answered.iter().all(|(shard, a)| {
-            (a.flushed.iter()).all(|(p, f)| before.get(&(*p, *shard)).copied().unwrap_or(0) == *f)
-        });
+        let all = (0, u64::MAX, None);
+        let mut remote = Remote::read_of(store, id, all, None, elsewhere, &read).await?;
+        let named = answered
+            .iter()
+            .flat_map(|(s, a)| a.flushed.iter().map(|(p, _)| (*p, *s)));
+        let before = flushed_here(table, named);
+        let alike = (answered.iter()).all(|(s, a)| cut_alike(*s, &a.flushed, &before));
         remote.summaries = answered.into_values().collect();
         if !alike {
             continue;
         }
         let out = answer(&remote);
-        if flushed_here_of(table, &before) {
-            let rows: u64 = remote.summaries.iter().map(|a| a.rows).sum();
-            store.remote_aggregated.fetch_add(rows, Ordering::Relaxed);
+        // The flushed indexes only grow: the same after as before, the answer saw them.
+        if flushed_here(table, before.keys().copied()) == before {
+            if out.0.is_some() {
+                let rows: u64 = remote.summaries.iter().map(|a| a.rows).sum();
+                store.remote_aggregated.fetch_add(rows, Ordering::Relaxed);
+            }
             return Ok((out, remote));
         }
     }
     Err(Error::Replication {
-        reason: "the shards held elsewhere kept flushing while a query read them".into(),
+        reason: "synopses: the last try reads rows, which always cut alike".into(),
     })
 }
 
-/// This node's flushed index of each (partition, shard) that a replica's answer in
-/// `answered` names.
+/// This node's flushed index of each (partition, shard) of `pairs` (none: 0).
 fn flushed_here(
     table: &SluiceTable,
-    answered: &BTreeMap<u32, SummaryAnswer>,
+    pairs: impl Iterator<Item = (u64, u32)>,
 ) -> BTreeMap<(u64, u32), u64> {
     let parts = table.state().parts.read();
-    let mut out = BTreeMap::new();
-    for (shard, a) in answered {
-        for (p, _) in &a.flushed {
-            let f = (parts.get(p).and_then(|x| x.shards.get(shard))).map_or(0, |s| s.flushed);
-            out.insert((*p, *shard), f);
-        }
-    }
-    out
-}
-
-/// Whether this node's flushed indexes are still those of `cut`.
-fn flushed_here_of(table: &SluiceTable, cut: &BTreeMap<(u64, u32), u64>) -> bool {
-    let parts = table.state().parts.read();
-    cut.iter().all(|((p, shard), f)| {
-        (parts.get(p).and_then(|x| x.shards.get(shard))).map_or(0, |s| s.flushed) == *f
-    })
+    let flushed =
+        |p: u64, s: u32| (parts.get(&p).and_then(|x| x.shards.get(&s))).map_or(0, |r| r.flushed);
+    pairs.map(|(p, s)| ((p, s), flushed(p, s))).collect()
 }
 
 impl Engine {
@@ -189,31 +184,45 @@ impl Engine {
         };
         let filter = query.filter()?;
         let schema = table.schema();
+        // The chunks are taken under the lock, grouped after it: rows being applied do not
+        // wait for the grouping.
+        let (mut chunks, mut flushed) = (Vec::new(), Vec::new());
+        for (key, p) in table.parts.read().iter() {
+            let Some(s) = p
+                .shards
+                .get(&request.shard)
+                .filter(|_| request.admits(*key))
+            else {
+                continue;
+            };
+            flushed.push((*key, s.flushed));
+            let rest = |c: &Chunk, skip: usize| {
+                Chunk::plain(c.batch.slice(skip, c.batch.num_rows() - skip))
+            };
+            let rows = |c: &Chunk| c.batch.num_rows();
+            let all = s.buffer.chunks(&schema);
+            chunks.extend(cut_after(
+                all,
+                &s.buffer.lsn_starts(),
+                s.flushed,
+                rows,
+                rest,
+            ));
+        }
         let mut answer = Answer::new(query.keys.clone(), query.columns.clone());
         let mut one = (0, vec![ColumnSynopsis::default(); query.columns.len()]);
-        let (mut flushed, mut rows) = (Vec::new(), 0);
-        {
-            let parts = table.parts.read();
-            for (key, p) in parts.iter() {
-                let Some(s) = p.shards.get(&request.shard) else {
-                    continue;
-                };
-                flushed.push((*key, s.flushed));
-                let chunks = s.buffer.chunks(&schema);
-                for c in after(chunks, &s.buffer.lsn_starts(), s.flushed) {
-                    rows += c.batch.num_rows() as u64;
-                    if !query.keys.is_empty() {
-                        c.groups_into(&mut answer, &filter).ok_or_else(cannot)?;
-                        continue;
-                    }
-                    let (n, syn) = c
-                        .synopsis_where(&query.columns, &filter)
-                        .ok_or_else(cannot)?;
-                    one.0 += n;
-                    for (o, s) in one.1.iter_mut().zip(&syn) {
-                        o.merge(s);
-                    }
-                }
+        let rows = chunks.iter().map(|c| c.batch.num_rows() as u64).sum();
+        for c in &chunks {
+            if !query.keys.is_empty() {
+                c.groups_into(&mut answer, &filter).ok_or_else(cannot)?;
+                continue;
+            }
+            let (n, syn) = c
+                .synopsis_where(&query.columns, &filter)
+                .ok_or_else(cannot)?;
+            one.0 += n;
+            for (o, s) in one.1.iter_mut().zip(&syn) {
+                o.merge(s);
             }
         }
         let groups: Vec<SummaryGroup> = match query.keys.is_empty() {
@@ -230,24 +239,4 @@ impl Engine {
         }
         .encode()
     }
-}
-
-/// The chunks of a shard's rows of a partition (in log order, `starts` where each log
-/// index's rows begin) with the rows of the log indexes after `flushed`: whole chunks as
-/// they are (with the synopses they keep), a chunk cut by it as a plain one.
-fn after(chunks: Vec<Chunk>, starts: &[(u64, u64)], flushed: u64) -> Vec<Chunk> {
-    let mut skip = crate::store::remote::rows_through(starts, flushed);
-    let mut out = Vec::new();
-    for c in chunks {
-        let n = c.batch.num_rows();
-        match skip {
-            0 => out.push(c),
-            s if s >= n => skip -= n,
-            s => {
-                out.push(Chunk::plain(c.batch.slice(s, n - s)));
-                skip = 0;
-            }
-        }
-    }
-    out
 }

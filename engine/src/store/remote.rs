@@ -94,7 +94,8 @@ pub struct PartialQuery {
     pub sql: String,
     /// The asking node's `now()`, in nanoseconds since the epoch.
     pub now_nanos: i64,
-    /// Files (path, size) the replica reads too, its share of the table's files.
+    /// Files (path, size) the replica reads too, its share of the table's files
+    /// ([`PartialAnswer::files_read`] says it did).
     #[serde(default)]
     pub files: Vec<(String, u64)>,
 }
@@ -111,22 +112,27 @@ impl PartialQuery {
     }
 }
 
-/// A replica's partial aggregation of its buffered rows of a shard.
+/// A replica's partial aggregation of its buffered rows of a shard (and of the files it
+/// was given).
 #[derive(Debug, Clone, Default)]
 pub struct PartialAnswer {
     /// The metadata group's index it had installed after taking the rows.
     pub manifest_index: u64,
-    /// Each partition whose rows it aggregated, with the shard's flushed index there: the
-    /// rows after it are what the states count.
+    /// Each partition of the shard the scan reads, with the shard's flushed index there: the
+    /// buffered rows after it are what the states count, besides the files' rows.
     pub flushed: Vec<(u64, u64)>,
-    /// Rows aggregated.
+    /// Buffered rows aggregated (the files' rows are not counted).
     pub rows: u64,
+    /// Files of the request's [`PartialQuery::files`] it read: all of them, or the asker
+    /// reads them itself (a replica that does not know of files reads none).
+    pub files_read: u64,
     /// The partial aggregate's output (its state columns).
     pub states: Vec<RecordBatch>,
 }
 
 impl RowsRequest {
-    fn admits(&self, key: u64) -> bool {
+    /// Whether partition `key` is one the request names.
+    pub(crate) fn admits(&self, key: u64) -> bool {
         (self.lo..=self.hi).contains(&key) && self.only.as_ref().is_none_or(|o| o.contains(&key))
     }
 }
@@ -338,18 +344,51 @@ pub(crate) fn after<'a>(
     starts: &[(u64, u64)],
     flushed: u64,
 ) -> Vec<RecordBatch> {
+    let rest = |b: &RecordBatch, skip: usize| b.slice(skip, b.num_rows() - skip);
+    cut_after(
+        batches.into_iter().cloned(),
+        starts,
+        flushed,
+        RecordBatch::num_rows,
+        rest,
+    )
+}
+
+/// [`after`] over any pieces of rows (`rows` counts a piece's rows, `rest` makes a piece of
+/// its rows from a position on): whole pieces after the cut are kept as they are.
+pub(crate) fn cut_after<T>(
+    pieces: impl IntoIterator<Item = T>,
+    starts: &[(u64, u64)],
+    flushed: u64,
+    rows: impl Fn(&T) -> usize,
+    rest: impl Fn(&T, usize) -> T,
+) -> Vec<T> {
     let mut skip = rows_through(starts, flushed);
     let mut out = Vec::new();
-    for b in batches {
-        let n = b.num_rows();
-        if skip >= n {
-            skip = skip.saturating_sub(n);
-            continue;
+    for piece in pieces {
+        let n = rows(&piece);
+        match skip {
+            0 => out.push(piece),
+            s if s >= n => skip -= n,
+            s => {
+                out.push(rest(&piece, s));
+                skip = 0;
+            }
         }
-        out.push(b.slice(skip, n - skip));
-        skip = 0;
     }
     out
+}
+
+/// Whether a replica's answer for `shard`, cut at the flushed index of each partition in
+/// `flushed`, counts exactly the rows this node's files lack: this node's flushed index of
+/// each of those (partition, shard) pairs in `here` is the same (a partition absent here
+/// has none).
+pub(crate) fn cut_alike(
+    shard: u32,
+    flushed: &[(u64, u64)],
+    here: &BTreeMap<(u64, u32), u64>,
+) -> bool {
+    (flushed.iter()).all(|(p, f)| here.get(&(*p, shard)).copied().unwrap_or(0) == *f)
 }
 
 /// How many of a shard's rows of a partition (`starts`: where each log index's rows begin)
@@ -636,10 +675,12 @@ impl<'a> Words<'a> {
 }
 
 /// Marks a [`PartialAnswer`] (a [`RowsAnswer`] starts with a manifest index).
-const PARTIAL_MAGIC: u64 = 0x5350_4c49_5450_4152;
+/// Marks a [`PartialAnswer`] (the second form: with `files_read`; a replica of the first
+/// form read no files, and its answer is refused: the asker reads rows and files itself).
+const PARTIAL_MAGIC: u64 = 0x5350_4c49_5450_4132;
 
 impl PartialAnswer {
-    /// The answer as bytes: a header (marker, manifest index, rows, each partition and its
+    /// The answer as bytes: a header (marker, manifest index, rows, files read, each partition and its
     /// flushed index), then the states as one Arrow IPC stream.
     pub fn encode(&self) -> Result<Vec<u8>> {
         let mut out = Vec::new();
@@ -647,6 +688,7 @@ impl PartialAnswer {
         put(PARTIAL_MAGIC);
         put(self.manifest_index);
         put(self.rows);
+        put(self.files_read);
         put(self.flushed.len() as u64);
         for (partition, flushed) in &self.flushed {
             put(*partition);
@@ -666,6 +708,7 @@ impl PartialAnswer {
         }
         let manifest_index = get()?;
         let rows = get()?;
+        let files_read = get()?;
         let n = get()?;
         let flushed = (0..n)
             .map(|_| Ok((get()?, get()?)))
@@ -676,6 +719,7 @@ impl PartialAnswer {
             manifest_index,
             flushed,
             rows,
+            files_read,
             states,
         })
     }

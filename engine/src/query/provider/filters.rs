@@ -22,6 +22,12 @@ impl KeyFilter {
         }
     }
 
+    /// The bounds as a `RowsRequest` names them (`lo`, `hi`, `only`).
+    pub(crate) fn request_bounds(&self) -> (u64, u64, Option<Vec<u64>>) {
+        let only = self.only.as_ref().map(|o| o.iter().copied().collect());
+        (self.lo, self.hi, only)
+    }
+
     /// True if partition `k` may match.
     pub(crate) fn admits(&self, k: u64) -> bool {
         k >= self.lo && k <= self.hi && self.only.as_ref().is_none_or(|s| s.contains(&k))

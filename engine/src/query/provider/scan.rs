@@ -125,12 +125,7 @@ impl Scan {
     }
 
     fn key_bounds(&self) -> (u64, u64, Option<Vec<u64>>) {
-        let k = &self.keys;
-        (
-            k.lo,
-            k.hi,
-            k.only.as_ref().map(|o| o.iter().copied().collect()),
-        )
+        self.keys.request_bounds()
     }
 
     /// The buffered rows of the shards `read` from their replicas, for a node not
@@ -255,11 +250,13 @@ impl Scan {
     }
 }
 
-/// A replica's buffered rows of one shard that a scan reads ([`Scan::shard_input`]).
+/// A replica's buffered rows of one shard that a scan reads, and the files it was given
+/// ([`Scan::shard_input`]).
 pub(crate) struct ShardInput {
     pub(crate) plan: Arc<dyn ExecutionPlan>,
-    /// Each partition with such rows, and the shard's flushed index there.
+    /// Each partition with an entry of the shard, and the shard's flushed index there.
     pub(crate) flushed: Vec<(u64, u64)>,
+    /// Buffered rows.
     pub(crate) rows: u64,
 }
 

@@ -162,11 +162,12 @@ fn a_damaged_answer_is_an_error() {
         manifest_index: 9,
         flushed: vec![(7, 3), (8, 0)],
         rows: 5,
+        files_read: 2,
         states: vec![states.clone()],
     };
     let encoded = partial.encode().unwrap();
     let back = PartialAnswer::decode(&encoded).unwrap();
-    assert_eq!((back.manifest_index, back.rows), (9, 5));
+    assert_eq!((back.manifest_index, back.rows, back.files_read), (9, 5, 2));
     assert_eq!(back.flushed, partial.flushed);
     assert_eq!(back.states, vec![states]);
     assert!(PartialAnswer::decode(&encoded[..20]).is_err());
