@@ -283,7 +283,10 @@ fn files_to_nodes(
             nodes.entry(node).or_insert(*s);
         }
     }
-    let (me, hash) = (reader.me(), foldhash::quality::FixedState::with_seed(0x51u64));
+    let (me, hash) = (
+        reader.me(),
+        foldhash::quality::FixedState::with_seed(0x51u64),
+    );
     let mut out: BTreeMap<u32, Vec<(String, u64)>> = BTreeMap::new();
     let mut rows = 0u64;
     for (path, bytes, n) in files {

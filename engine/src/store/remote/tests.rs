@@ -375,6 +375,16 @@ async fn queries_add_the_rows_held_elsewhere_or_name_the_shard_they_miss() {
         1 + 2,
         "asked once, then twice before the rows were read"
     );
+    // A `WHERE PARTS` list picks partitions by what this node knows: rows, not synopses.
+    *fake.summary.lock() = Some(summary(0));
+    let parts = "SELECT device, count(*) AS w FROM t.m WHERE PARTS 20240501 GROUP BY device \
+                 ORDER BY device";
+    let out = query(&e, parts).await.unwrap();
+    assert!(
+        out.contains("| a      | 2 |") && out.contains("| c      | 1 |"),
+        "{out}"
+    );
+    assert_eq!(asked() - before, 1 + 2, "not asked for a WHERE PARTS list");
     *fake.summary.lock() = None;
     // An aggregate no synopsis answers runs in parts, the replica's part as its states.
     // One cut at another flushed index than this node's (a flush landed in between) is
