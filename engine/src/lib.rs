@@ -55,6 +55,10 @@ pub use store::remote::{
     PartialAnswer, PartialQuery, RemotePart, RowsAnswer, RowsRequest, ShardReader, SummaryAnswer,
 };
 
+/// Bytes this process sent to other nodes of its cluster (the cluster's connections count
+/// every frame they write; `/metrics`: `sluice_node_bytes_sent_total`).
+pub static NODE_BYTES_SENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Engine parts that the criterion benches and `raft_load` measure directly (the
 /// write-ahead log and one partition's buffer). Not an interface: servers use the ports.
 #[doc(hidden)]

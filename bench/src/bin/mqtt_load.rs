@@ -319,6 +319,11 @@ async fn per_node(nodes: &[Sluice], pids: &[u32], cpu0: &[f64], stored: u64) -> 
         "SELECT device, count(*) AS n, round(stddev(temp), 6) AS s FROM bench.readings \
          GROUP BY device",
     ];
+    // Before the queries below: what the loads (and the row checks) sent between nodes.
+    let mut sent = Vec::new();
+    for n in nodes {
+        sent.push(n.metric("sluice_node_bytes_sent_total").await?);
+    }
     let mut answers = vec![Vec::new(); grouped.len()];
     for (i, (n, pid)) in nodes.iter().zip(pids).enumerate() {
         for (q, sql) in grouped.iter().enumerate() {
@@ -344,12 +349,14 @@ async fn per_node(nodes: &[Sluice], pids: &[u32], cpu0: &[f64], stored: u64) -> 
             .unwrap_or(0.0);
         eprintln!(
             "node {}: applied {applied:.0} rows ({:.2} per stored row), CPU {cpu:.2} s \
-             ({:.1} µs per stored row), RSS {:.0} MiB, {remote:.0} rows read from other nodes, \
-             {aggregated:.0} aggregated there",
+             ({:.1} µs per stored row), RSS {:.0} MiB, sent {:.0} bytes per stored row to \
+             other nodes, {remote:.0} rows read from other nodes, {aggregated:.0} aggregated \
+             there",
             i + 1,
             applied / stored as f64,
             cpu * 1e6 / stored as f64,
-            rss / 1024.0
+            rss / 1024.0,
+            sent[i] / stored as f64
         );
     }
     for mut a in answers {

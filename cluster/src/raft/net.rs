@@ -212,11 +212,15 @@ async fn write_frames(
     mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
 ) -> io::Result<()> {
     let mut wr = BufWriter::new(wr);
+    let sent =
+        |f: &[u8]| (sluice_engine::NODE_BYTES_SENT).fetch_add(f.len() as u64, Ordering::Relaxed);
     while let Some(f) = rx.recv().await {
         wr.write_all(&f).await?;
+        sent(&f);
         // Whatever else is ready goes in the same write.
         while let Ok(f) = rx.try_recv() {
             wr.write_all(&f).await?;
+            sent(&f);
         }
         wr.flush().await?;
     }

@@ -127,7 +127,7 @@ impl QueryPort for Engine {
         self.access.render_metrics(&mut out);
         let h = QueryPort::health(self);
         let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-        let figures: [(&str, &str, &str, u64); 9] = [
+        let figures: [(&str, &str, &str, u64); 10] = [
             (
                 "sluice_shard_rows_applied_total",
                 "counter",
@@ -145,6 +145,12 @@ impl QueryPort for Engine {
                 "counter",
                 "Unflushed rows other nodes' replicas aggregated for queries here (partial aggregates, synopses).",
                 load(&self.store.remote_aggregated),
+            ),
+            (
+                "sluice_node_bytes_sent_total",
+                "counter",
+                "Bytes sent to other cluster nodes (forwarded writes, replication, reads).",
+                load(&crate::NODE_BYTES_SENT),
             ),
             (
                 "sluice_flushes_total",
