@@ -94,11 +94,14 @@ impl Cluster {
 
     /// `request` answered by a replica of its shard (the leader first, then the others),
     /// once this node's metadata group has installed the answer's manifest index (which
-    /// `decode` reads with the answer).
+    /// `decode` reads with the answer). With `refusal_ends`, a replica that answers with an
+    /// error (it cannot aggregate or summarize the query: the others would not either) ends
+    /// the asking: the caller reads the rows instead, from any replica.
     async fn ask<T>(
         &self,
         request: &RowsRequest,
         what: &str,
+        refusal_ends: bool,
         decode: impl Fn(&[u8]) -> sluice_engine::Result<(u64, T)>,
     ) -> sluice_engine::Result<T> {
         let shard = request.shard;
@@ -117,7 +120,13 @@ impl Cluster {
                     self.installed(index).await?;
                     return Ok(answer);
                 }
-                Err(e) => failures.push(format!("node {node}: {e}")),
+                Err(e) => {
+                    let refused = matches!(e, crate::raft::net::CallError::Remote(..));
+                    failures.push(format!("node {node}: {e}"));
+                    if refused && refusal_ends {
+                        break;
+                    }
+                }
             }
         }
         if failures.is_empty() {
@@ -165,17 +174,17 @@ impl ShardReader for Cluster {
 
     async fn read(&self, request: RowsRequest) -> sluice_engine::Result<RowsAnswer> {
         let decode = |b: &[u8]| RowsAnswer::decode(b).map(|a| (a.manifest_index, a));
-        self.ask(&request, "unflushed rows", decode).await
+        self.ask(&request, "unflushed rows", false, decode).await
     }
 
     async fn partial(&self, request: RowsRequest) -> sluice_engine::Result<PartialAnswer> {
         let decode = |b: &[u8]| PartialAnswer::decode(b).map(|a| (a.manifest_index, a));
-        self.ask(&request, "partial aggregate", decode).await
+        self.ask(&request, "partial aggregate", true, decode).await
     }
 
     async fn summary(&self, request: RowsRequest) -> sluice_engine::Result<SummaryAnswer> {
         let decode = |b: &[u8]| SummaryAnswer::decode(b).map(|a| (a.manifest_index, a));
-        self.ask(&request, "synopses", decode).await
+        self.ask(&request, "synopses", true, decode).await
     }
 
     async fn versions(&self) -> Option<Vec<(u32, u64)>> {
