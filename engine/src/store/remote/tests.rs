@@ -187,6 +187,11 @@ struct Fake {
     summaries_asked: std::sync::atomic::AtomicU64,
     /// Shard 5's commit index, as its leader would tell it.
     version: std::sync::atomic::AtomicU64,
+    /// The node asked first for shard 5 (this node is node 1), the files its partial
+    /// aggregates were given, and whether it says it read them.
+    holder: Option<u64>,
+    files_given: std::sync::atomic::AtomicU64,
+    reads_files: std::sync::atomic::AtomicBool,
 }
 
 impl Fake {
@@ -197,6 +202,9 @@ impl Fake {
             summary: Default::default(),
             summaries_asked: 0.into(),
             version: 1.into(),
+            holder: None,
+            files_given: 0.into(),
+            reads_files: false.into(),
         }
     }
 }
@@ -215,14 +223,34 @@ impl ShardReader for Fake {
     }
 
     async fn partial(&self, request: RowsRequest) -> Result<PartialAnswer> {
+        use std::sync::atomic::Ordering::Relaxed;
         assert_eq!(request.shard, 5);
-        assert!(request.partial.is_some_and(|q| q.sql.contains("DISTINCT")));
-        self.partial
-            .lock()
-            .clone()
+        let q = request.partial.unwrap();
+        assert!(q.sql.contains("DISTINCT"));
+        let files = q.files.len() as u64;
+        self.files_given.fetch_add(files, Relaxed);
+        let read = if self.reads_files.load(Relaxed) {
+            files
+        } else {
+            0
+        };
+        let answer = self.partial.lock().clone();
+        answer
+            .map(|a| PartialAnswer {
+                files_read: read,
+                ..a
+            })
             .ok_or_else(|| Error::Replication {
                 reason: "the query cannot be aggregated in parts here".into(),
             })
+    }
+
+    fn me(&self) -> u64 {
+        1
+    }
+
+    fn asked_first(&self, _shard: u32) -> Option<u64> {
+        self.holder
     }
 
     async fn summary(&self, request: RowsRequest) -> Result<SummaryAnswer> {
@@ -453,4 +481,62 @@ async fn queries_add_the_rows_held_elsewhere_or_name_the_shard_they_miss() {
         let err = query(&e, sql).await.unwrap_err().to_string();
         assert!(err.contains("shard 5"), "{sql}: {err}");
     }
+}
+
+/// A replica given a share of the files says how many it read: one that read none (an
+/// older version, which does not know of files) is refused and every file is read here,
+/// so nothing is missed; one that read them has them left out here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_are_left_to_a_replica_only_when_it_read_them() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = sluice_conf::Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Default::default()
+    };
+    config.query.split_min_rows = 0;
+    let e = crate::engine::Engine::open(config).await.unwrap();
+    let create = "CREATE TABLE t.f (time TIMESTAMP, device STRING, temp DOUBLE) \
+                  PARTITION BY yyyymmdd(time)";
+    query(&e, create).await.unwrap();
+    // 24 daily partitions: a file each after the flush, about half of them given to node 2.
+    let values: Vec<String> = (0..24)
+        .map(|d| format!("('2024-05-{:02} 10:00:00', 'a', {d}.0)", d + 1))
+        .collect();
+    let insert = format!("INSERT INTO t.f VALUES {}", values.join(", "));
+    query(&e, &insert).await.unwrap();
+    query(&e, "FLUSH TABLE t.f").await.unwrap();
+    let fake = Arc::new(Fake {
+        holder: Some(2),
+        ..Fake::new(Some(RowsAnswer::default()))
+    });
+    *fake.partial.lock() = Some(PartialAnswer::default());
+    let _ = e.store.reader.set(fake.clone());
+    let sql = |name: &str| {
+        format!(
+            "SELECT device, count(DISTINCT temp) AS d, count(*) AS {name} FROM t.f GROUP BY device"
+        )
+    };
+    let out = query(&e, &sql("n")).await.unwrap();
+    assert!(out.contains("| a      | 24 | 24 |"), "{out}");
+    let given = fake.files_given.load(Relaxed);
+    assert!((1..24).contains(&given), "{given}");
+    let plan = query(&e, &format!("EXPLAIN ANALYZE {}", sql("m")))
+        .await
+        .unwrap();
+    assert!(
+        plan.contains("remote_files=0") && plan.contains("remote_shards_read=1"),
+        "{plan}"
+    );
+    // This replica says it read its files (and, made up, aggregated nothing of them): they
+    // are left out here, so the answer lacks their rows.
+    fake.reads_files.store(true, Relaxed);
+    let before = fake.files_given.load(Relaxed);
+    let out = query(&e, &sql("k")).await.unwrap();
+    let left = 24 - (fake.files_given.load(Relaxed) - before);
+    assert!(
+        out.contains(&format!("| a      | {left} | {left} |")),
+        "{out}"
+    );
+    assert!(left < 24, "{out}");
 }
