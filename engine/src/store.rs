@@ -41,7 +41,8 @@ pub(crate) struct Store {
     pub(crate) reader: std::sync::OnceLock<Arc<dyn remote::ShardReader>>,
     /// Rows queries read from other nodes' replicas.
     pub(crate) remote_rows: std::sync::atomic::AtomicU64,
-    /// Rows other nodes' replicas aggregated for queries here (`crate::query::split`).
+    /// Rows other nodes' replicas aggregated for queries here (`crate::query::split`,
+    /// `crate::query::summaries`).
     pub(crate) remote_aggregated: std::sync::atomic::AtomicU64,
 }
 

@@ -227,6 +227,15 @@ impl Engine {
         (rows, error)
     }
 
+    /// Table `id`, which another node asks about: its catalog may be ahead of this one's (a
+    /// table just created), so this waits for it ([`Engine::await_table`]).
+    pub(crate) fn table_asked(&self, id: u64) -> Result<Arc<crate::store::state::TableState>> {
+        self.await_table(id)?;
+        self.store.tables.get(id).ok_or_else(|| Error::Replication {
+            reason: format!("table {id} is not known on this node"),
+        })
+    }
+
     /// Waits until this node's catalog has table `id` (made or dropped), at most
     /// `CATALOG_WAIT`.
     pub(crate) fn await_table(&self, id: u64) -> Result<()> {
@@ -721,13 +730,7 @@ impl Engine {
     /// [`crate::store::remote::RowsAnswer::encode`] writes them. Blocks while this node's
     /// catalog does not know the table yet (run it off the runtime's threads).
     pub fn shard_rows(&self, request: &crate::store::remote::RowsRequest) -> Result<Vec<u8>> {
-        // The asking node's catalog may be ahead of this one's (a table just created).
-        self.await_table(request.table_id)?;
-        let Some(table) = self.store.tables.get(request.table_id) else {
-            return Err(Error::Replication {
-                reason: format!("table {} is not known on this node", request.table_id),
-            });
-        };
+        let table = self.table_asked(request.table_id)?;
         if request.latest {
             let reader = self.store.reader().ok_or_else(|| Error::Replication {
                 reason: "not a cluster node".into(),

@@ -315,21 +315,22 @@ impl SynopsisNode {
         budget: u64,
         remote: &Remote,
     ) -> (Option<RecordBatch>, bool) {
-        let bound;
-        let filter = match &self.unbound {
-            Some(u) => {
-                let Some(b) = u.bind(&self.table.def(), now) else {
-                    return (None, false);
-                };
-                bound = b;
-                &bound
-            }
-            None => &self.filter,
+        let Some(filter) = self.filter_at(now) else {
+            return (None, false);
         };
+        let filter = filter.as_ref();
         if !self.group.is_empty() {
             return self.grouped(filter, budget, remote);
         }
         (self.ungrouped(filter, remote), false)
+    }
+
+    /// The filter with the clock at `now` (`None`: it cannot be bound then).
+    fn filter_at(&self, now: DateTime<Utc>) -> Option<std::borrow::Cow<'_, RowFilter>> {
+        match &self.unbound {
+            Some(u) => u.bind(&self.table.def(), now).map(std::borrow::Cow::Owned),
+            None => Some(std::borrow::Cow::Borrowed(&self.filter)),
+        }
     }
 
     fn ungrouped(&self, filter: &RowFilter, remote: &Remote) -> Option<RecordBatch> {
@@ -611,13 +612,10 @@ impl Answering for SynopsisNode {
         let _ = tokio::time::timeout(PRIMING_WAIT, primed.wait_for(|priming| !priming)).await;
         // With the synopses of the buffered rows of shards held on other nodes, from their
         // replicas (none when all are held here).
-        let filter = (self.unbound.as_ref()).map_or(Some(self.filter.clone()), |u| {
-            u.bind(&self.table.def(), now)
-        });
-        let summary = (filter.as_ref()).map(|f| SummaryQuery::new(&self.group, &self.columns, f));
+        let filter = self.filter_at(now);
+        let summary = (filter.as_deref()).map(|f| SummaryQuery::new(&self.group, &self.columns, f));
         let answer = |remote: &Remote| SynopsisNode::answer(self, now, GROUP_ROWS_INLINE, remote);
-        let filter = filter.unwrap_or_default();
-        let answered = crate::query::summaries::answered(&self.table, summary, &filter, answer);
+        let answered = crate::query::summaries::answered(&self.table, summary, answer);
         let ((batch, over), remote) = answered
             .await
             .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::query::made_once::MadeOnce;
 use crate::query::provider::{Scan, ScanExec, write_elsewhere};
 use crate::store::remote::{
-    PartialAnswer, PartialQuery, Remote, RowsRequest, ShardReader, cut_alike,
+    PartialAnswer, PartialQuery, Remote, RowsRequest, ShardReader, answers_of, cut_alike,
 };
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -202,41 +202,30 @@ impl SplitState {
                     None => BTreeMap::new(),
                 };
             }
-            let asks = elsewhere.iter().filter(|_| ask.is_some()).map(|&shard| {
-                let files = shares.remove(&shard).unwrap_or_default();
-                let paths: Vec<String> = files.iter().map(|(path, _)| path.clone()).collect();
-                let request = RowsRequest {
-                    partial: ask.clone().map(|q| PartialQuery { files, ..q }),
-                    ..scan.rows_request(shard)
-                };
-                async move { (shard, paths, reader.partial(request).await) }
-            });
-            let mut answered: BTreeMap<u32, PartialAnswer> = BTreeMap::new();
-            let mut elsewhere_files = BTreeSet::new();
-            for (shard, paths, answer) in futures::future::join_all(asks).await {
-                match answer {
-                    Ok(a)
-                        if a.files_read == paths.len() as u64
-                            && (a.states.iter())
-                                .all(|b| b.schema().fields() == self.schema.fields()) =>
-                    {
-                        elsewhere_files.extend(paths);
-                        answered.insert(shard, a);
-                    }
-                    Ok(_) => {
-                        tracing::debug!(
-                            shard,
-                            "a replica's partial aggregate has other columns or files"
-                        )
-                    }
-                    Err(e) => {
-                        tracing::debug!(shard, error = %e, "no partial aggregate from a replica")
-                    }
-                }
-            }
-            let read: BTreeSet<u32> = (elsewhere.iter())
-                .filter(|s| !answered.contains_key(s))
-                .copied()
+            let share = |shard: u32| shares.get(&shard).map_or(&[][..], Vec::as_slice);
+            let request = |shard: u32| RowsRequest {
+                partial: ask.clone().map(|q| PartialQuery {
+                    files: share(shard).to_vec(),
+                    ..q
+                }),
+                ..scan.rows_request(shard)
+            };
+            // Taken only with every file it was given read, and the state columns here.
+            let fits = |shard: u32, a: &PartialAnswer| {
+                a.files_read == share(shard).len() as u64
+                    && (a.states.iter()).all(|b| b.schema().fields() == self.schema.fields())
+            };
+            let ask_one = |shard: u32| reader.partial(request(shard));
+            let (answered, read) = answers_of(
+                &elsewhere,
+                ask.is_some(),
+                ask_one,
+                fits,
+                "partial aggregate",
+            )
+            .await;
+            let elsewhere_files = (answered.keys())
+                .flat_map(|s| share(*s).iter().map(|(path, _)| path.clone()))
                 .collect();
             let mut remote = scan
                 .remote_of(elsewhere.clone(), &read)

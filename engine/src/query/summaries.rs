@@ -22,11 +22,12 @@ use crate::query::provider::SluiceTable;
 use crate::query::synopsis::ColumnSynopsis;
 use crate::store::chunk::{Chunk, RowFilter};
 use crate::store::remote::{
-    Remote, RowsRequest, SummaryAnswer, SummaryGroup, SummaryQuery, cut_after, cut_alike,
+    Remote, RowsRequest, SummaryAnswer, SummaryGroup, SummaryQuery, answers_of, cut_after,
+    cut_alike,
 };
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::logical_expr::Operator;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 /// Times a node asks the replicas for synopses before it reads their rows.
@@ -83,7 +84,6 @@ impl SummaryAnswer {
 pub(crate) async fn answered(
     table: &SluiceTable,
     query: Option<SummaryQuery>,
-    filter: &RowFilter,
     mut answer: impl FnMut(&Remote) -> (Option<RecordBatch>, bool),
 ) -> Result<((Option<RecordBatch>, bool), Remote)> {
     let store = table.store();
@@ -94,39 +94,21 @@ pub(crate) async fn answered(
     };
     // The partitions the filter's time bounds admit. A `WHERE PARTS` list picks partitions
     // by what this node knows of them (`last n` by the rows in them): those read rows.
-    let keys = table.key_bounds(filter).filter(|_| table.whole());
+    let bounds = |q: &SummaryQuery| table.key_bounds(&q.filter().ok()?);
+    let keys = (query.as_ref()).filter(|_| table.whole()).and_then(bounds);
     let query = query.filter(|_| keys.is_some());
-    let (lo, hi, only) = keys.unwrap_or((0, u64::MAX, None));
+    let keys = keys.unwrap_or((0, u64::MAX, None));
     for attempt in 1..=TRIES {
         let elsewhere = reader.remote_shards();
         let ask = (query.clone()).filter(|_| attempt < TRIES && !elsewhere.is_empty());
-        let asks = elsewhere.iter().filter(|_| ask.is_some()).map(|&shard| {
-            let request = RowsRequest {
-                table_id: id,
-                shard,
-                lo,
-                hi,
-                only: only.clone(),
-                columns: None,
-                latest: false,
-                partial: None,
-                summary: ask.clone(),
-            };
-            async move { (shard, reader.summary(request).await) }
-        });
-        let mut answered = BTreeMap::new();
-        for (shard, a) in futures::future::join_all(asks).await {
-            match a {
-                Ok(a) => {
-                    answered.insert(shard, a);
-                }
-                Err(e) => tracing::debug!(shard, error = %e, "no synopses from a replica"),
-            }
-        }
-        let read: BTreeSet<u32> = (elsewhere.iter())
-            .filter(|s| !answered.contains_key(s))
-            .copied()
-            .collect();
+        let request = |shard: u32| RowsRequest {
+            summary: ask.clone(),
+            ..RowsRequest::new(id, shard, keys.clone())
+        };
+        let ask_one = |shard: u32| reader.summary(request(shard));
+        let asking = ask.is_some();
+        let (answered, read) =
+            answers_of(&elsewhere, asking, ask_one, |_, _| true, "synopses").await;
         let all = (0, u64::MAX, None);
         let mut remote = Remote::read_of(store, id, all, None, elsewhere, &read).await?;
         let named = answered
@@ -173,14 +155,12 @@ impl Engine {
         let Some(query) = &request.summary else {
             return Err(Error::invalid("not a request for synopses"));
         };
-        self.await_table(request.table_id)?;
-        let Some(table) = self.store.tables.get(request.table_id) else {
-            return Err(Error::Replication {
-                reason: format!("table {} is not known on this node", request.table_id),
-            });
-        };
+        let table = self.table_asked(request.table_id)?;
         let cannot = || Error::Replication {
-            reason: "the shard's rows cannot be summarized by their synopses here".into(),
+            reason: format!(
+                "shard {}'s rows of table {} cannot be summarized by their synopses here",
+                request.shard, request.table_id
+            ),
         };
         let filter = query.filter()?;
         let schema = table.schema();

@@ -131,11 +131,30 @@ pub struct PartialAnswer {
 }
 
 impl RowsRequest {
+    /// The buffered rows of `shard` of table `table_id` in the partitions `keys` (`lo`,
+    /// `hi`, `only`), every column.
+    pub(crate) fn new(table_id: u64, shard: u32, (lo, hi, only): PartitionKeys) -> Self {
+        Self {
+            table_id,
+            shard,
+            lo,
+            hi,
+            only,
+            columns: None,
+            latest: false,
+            partial: None,
+            summary: None,
+        }
+    }
+
     /// Whether partition `key` is one the request names.
     pub(crate) fn admits(&self, key: u64) -> bool {
         (self.lo..=self.hi).contains(&key) && self.only.as_ref().is_none_or(|o| o.contains(&key))
     }
 }
+
+/// Partition keys from `lo` to `hi` (inclusive), and only those of the list when set.
+pub(crate) type PartitionKeys = (u64, u64, Option<Vec<u64>>);
 
 /// One partition's buffered rows of a shard, as a replica holds them.
 #[derive(Debug, Clone)]
@@ -284,15 +303,8 @@ impl Remote {
         }
         let reads = read.iter().map(|&shard| {
             reader.read(RowsRequest {
-                table_id,
-                shard,
-                lo,
-                hi,
-                only: only.clone(),
                 columns: columns.clone(),
-                latest: false,
-                partial: None,
-                summary: None,
+                ..RowsRequest::new(table_id, shard, (lo, hi, only.clone()))
             })
         });
         let answers = futures::future::try_join_all(reads).await?;
@@ -363,7 +375,9 @@ pub(crate) fn cut_after<T>(
     rows: impl Fn(&T) -> usize,
     rest: impl Fn(&T, usize) -> T,
 ) -> Vec<T> {
-    let mut skip = rows_through(starts, flushed);
+    // The rows of the log indexes up to `flushed` (all of them when none is after it).
+    let first = starts.iter().find(|(lsn, _)| *lsn > flushed);
+    let mut skip = first.map_or(usize::MAX, |(_, at)| *at as usize);
     let mut out = Vec::new();
     for piece in pieces {
         let n = rows(&piece);
@@ -379,6 +393,38 @@ pub(crate) fn cut_after<T>(
     out
 }
 
+/// The answers of one replica of each of `shards`, all asked at once (`ask`; none when not
+/// `asking`), that `keep` takes, and the shards left to read as rows: those whose replica
+/// gave no answer (`what`: what was asked, for the log) or one `keep` refuses.
+pub(crate) async fn answers_of<A, F>(
+    shards: &BTreeSet<u32>,
+    asking: bool,
+    ask: impl Fn(u32) -> F,
+    keep: impl Fn(u32, &A) -> bool,
+    what: &str,
+) -> (BTreeMap<u32, A>, BTreeSet<u32>)
+where
+    F: std::future::Future<Output = Result<A>>,
+{
+    let asks = shards.iter().filter(|_| asking).map(|&shard| {
+        let answer = ask(shard);
+        async move { (shard, answer.await) }
+    });
+    let mut answered = BTreeMap::new();
+    for (shard, answer) in futures::future::join_all(asks).await {
+        match answer {
+            Ok(a) if keep(shard, &a) => {
+                answered.insert(shard, a);
+            }
+            Ok(_) => tracing::debug!(shard, what, "a replica's answer does not fit the query"),
+            Err(e) => tracing::debug!(shard, what, error = %e, "no answer from a replica"),
+        }
+    }
+    let read = (shards.iter()).filter(|s| !answered.contains_key(s));
+    let read = read.copied().collect();
+    (answered, read)
+}
+
 /// Whether a replica's answer for `shard`, cut at the flushed index of each partition in
 /// `flushed`, counts exactly the rows this node's files lack: this node's flushed index of
 /// each of those (partition, shard) pairs in `here` is the same (a partition absent here
@@ -389,13 +435,6 @@ pub(crate) fn cut_alike(
     here: &BTreeMap<(u64, u32), u64>,
 ) -> bool {
     (flushed.iter()).all(|(p, f)| here.get(&(*p, shard)).copied().unwrap_or(0) == *f)
-}
-
-/// How many of a shard's rows of a partition (`starts`: where each log index's rows begin)
-/// are of the log indexes up to `flushed` (all of them: `usize::MAX`).
-pub(crate) fn rows_through(starts: &[(u64, u64)], flushed: u64) -> usize {
-    let first = starts.iter().find(|(lsn, _)| *lsn > flushed);
-    first.map_or(usize::MAX, |(_, at)| *at as usize)
 }
 
 /// `batch` (whose columns are the table's at positions `columns`) as a batch of `schema`
@@ -449,15 +488,8 @@ pub(crate) async fn latest_rows(
     ];
     let reads = remote.iter().map(|&shard| {
         reader.read(RowsRequest {
-            table_id: def.id,
-            shard,
-            lo: 0,
-            hi: u64::MAX,
-            only: None,
-            columns: None,
             latest: true,
-            partial: None,
-            summary: None,
+            ..RowsRequest::new(def.id, shard, (0, u64::MAX, None))
         })
     });
     for answer in futures::future::join_all(reads).await {

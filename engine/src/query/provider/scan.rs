@@ -4,11 +4,11 @@ use super::*;
 use crate::query::made_once::MadeOnce;
 use crate::query::split::SplitState;
 use crate::store::remote::{RowsRequest, after, fit};
+use futures::TryStreamExt;
 
 fn external(e: crate::error::Error) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
-use futures::TryStreamExt;
 
 /// What a scan reads, decided when it is planned; the rows are taken when it runs.
 #[derive(Debug)]
@@ -47,28 +47,32 @@ impl Scan {
     ) -> DfResult<(Arc<dyn ExecutionPlan>, Cut, usize)> {
         let t = &self.table;
         let mut set = t.scan_set(&self.keys, &self.rows, self.projection.as_deref(), remote)?;
-        let flushed = std::mem::take(&mut set.flushed);
-        for (path, bytes) in &set.files {
-            t.warm(path, *bytes);
-        }
+        let (flushed, skipped) = (std::mem::take(&mut set.flushed), set.skipped);
         metrics.files.add(set.files.len());
         let fetched = remote.parts.iter().flat_map(|p| &p.batches);
         metrics.remote_rows.add(fetched.map(|b| b.num_rows()).sum());
         metrics
             .memory_rows
             .add(set.batches.iter().map(|b| b.num_rows()).sum());
-        let lanes = self.lanes;
+        Ok((self.plan_of(set)?, flushed, skipped))
+    }
+
+    /// The plan reading `set`: its files as Parquet (each loaded into the hot cache in the
+    /// background), its batches (of the projected columns already) from memory.
+    fn plan_of(&self, set: ScanSet) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let t = &self.table;
         let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
         if !set.files.is_empty() {
-            let projection = self.projection.clone();
-            let predicate = self.predicate.clone();
-            inputs.push(t.parquet(set.files, predicate, projection, self.limit, lanes)?);
+            for (path, bytes) in &set.files {
+                t.warm(path, *bytes);
+            }
+            let (predicate, projection) = (self.predicate.clone(), self.projection.clone());
+            inputs.push(t.parquet(set.files, predicate, projection, self.limit, self.lanes)?);
         }
         if !set.batches.is_empty() || inputs.is_empty() {
-            // The batches have the projected columns already.
             inputs.push(self.in_lanes(set.batches)?);
         }
-        Ok((UnionExec::try_new(inputs)?, flushed, set.skipped))
+        UnionExec::try_new(inputs)
     }
 
     /// `batches` (of the projected columns) as a plan of the scan's lanes, spread evenly.
@@ -110,17 +114,9 @@ impl Scan {
 
     /// A request for this scan's partitions and columns of `shard`.
     pub(crate) fn rows_request(&self, shard: u32) -> RowsRequest {
-        let (lo, hi, only) = self.key_bounds();
         RowsRequest {
-            table_id: self.table.def.id,
-            shard,
-            lo,
-            hi,
-            only,
             columns: self.projection.clone(),
-            latest: false,
-            partial: None,
-            summary: None,
+            ..RowsRequest::new(self.table.def.id, shard, self.key_bounds())
         }
     }
 
@@ -183,8 +179,9 @@ impl Scan {
         let t = &self.table;
         let parts = t.state.parts.read();
         let admits = t.admitted(&parts, &self.keys, &BTreeSet::new());
-        let (mut batches, mut flushed) = (Vec::new(), Vec::new());
+        let (mut set, mut flushed) = (ScanSet::default(), Vec::new());
         let all: Vec<usize> = (0..t.schema.fields().len()).collect();
+        let projection = self.projection.as_deref();
         for (key, p) in in_range(&parts, &admits) {
             let Some(s) = p.shards.get(&shard) else {
                 continue;
@@ -199,13 +196,12 @@ impl Scan {
                 s.flushed,
             );
             for b in kept {
-                let projection = self.projection.as_deref();
-                batches.push(fit(&b, &all, &self.projected, projection).map_err(external)?);
+                let fitted = fit(&b, &all, &self.projected, projection).map_err(external)?;
+                set.batches.push(fitted);
             }
         }
         drop(parts);
-        let count = batches.iter().map(|b| b.num_rows() as u64).sum();
-        let (projection, mut set) = (self.projection.as_deref(), ScanSet::default());
+        let rows = set.batches.iter().map(|b| b.num_rows() as u64).sum();
         let mut picker = Picker::default();
         for (path, bytes) in files {
             t.file_into(
@@ -216,25 +212,14 @@ impl Scan {
                 projection,
             );
         }
-        picker.finish(&mut batches)?;
-        batches.append(&mut set.batches);
-        let mut inputs = vec![self.in_lanes(batches)?];
-        if !set.files.is_empty() {
-            for (path, bytes) in &set.files {
-                t.warm(path, *bytes);
-            }
-            let (predicate, projection) = (self.predicate.clone(), self.projection.clone());
-            inputs.push(t.parquet(set.files, predicate, projection, self.limit, self.lanes)?);
-        }
+        picker.finish(&mut set.batches)?;
         Ok(ShardInput {
-            plan: UnionExec::try_new(inputs)?,
+            plan: self.plan_of(set)?,
             flushed,
-            rows: count,
+            rows,
         })
     }
-}
 
-impl Scan {
     /// The buffered rows of the shards this node holds no replica of, from their replicas
     /// (nothing when it holds them all).
     pub(super) async fn remote(&self) -> DfResult<Remote> {

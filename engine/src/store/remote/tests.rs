@@ -289,23 +289,31 @@ async fn query(e: &crate::engine::Engine, sql: &str) -> Result<String> {
     Ok(datafusion::arrow::util::pretty::pretty_format_batches(&batches)?.to_string())
 }
 
+/// An engine in a new directory, aggregates run in parts however few rows are elsewhere,
+/// with table `name` (time, device, temp; daily partitions).
+async fn engine_with(name: &str) -> (tempfile::TempDir, Arc<crate::engine::Engine>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = sluice_conf::Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Default::default()
+    };
+    config.query.split_min_rows = 0;
+    let e = crate::engine::Engine::open(config).await.unwrap();
+    let create = format!(
+        "CREATE TABLE {name} (time TIMESTAMP, device STRING, temp DOUBLE) \
+         PARTITION BY yyyymmdd(time)"
+    );
+    query(&e, &create).await.unwrap();
+    (dir, e)
+}
+
 /// A node holding some shards answers with its own rows and the rows the other shards'
 /// replicas send (scans, synopsis answers and `EXPLAIN` alike), and a shard whose replicas
 /// do not answer fails the query with an error naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queries_add_the_rows_held_elsewhere_or_name_the_shard_they_miss() {
     use datafusion::arrow::array::{Float64Array, StringArray, TimestampMicrosecondArray};
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = sluice_conf::Config {
-        data_dir: dir.path().to_path_buf(),
-        ..Default::default()
-    };
-    // Aggregates run in parts however few rows are elsewhere.
-    config.query.split_min_rows = 0;
-    let e = crate::engine::Engine::open(config).await.unwrap();
-    let create = "CREATE TABLE t.m (time TIMESTAMP, device STRING, temp DOUBLE) \
-                  PARTITION BY yyyymmdd(time)";
-    query(&e, create).await.unwrap();
+    let (_dir, e) = engine_with("t.m").await;
     let insert = "INSERT INTO t.m VALUES ('2024-05-01 10:00:00', 'a', 1.0), \
                   ('2024-05-01 10:00:01', 'b', 2.0)";
     query(&e, insert).await.unwrap();
@@ -468,13 +476,7 @@ async fn queries_add_the_rows_held_elsewhere_or_name_the_shard_they_miss() {
     assert!(moved.contains("| 5 |"), "{moved}");
 
     // The replica does not answer: the query fails, naming the shard.
-    let dir = tempfile::tempdir().unwrap();
-    let config = sluice_conf::Config {
-        data_dir: dir.path().to_path_buf(),
-        ..Default::default()
-    };
-    let e = crate::engine::Engine::open(config).await.unwrap();
-    query(&e, create).await.unwrap();
+    let (_dir, e) = engine_with("t.m").await;
     query(&e, insert).await.unwrap();
     let _ = e.store.reader.set(Arc::new(Fake::new(None)));
     for sql in ["SELECT count(*) FROM t.m", "SELECT * FROM t.m"] {
@@ -489,16 +491,7 @@ async fn queries_add_the_rows_held_elsewhere_or_name_the_shard_they_miss() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_are_left_to_a_replica_only_when_it_read_them() {
     use std::sync::atomic::Ordering::Relaxed;
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = sluice_conf::Config {
-        data_dir: dir.path().to_path_buf(),
-        ..Default::default()
-    };
-    config.query.split_min_rows = 0;
-    let e = crate::engine::Engine::open(config).await.unwrap();
-    let create = "CREATE TABLE t.f (time TIMESTAMP, device STRING, temp DOUBLE) \
-                  PARTITION BY yyyymmdd(time)";
-    query(&e, create).await.unwrap();
+    let (_dir, e) = engine_with("t.f").await;
     // 24 daily partitions: a file each after the flush, about half of them given to node 2.
     let values: Vec<String> = (0..24)
         .map(|d| format!("('2024-05-{:02} 10:00:00', 'a', {d}.0)", d + 1))
