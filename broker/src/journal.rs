@@ -18,7 +18,7 @@
 //! Format: a version byte, a tag byte, then the fields in order; integers little-endian,
 //! strings and byte strings as a u32 length and the bytes, options as a 0/1 byte first.
 
-use crate::session::{Message, SubOptions};
+use crate::session::{Message, MessageId, SubOptions};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use std::sync::Arc;
@@ -403,7 +403,8 @@ fn expires_at(m: &Message) -> i64 {
 fn message(o: &mut Out, m: &Message) {
     o.str(&m.topic);
     o.bytes(&m.payload);
-    o.u8(m.qos as u8 | (u8::from(m.retain) << 2));
+    let id = m.id.get();
+    o.u8(m.qos as u8 | (u8::from(m.retain) << 2) | (u8::from(id.is_some()) << 3));
     o.str(&m.origin);
     o.u64(expires_at(m) as u64);
     o.opt(m.properties.as_ref(), |o, p| {
@@ -417,6 +418,11 @@ fn message(o: &mut Out, m: &Message) {
             o.str(v);
         }
     });
+    if let Some(id) = id {
+        o.u64(id.node);
+        o.u64(id.run);
+        o.u64(id.seq);
+    }
 }
 
 fn read_message(i: &mut In) -> Option<Arc<Message>> {
@@ -450,7 +456,16 @@ fn read_message(i: &mut In) -> Option<Arc<Message>> {
         let left = at.saturating_sub(sluice_engine::now_micros()).max(0);
         Instant::now() + Duration::from_micros(left as u64)
     });
+    let id = match flags & 8 != 0 {
+        true => Some(MessageId {
+            node: i.u64()?,
+            run: i.u64()?,
+            seq: i.u64()?,
+        }),
+        false => None,
+    };
     Some(Arc::new(Message {
+        id: id.map(std::sync::OnceLock::from).unwrap_or_default(),
         topic,
         payload,
         qos: qos(flags & 3),
@@ -542,6 +557,7 @@ mod tests {
 
     fn sample() -> Arc<Message> {
         Arc::new(Message {
+            id: Default::default(),
             topic: Arc::from("a/b"),
             payload: bytes::Bytes::from_static(b"\x00hello"),
             qos: QoS::ExactlyOnce,
@@ -603,7 +619,16 @@ mod tests {
                 qos: QoS::ExactlyOnce,
                 retain: true,
                 ids: vec![3, 9],
-                message: sample(),
+                message: {
+                    let m = (*sample()).clone();
+                    let id = MessageId {
+                        node: 2,
+                        run: 77,
+                        seq: 1 << 40,
+                    };
+                    m.id.set(id).unwrap();
+                    Arc::new(m)
+                },
             },
             Record::Subscribe {
                 client: c.clone(),

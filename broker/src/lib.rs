@@ -83,6 +83,7 @@ struct AlertPublisher(tokio::sync::mpsc::UnboundedSender<Arc<session::Message>>)
 impl sluice_engine::AlertSink for AlertPublisher {
     fn publish(&self, topic: String, payload: Vec<u8>) {
         let m = Arc::new(session::Message {
+            id: Default::default(),
             topic: Arc::from(topic),
             payload: payload.into(),
             qos: rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
@@ -242,6 +243,7 @@ impl Broker {
         for (name, _, value) in self.shared.metrics.values(&r.gauges()) {
             let topic = format!("$SYS/broker/{}", name.trim_start_matches("sluice_mqtt_"));
             let m = Arc::new(session::Message {
+                id: Default::default(),
                 topic: Arc::from(topic),
                 payload: value.to_string().into(),
                 qos: rumqttc::v5::mqttbytes::QoS::AtMostOnce,
@@ -311,6 +313,7 @@ impl Broker {
             return;
         }
         let m = Arc::new(session::Message {
+            id: Default::default(),
             topic: Arc::from(topic),
             payload,
             qos: rumqttc::v5::mqttbytes::QoS::AtLeastOnce,

@@ -8,7 +8,7 @@
 //! records after its LSN; the WAL keeps those records until a newer snapshot covers them.
 
 use crate::router::Router;
-use crate::session::{Delivery, Message, Outgoing, SubOptions};
+use crate::session::{Delivery, Message, MessageId, Outgoing, SubOptions};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use serde::{Deserialize, Serialize};
@@ -58,6 +58,9 @@ pub(crate) struct SessionState {
     /// a normal DISCONNECT.
     #[serde(default)]
     pub(crate) will: Option<(StoredMessage, u32)>,
+    /// `session::State::firsts`: (publishing node, its run, first number routed here).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) firsts: Vec<(u64, u64, u64)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -99,6 +102,9 @@ pub(crate) struct StoredMessage {
     /// A retained message's LSN in the journal (0: not in it).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(crate) lsn: u64,
+    /// Its identity across a cluster's nodes (`session::MessageId`): node, run, number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    id: Option<(u64, u64, u64)>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -135,6 +141,7 @@ impl StoredMessage {
             payload_format_indicator: p.and_then(|p| p.payload_format_indicator),
             user_properties: p.map(|p| p.user_properties.clone()).unwrap_or_default(),
             lsn: 0,
+            id: m.id.get().map(|id| (id.node, id.run, id.seq)),
         }
     }
 
@@ -151,6 +158,9 @@ impl StoredMessage {
             || self.payload_format_indicator.is_some()
             || !self.user_properties.is_empty();
         Arc::new(Message {
+            id: (self.id)
+                .map(|(node, run, seq)| MessageId { node, run, seq }.into())
+                .unwrap_or_default(),
             topic: Arc::from(self.topic),
             payload: sluice_engine::hex::decode(&self.payload_hex).into(),
             qos: qos(self.qos),

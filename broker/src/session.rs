@@ -27,6 +27,17 @@ pub(crate) struct Message {
     pub(crate) expires: Option<Instant>,
     /// Client id of the publisher, for "no local" subscriptions.
     pub(crate) origin: Arc<str>,
+    /// Its identity across a cluster's nodes, set where it was first routed.
+    pub(crate) id: std::sync::OnceLock<MessageId>,
+}
+
+/// A message's identity across a cluster's nodes: the node that took it from its publisher,
+/// that node's run, and its number in that run (numbers rise in publish order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MessageId {
+    pub(crate) node: u64,
+    pub(crate) run: u64,
+    pub(crate) seq: u64,
 }
 
 /// A message on its way to one session.
@@ -88,6 +99,12 @@ pub(crate) struct State {
     pub(crate) disconnected_at: Option<Instant>,
     /// Messages dropped from a full offline queue.
     pub(crate) dropped: u64,
+    /// Per publishing node and run (of [`MessageId`]), the number of the first of its
+    /// messages routed to this session on this node. That node sent every later message of
+    /// that run here too, in order, and each was routed to this session: a copy of one that
+    /// another node gives back (the session moved here while that node was down) is not
+    /// queued again ([`State::routed_here`]).
+    pub(crate) firsts: HashMap<(u64, u64), u64>,
 }
 
 impl State {
@@ -103,7 +120,20 @@ impl State {
             expiry_secs: self.expiry_secs,
             disconnected_at: self.disconnected_at,
             dropped: self.dropped,
+            firsts: self.firsts.clone(),
         }
+    }
+
+    /// Whether `message` (given back by another node) was routed to this session here
+    /// already: its publishing node's run sent a message to this session here first that was
+    /// not later than it. Not for sessions with shared subscriptions, whose members each get
+    /// only some of the messages.
+    pub(crate) fn routed_here(&self, message: &Message) -> bool {
+        let Some(id) = message.id.get() else {
+            return false;
+        };
+        let shared = (self.subscriptions.keys()).any(|f| crate::topic::parse_shared(f).is_some());
+        !shared && (self.firsts.get(&(id.node, id.run))).is_some_and(|first| *first <= id.seq)
     }
 
     /// The message at `lsn` was sent with `pkid` (a journal replay): in flight now.
@@ -257,7 +287,17 @@ impl Session {
     /// Queues `d` at once: past the limit when online (the publisher waited for room
     /// before), dropping the oldest (counted) when offline and full.
     pub(crate) fn push(&self, d: Delivery) {
+        self.push_as(d, true);
+    }
+
+    /// [`Session::push`]; `routed`: the router chose this session for it here (not given
+    /// by another node), which [`State::firsts`] notes.
+    pub(crate) fn push_as(&self, d: Delivery, routed: bool) {
         let mut st = self.state.lock();
+        if routed && let Some(id) = d.message.id.get() {
+            let first = st.firsts.entry((id.node, id.run)).or_insert(id.seq);
+            *first = (*first).min(id.seq);
+        }
         if st.queue.len() >= self.max_queued && st.disconnected_at.is_some() {
             st.queue.pop_front();
             if st.dropped == 0 {
@@ -366,6 +406,7 @@ mod tests {
                 properties: None,
                 expires: None,
                 origin: Arc::from("p"),
+                id: Default::default(),
             }),
             qos: QoS::AtLeastOnce,
             retain: false,

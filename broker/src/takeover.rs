@@ -71,11 +71,29 @@ fn record_client(r: &Record) -> Option<&Arc<str>> {
 }
 
 /// Logs `records` (handed over from another node) for this node's session, each applied to
-/// the router as it is logged.
+/// the router as it is logged; a message already routed to the session here is left out (a
+/// copy the other node kept while the client was here: [`crate::session::State::routed_here`]).
 pub(crate) async fn import(
     shared: &Arc<BrokerState>,
     records: Vec<Record>,
 ) -> sluice_engine::Result<()> {
+    let n = records.len();
+    let records: Vec<Record> = (records.into_iter())
+        .filter(|r| match r {
+            Record::Queued {
+                client, message, ..
+            } => !(shared.router.session(client))
+                .is_some_and(|s| s.state.lock().routed_here(message)),
+            _ => true,
+        })
+        .collect();
+    if records.len() < n {
+        let copies = n - records.len();
+        tracing::info!(
+            copies,
+            "messages handed over that were delivered here already; left out"
+        );
+    }
     let entries = records
         .into_iter()
         .map(|r| {

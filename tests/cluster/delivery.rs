@@ -35,7 +35,7 @@ pub(crate) async fn subscriber(
 }
 
 /// [`subscriber`] at `qos`.
-async fn subscriber_at(
+pub(crate) async fn subscriber_at(
     port: u16,
     id: &str,
     clean: bool,
@@ -85,7 +85,14 @@ async fn publish(port: u16, id: &str, topics: &[String], n: u64, retain: bool) {
 }
 
 /// [`publish`] at `qos`.
-async fn publish_at(port: u16, id: &str, topics: &[String], n: u64, retain: bool, qos: QoS) {
+pub(crate) async fn publish_at(
+    port: u16,
+    id: &str,
+    topics: &[String],
+    n: u64,
+    retain: bool,
+    qos: QoS,
+) {
     let mut all = Vec::new();
     for seq in 0..n {
         let body = format!(r#"{{"ts": "2026-11-26T10:00:00Z", "device": "{id}", "seq": {seq}}}"#);
@@ -123,7 +130,7 @@ async fn publish_each_at(port: u16, id: &str, all: Vec<(String, String)>, retain
 
 /// Takes `n` messages from `got` (failing after 30 s without one), then checks that no
 /// more come within a short while.
-async fn take(got: &mut Got, n: usize, who: &str) -> Vec<(String, bytes::Bytes)> {
+pub(crate) async fn take(got: &mut Got, n: usize, who: &str) -> Vec<(String, bytes::Bytes)> {
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
         match tokio::time::timeout(Duration::from_secs(30), got.recv()).await {
@@ -138,7 +145,7 @@ async fn take(got: &mut Got, n: usize, who: &str) -> Vec<(String, bytes::Bytes)>
 }
 
 /// Each message once, and per (topic, publisher) in the order published.
-fn once_in_order(got: &[(String, bytes::Bytes)], who: &str) {
+pub(crate) fn once_in_order(got: &[(String, bytes::Bytes)], who: &str) {
     let distinct: HashSet<_> = got.iter().collect();
     assert_eq!(distinct.len(), got.len(), "{who} got a message twice");
     let mut last: BTreeMap<(String, String), i64> = BTreeMap::new();

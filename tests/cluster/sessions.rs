@@ -5,7 +5,7 @@
 
 use super::Cluster;
 use super::common::eventually;
-use super::delivery::options;
+use super::delivery::{once_in_order, options, publish_at, subscriber_at, take};
 use rumqttc::{AsyncClient, Event, Packet, QoS};
 use std::collections::HashSet;
 use std::time::Duration;
@@ -168,4 +168,41 @@ pub(crate) async fn wills_outlive_their_node(c: &mut Cluster) {
         after.push(topic);
     }
     assert_eq!(after, ["wills/marker"], "after the node's restart");
+}
+
+/// A lasting session whose node is killed resumes on another node (from the subscriptions
+/// its node shared). What is published meanwhile goes to it there and is also kept for the
+/// killed node; once back, that node gives what its copy held to the session's new node,
+/// which takes only what it had not delivered: at QoS 2, each message once.
+pub(crate) async fn given_back_once(c: &mut Cluster) {
+    const N: u64 = 20;
+    let ids: Vec<u64> = c.nodes.keys().copied().collect();
+    let (first, middle, node) = (ids[0], ids[1], *ids.last().unwrap());
+    let port = |c: &Cluster, id: u64| c.node(id).mqtt_port();
+    let (topic, q) = (["roam/x".to_string()], QoS::ExactlyOnce);
+    let (s, mut got) = subscriber_at(port(c, node), "roamer", false, &["roam/#"], q).await;
+    s.disconnect().await.unwrap();
+    while got.recv().await.is_some() {}
+    // Queued on the session's node, which is then killed.
+    publish_at(port(c, first), "before", &topic, N, false, q).await;
+    c.nodes.remove(&node).unwrap().kill9();
+    let (_s, mut got) = subscriber_at(port(c, middle), "roamer", false, &[], q).await;
+    publish_at(port(c, first), "meanwhile", &topic, N, false, q).await;
+    publish_at(port(c, middle), "local", &topic, N, false, q).await;
+    // Delivered there (from the second node at once; from the first, once it knows the
+    // route, else from the killed node when it is back), each once, whatever the killed
+    // node also kept and gives back.
+    let who = "a session resumed while its node was down";
+    c.restart(node);
+    c.node(node).login(Some(("root", "r")));
+    c.settled().await;
+    let all = take(&mut got, 3 * N as usize, who).await;
+    eventually("the restarted node gives what it held", 30, || async {
+        (c.node(node).log_text()).contains("gave what a moved session held")
+    })
+    .await;
+    // It gives again each second for a while: nothing more comes in the next 2 s.
+    let more = tokio::time::timeout(Duration::from_secs(2), got.recv()).await;
+    assert!(more.is_err(), "{who}: a copy came after all: {more:?}");
+    once_in_order(&all, who);
 }

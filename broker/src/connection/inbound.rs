@@ -287,6 +287,7 @@ pub(super) fn on_publish(
         .and_then(|pr| pr.message_expiry_interval)
         .map(|s| Instant::now() + Duration::from_secs(u64::from(s)));
     let message = Arc::new(Message {
+        id: Default::default(),
         topic,
         payload: p.payload,
         qos: p.qos,

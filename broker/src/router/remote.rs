@@ -6,7 +6,7 @@
 
 use super::Router;
 use crate::journal;
-use crate::session::Message;
+use crate::session::{Message, MessageId};
 use crate::topic::{self, Tree};
 use parking_lot::{Mutex, RwLock};
 use sluice_engine::{Relay, Relaying, RouteChange};
@@ -57,6 +57,12 @@ pub(crate) struct Remote {
     /// ... and the same by node, as subscribed.
     sets: Mutex<HashMap<u64, HashSet<String>>>,
     next_shared: AtomicUsize,
+    /// This run of the node, and the number of the last message it took from a publisher
+    /// ([`crate::session::MessageId`]), held while a message is numbered, its nodes chosen
+    /// and queued: a later number is queued later for every node, and goes to every node
+    /// an earlier one went to (a route, once known, counts for every later number).
+    run: u64,
+    numbered: Mutex<u64>,
 }
 
 impl std::fmt::Debug for Remote {
@@ -84,6 +90,8 @@ impl Remote {
             tree: RwLock::new(Tree::default()),
             sets: Mutex::new(HashMap::new()),
             next_shared: AtomicUsize::new(0),
+            run: sluice_engine::now_micros() as u64,
+            numbered: Mutex::new(0),
         }
     }
 
@@ -209,6 +217,17 @@ impl Remote {
     /// Queues `message` for the other nodes it goes to, now (so in its publisher's order);
     /// returns the queue slots and the shared groups whose member another node chose.
     pub(crate) fn relay(&self, message: &Message) -> (Relaying, Vec<Group>) {
+        // Numbered here, where its publisher's node first routes it (before it is stored,
+        // so in its publisher's order).
+        let mut numbered = self.numbered.lock();
+        message.id.get_or_init(|| {
+            *numbered += 1;
+            MessageId {
+                node: self.relay.node(),
+                run: self.run,
+                seq: *numbered,
+            }
+        });
         let mut to: BTreeMap<u64, Vec<Group>> = BTreeMap::new();
         let mut groups: HashMap<Group, Vec<u64>> = HashMap::new();
         self.tree

@@ -118,13 +118,14 @@ impl Router {
                 message,
             } => {
                 if let Some(s) = self.session(&client) {
-                    s.push(crate::session::Delivery {
+                    let d = crate::session::Delivery {
                         message,
                         qos,
                         retain,
                         subscription_ids: ids,
                         lsn,
-                    });
+                    };
+                    s.push_as(d, false);
                 }
             }
         }
