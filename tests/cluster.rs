@@ -446,6 +446,7 @@ async fn acknowledged_rows_survive_kill_and_freeze_exactly_once() {
     sessions::lasting_session_survives_its_node(&mut c).await;
     sessions::wills_outlive_their_node(&mut c).await;
     sessions::given_back_once(&mut c).await;
+    sessions::in_flight_moves_under_its_packet_ids(&c).await;
     delivery::one_broker_across_nodes(&mut c).await;
     retention::ttl_expires_on_every_node(&c).await;
     retention::dropped_and_orphaned_files_go(&c, &root.path().join("shared")).await;

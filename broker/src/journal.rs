@@ -100,12 +100,21 @@ pub(crate) enum Record {
     },
     /// A message queued for one session: what it held on another node, which handed it
     /// over when the client connected here.
+    /// `sent`: the other node had sent it under this packet id, not acknowledged (it is
+    /// sent again under the same id, DUP set).
     Queued {
         client: Arc<str>,
         qos: QoS,
         retain: bool,
         ids: Vec<usize>,
         message: Arc<Message>,
+        sent: Option<u16>,
+    },
+    /// The client's PUBREC of the QoS 2 message it got under `pkid` from another node, which
+    /// handed the session over before its PUBCOMP (the PUBREL is sent from here).
+    Releasing {
+        client: Arc<str>,
+        pkid: u16,
     },
     /// Nothing to apply: logged so that its `then` runs after every record queued before it
     /// (a new subscription waits this way for retained messages still being logged).
@@ -230,10 +239,14 @@ impl Record {
                 retain,
                 ids,
                 message: m,
+                sent,
             } => {
                 o.u8(11);
                 o.str(client);
-                o.u8(*qos as u8 | (u8::from(*retain) << 2));
+                o.u8(*qos as u8 | (u8::from(*retain) << 2) | (u8::from(sent.is_some()) << 3));
+                if let Some(pkid) = sent {
+                    o.u16(*pkid);
+                }
                 o.u32(ids.len() as u32);
                 for id in ids {
                     o.u64(*id as u64);
@@ -241,6 +254,11 @@ impl Record {
                 message(&mut o, m);
             }
             Record::Barrier => o.u8(13),
+            Record::Releasing { client, pkid } => {
+                o.u8(14);
+                o.str(client);
+                o.u16(*pkid);
+            }
         }
         o.0
     }
@@ -329,6 +347,10 @@ impl Record {
             11 => {
                 let client = i.arc()?;
                 let flags = i.u8()?;
+                let sent = match flags & 8 != 0 {
+                    true => Some(i.u16()?),
+                    false => None,
+                };
                 let n = i.u32()? as usize;
                 let ids = (0..n)
                     .map(|_| i.u64().map(|v| v as usize))
@@ -339,9 +361,14 @@ impl Record {
                     retain: flags & 4 != 0,
                     ids,
                     message: read_message(&mut i)?,
+                    sent,
                 }
             }
             13 => Record::Barrier,
+            14 => Record::Releasing {
+                client: i.arc()?,
+                pkid: i.u16()?,
+            },
             _ => return None,
         };
         i.0.is_empty().then_some(r)
@@ -629,6 +656,11 @@ mod tests {
                     m.id.set(id).unwrap();
                     Arc::new(m)
                 },
+                sent: Some(513),
+            },
+            Record::Releasing {
+                client: c.clone(),
+                pkid: 65535,
             },
             Record::Subscribe {
                 client: c.clone(),

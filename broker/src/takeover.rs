@@ -50,11 +50,9 @@ fn records(mut b: Bytes, client: &Arc<str>) -> Vec<Record> {
             break;
         }
         match Record::decode(&b.split_to(len)) {
-            Some(r @ (Record::Subscribe { .. } | Record::Queued { .. }))
-                if record_client(&r) == Some(client) =>
-            {
-                out.push(r)
-            }
+            Some(
+                r @ (Record::Subscribe { .. } | Record::Queued { .. } | Record::Releasing { .. }),
+            ) if record_client(&r) == Some(client) => out.push(r),
             _ => {
                 tracing::warn!(%client, "a handed-over session record that does not decode; skipped")
             }
@@ -65,7 +63,9 @@ fn records(mut b: Bytes, client: &Arc<str>) -> Vec<Record> {
 
 fn record_client(r: &Record) -> Option<&Arc<str>> {
     match r {
-        Record::Subscribe { client, .. } | Record::Queued { client, .. } => Some(client),
+        Record::Subscribe { client, .. }
+        | Record::Queued { client, .. }
+        | Record::Releasing { client, .. } => Some(client),
         _ => None,
     }
 }
@@ -149,7 +149,7 @@ pub(crate) async fn hand_over(
 /// queued (in that order), each as a u32 length and the record.
 fn export(session: &Session) -> Bytes {
     let subscriptions = subscriptions(session).unwrap_or_default();
-    let (messages, _) = messages(session);
+    let (messages, _) = messages(session, true);
     [subscriptions, messages].concat().into()
 }
 
@@ -180,25 +180,43 @@ fn framed(records: impl Iterator<Item = Record>) -> Bytes {
     out.into()
 }
 
-/// A session's messages (in flight, then queued) as `Queued` records, with their LSNs.
-fn messages(session: &Session) -> (Bytes, Vec<u64>) {
+/// A session's messages (in flight in the order sent, then queued) as `Queued` records,
+/// with their LSNs. `in_flight`: with the packet ids they were sent under, and the QoS 2
+/// packet ids whose PUBREL is pending (`Releasing`), for a session handed over to the node
+/// its client now connects to (which sends them again under those ids); otherwise (given
+/// to a node that runs the session meanwhile, with ids of its own) as plain queued ones.
+fn messages(session: &Session, in_flight: bool) -> (Bytes, Vec<u64>) {
     let st = session.state.lock();
-    let inflight = st.inflight.values().filter_map(|o| match o {
-        Outgoing::Published(d) => Some(d),
-        Outgoing::Released(_) => None,
-    });
-    let all: Vec<_> = inflight.chain(st.queue.iter()).cloned().collect();
+    let mut sent: Vec<(u16, Outgoing)> =
+        (st.inflight.iter()).map(|(k, o)| (*k, o.clone())).collect();
+    sent.sort_by_key(|(_, o)| o.lsn());
+    let queued: Vec<_> = st.queue.iter().map(|d| (None, d.clone())).collect();
     drop(st);
-    let lsns = all.iter().map(|d| d.lsn).collect();
     let client = session.client_id.clone();
-    let records = all.into_iter().map(|d| Record::Queued {
-        client: client.clone(),
-        qos: d.qos,
-        retain: d.retain,
-        ids: d.subscription_ids,
-        message: d.message,
+    let (mut records, mut lsns) = (Vec::new(), Vec::new());
+    let sent = sent.into_iter().filter_map(|(pkid, o)| match o {
+        Outgoing::Published(d) => Some((Some(pkid), d)),
+        Outgoing::Released(_) => {
+            if in_flight {
+                let client = client.clone();
+                records.push(Record::Releasing { client, pkid });
+            }
+            None
+        }
     });
-    (framed(records), lsns)
+    let sent: Vec<_> = sent.collect();
+    for (pkid, d) in sent.into_iter().chain(queued) {
+        lsns.push(d.lsn);
+        records.push(Record::Queued {
+            client: client.clone(),
+            qos: d.qos,
+            retain: d.retain,
+            ids: d.subscription_ids,
+            message: d.message,
+            sent: pkid.filter(|_| in_flight),
+        });
+    }
+    (framed(records.into_iter()), lsns)
 }
 
 /// On the node the client went to: what its old node's copy held joins its session here.
@@ -250,7 +268,7 @@ pub(crate) async fn give_back(shared: Arc<BrokerState>) {
                 shared.router.withdraw(&s);
                 moved.push(s.clone());
             }
-            let (held, lsns) = messages(&s);
+            let (held, lsns) = messages(&s, false);
             if lsns.is_empty() {
                 continue;
             }

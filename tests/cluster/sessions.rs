@@ -206,3 +206,71 @@ pub(crate) async fn given_back_once(c: &mut Cluster) {
     assert!(more.is_err(), "{who}: a copy came after all: {more:?}");
     once_in_order(&all, who);
 }
+
+/// QoS 2 messages a client got and did not acknowledge on one node are sent again by the
+/// node it connects to next (its session handed over), under the same packet ids with DUP
+/// set, so that the client's own QoS 2 state keeps each once (MQTT 3.1.1 §4.4).
+pub(crate) async fn in_flight_moves_under_its_packet_ids(c: &Cluster) {
+    const N: usize = 5;
+    let ids: Vec<u64> = c.nodes.keys().copied().collect();
+    let (a, z) = (ids[0], ids[1]);
+    let port = |id: u64| c.node(id).mqtt_port();
+    let connect = |id: u64| {
+        let mut o = options(port(id), "in-flight", false);
+        o.set_manual_acks(true);
+        AsyncClient::new(o, 10)
+    };
+    let (client, mut el) = connect(a);
+    client
+        .subscribe("inflight/#", QoS::ExactlyOnce)
+        .await
+        .unwrap();
+    while !matches!(el.poll().await, Ok(Event::Incoming(Packet::SubAck(_)))) {}
+    let topics = ["inflight/x".to_string()];
+    publish_at(
+        port(z),
+        "in-flight-pub",
+        &topics,
+        N as u64,
+        false,
+        QoS::ExactlyOnce,
+    )
+    .await;
+    let received = |mut el: rumqttc::EventLoop| async move {
+        let mut got = Vec::new();
+        while got.len() < N {
+            let ev = tokio::time::timeout(Duration::from_secs(30), el.poll()).await;
+            match ev.expect("a message within 30 s").unwrap() {
+                Event::Incoming(Packet::Publish(p)) => got.push(p),
+                Event::Incoming(Packet::ConnAck(a)) => assert!(a.session_present),
+                _ => {}
+            }
+        }
+        (el, got)
+    };
+    // Received, neither PUBREC nor anything else sent back; then the client moves.
+    let (_first, first) = received(el).await;
+    let (moved, el) = connect(z);
+    let (mut el, again) = received(el).await;
+    let key = |p: &rumqttc::Publish| (p.pkid, p.payload.clone());
+    assert_eq!(
+        again.iter().map(key).collect::<Vec<_>>(),
+        first.iter().map(key).collect::<Vec<_>>(),
+        "sent again under the same packet ids"
+    );
+    assert!(again.iter().all(|p| p.dup), "sent again with DUP set");
+    for p in &again {
+        moved.ack(p).await.unwrap();
+    }
+    let mut released = 0;
+    while released < N {
+        let ev = tokio::time::timeout(Duration::from_secs(30), el.poll()).await;
+        if let Event::Incoming(Packet::PubRel(_)) = ev.expect("a PUBREL within 30 s").unwrap() {
+            released += 1;
+        }
+    }
+    // The session ends, so that nothing more is queued for it.
+    drop((moved, el));
+    let (_, mut el) = AsyncClient::new(options(port(z), "in-flight", true), 10);
+    while !matches!(el.poll().await, Ok(Event::Incoming(Packet::ConnAck(_)))) {}
+}

@@ -3,7 +3,7 @@
 
 use super::Router;
 use crate::journal::Record;
-use crate::session::{Message, Session};
+use crate::session::{Message, Outgoing, Session};
 use rumqttc::v5::mqttbytes::QoS;
 use sluice_engine::Logins;
 use std::sync::Arc;
@@ -116,6 +116,7 @@ impl Router {
                 retain,
                 ids,
                 message,
+                sent,
             } => {
                 if let Some(s) = self.session(&client) {
                     let d = crate::session::Delivery {
@@ -126,8 +127,17 @@ impl Router {
                         lsn,
                     };
                     s.push_as(d, false);
+                    // In flight under the other node's packet id, unless this session uses
+                    // that id already (then it goes out under a new one).
+                    let mut st = s.state.lock();
+                    if let Some(pkid) = sent.filter(|p| !st.inflight.contains_key(p)) {
+                        st.mark_sent(lsn, pkid);
+                    }
                 }
             }
+            Record::Releasing { client, pkid } => self.with_state(&client, |st| {
+                st.inflight.entry(pkid).or_insert(Outgoing::Released(lsn));
+            }),
         }
     }
 
