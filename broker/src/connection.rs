@@ -26,7 +26,7 @@ use bytes::BytesMut;
 use connect::{read_connect, send_connack};
 use futures::stream::{FuturesOrdered, StreamExt};
 use inbound::{handle, on_publish};
-use outbound::{Outbound, fill, resend};
+use outbound::{Outbound, fill, resend, resend_given};
 use rumqttc::v5::mqttbytes::v5::*;
 use std::collections::HashMap;
 use std::future::Future;
@@ -523,6 +523,7 @@ where
                 acknowledged(shared, &client.id, std::mem::take(&mut client.acked));
             }
             if sending.is_none() && std::mem::take(&mut woken) {
+                resend_given(&mut outbound, &mut client.out);
                 let dropped = &mut client.acked;
                 let sent = fill(shared, &mut outbound, &mut client.out, &mut held, dropped);
                 if !sent.is_empty() {

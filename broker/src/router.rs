@@ -139,7 +139,11 @@ impl Router {
                 if let Some(old) = other {
                     self.unsubscribe_all(&old);
                 }
-                let s = Session::new(Arc::from(key), self.max_queued);
+                let s = Session::new(
+                    Arc::from(key),
+                    self.max_queued,
+                    crate::session::pkids_of(self.node),
+                );
                 sessions.insert(s.client_id.clone(), s.clone());
                 (s, false)
             }
@@ -150,6 +154,10 @@ impl Router {
             let mut st = session.state.lock();
             st.disconnected_at = None;
             st.expiry_secs = expiry_secs;
+        }
+        drop(sessions);
+        if present {
+            self.unwithdraw(&session);
         }
         (session, present, generation)
     }
@@ -593,7 +601,11 @@ impl Router {
             .map(|(lsn, m)| (lsn, m.into_message()))
             .collect();
         for saved in sessions {
-            let s = Session::new(Arc::from(saved.id.as_str()), self.max_queued);
+            let s = Session::new(
+                Arc::from(saved.id.as_str()),
+                self.max_queued,
+                crate::session::pkids_of(self.node),
+            );
             *s.user.lock() = saved.user.map(Arc::from);
             *s.will.lock() = saved.will.map(|(m, delay)| (m.into_message(), delay));
             {

@@ -105,6 +105,9 @@ pub(crate) struct State {
     /// another node gives back (the session moved here while that node was down) is not
     /// queued again ([`State::routed_here`]).
     pub(crate) firsts: HashMap<(u64, u64), u64>,
+    /// Packet ids put in flight while a connection is attached (what another node gave,
+    /// with the ids it had sent them under): sent again (DUP, or PUBREL) at once.
+    pub(crate) resend: Vec<u16>,
 }
 
 impl State {
@@ -121,6 +124,7 @@ impl State {
             disconnected_at: self.disconnected_at,
             dropped: self.dropped,
             firsts: self.firsts.clone(),
+            resend: Vec::new(),
         }
     }
 
@@ -134,6 +138,14 @@ impl State {
         };
         let shared = (self.subscriptions.keys()).any(|f| crate::topic::parse_shared(f).is_some());
         !shared && (self.firsts.get(&(id.node, id.run))).is_some_and(|first| *first <= id.seq)
+    }
+
+    /// `pkid` was put in flight from what another node gave: while a connection is
+    /// attached, it is sent again at once (else when the client returns).
+    pub(crate) fn resend_now(&mut self, pkid: u16) {
+        if self.disconnected_at.is_none() {
+            self.resend.push(pkid);
+        }
     }
 
     /// The message at `lsn` was sent with `pkid` (a journal replay): in flight now.
@@ -195,10 +207,13 @@ impl State {
         }
     }
 
-    /// A free packet id for an outgoing message.
-    pub(crate) fn next_pkid(&mut self) -> Option<u16> {
-        for _ in 0..u16::MAX {
-            self.next_pkid = self.next_pkid.wrapping_add(1).max(1);
+    /// A free packet id for an outgoing message, from `lo..=hi`.
+    pub(crate) fn next_pkid(&mut self, (lo, hi): (u16, u16)) -> Option<u16> {
+        for _ in lo..=hi {
+            self.next_pkid = match self.next_pkid {
+                p if p < lo || p >= hi => lo,
+                p => p + 1,
+            };
             if !self.inflight.contains_key(&self.next_pkid) {
                 return Some(self.next_pkid);
             }
@@ -233,10 +248,27 @@ pub(crate) struct Session {
     /// Its client went to another node of a cluster: its subscriptions no longer count as
     /// this node's routes (only what is already on its way here still reaches it).
     pub(crate) withdrawn: std::sync::atomic::AtomicBool,
+    /// The packet ids this node gives its messages ([`pkids_of`]).
+    pkids: (u16, u16),
+}
+
+/// The packet ids a node gives its sessions' messages: all of them on a single node; in a
+/// cluster a sixteenth of them per node (by node id), so that a session resumed on another
+/// node while its node is down (its state there unknown) does not reuse an id its client
+/// still holds for a QoS 2 message from that node (which it would take for a copy). A
+/// session handed over or given back keeps the ids of the messages it had in flight.
+pub(crate) fn pkids_of(node: Option<u64>) -> (u16, u16) {
+    match node {
+        None => (1, u16::MAX),
+        Some(n) => {
+            let k = (n % 16) as u16;
+            (k * 4096 + 1, k * 4096 + 4095)
+        }
+    }
 }
 
 impl Session {
-    pub(crate) fn new(client_id: Arc<str>, max_queued: usize) -> Arc<Self> {
+    pub(crate) fn new(client_id: Arc<str>, max_queued: usize, pkids: (u16, u16)) -> Arc<Self> {
         Arc::new(Self {
             client_id,
             state: Mutex::new(State::default()),
@@ -249,6 +281,7 @@ impl Session {
             will: Mutex::new(None),
             ended: Notify::new(),
             withdrawn: std::sync::atomic::AtomicBool::new(false),
+            pkids,
         })
     }
 
@@ -294,7 +327,11 @@ impl Session {
     /// by another node), which [`State::firsts`] notes.
     pub(crate) fn push_as(&self, d: Delivery, routed: bool) {
         let mut st = self.state.lock();
-        if routed && let Some(id) = d.message.id.get() {
+        let withdrawn = self.withdrawn.load(Ordering::Acquire);
+        if routed
+            && !withdrawn
+            && let Some(id) = d.message.id.get()
+        {
             let first = st.firsts.entry((id.node, id.run)).or_insert(id.seq);
             *first = (*first).min(id.seq);
         }
@@ -332,7 +369,9 @@ impl Session {
             let pkid = if d.qos == QoS::AtMostOnce {
                 0
             } else {
-                let Some(pkid) = st.next_pkid() else { break };
+                let Some(pkid) = st.next_pkid(self.pkids) else {
+                    break;
+                };
                 pkid
             };
             let Some(d) = st.queue.pop_front() else { break };

@@ -149,7 +149,7 @@ pub(crate) async fn hand_over(
 /// queued (in that order), each as a u32 length and the record.
 fn export(session: &Session) -> Bytes {
     let subscriptions = subscriptions(session).unwrap_or_default();
-    let (messages, _) = messages(session, true);
+    let (messages, _) = messages(session);
     [subscriptions, messages].concat().into()
 }
 
@@ -181,11 +181,11 @@ fn framed(records: impl Iterator<Item = Record>) -> Bytes {
 }
 
 /// A session's messages (in flight in the order sent, then queued) as `Queued` records,
-/// with their LSNs. `in_flight`: with the packet ids they were sent under, and the QoS 2
-/// packet ids whose PUBREL is pending (`Releasing`), for a session handed over to the node
-/// its client now connects to (which sends them again under those ids); otherwise (given
-/// to a node that runs the session meanwhile, with ids of its own) as plain queued ones.
-fn messages(session: &Session, in_flight: bool) -> (Bytes, Vec<u64>) {
+/// the ones in flight with the packet ids they were sent under, and the QoS 2 packet ids
+/// whose PUBREL is pending (`Releasing`): the node that takes them sends them again under
+/// those ids (DUP set), so that its client, which may hold those ids, keeps each once. With
+/// the LSNs of all of them.
+fn messages(session: &Session) -> (Bytes, Vec<u64>) {
     let st = session.state.lock();
     let mut sent: Vec<(u16, Outgoing)> =
         (st.inflight.iter()).map(|(k, o)| (*k, o.clone())).collect();
@@ -196,11 +196,10 @@ fn messages(session: &Session, in_flight: bool) -> (Bytes, Vec<u64>) {
     let (mut records, mut lsns) = (Vec::new(), Vec::new());
     let sent = sent.into_iter().filter_map(|(pkid, o)| match o {
         Outgoing::Published(d) => Some((Some(pkid), d)),
-        Outgoing::Released(_) => {
-            if in_flight {
-                let client = client.clone();
-                records.push(Record::Releasing { client, pkid });
-            }
+        Outgoing::Released(lsn) => {
+            let client = client.clone();
+            records.push(Record::Releasing { client, pkid });
+            lsns.push(lsn);
             None
         }
     });
@@ -213,7 +212,7 @@ fn messages(session: &Session, in_flight: bool) -> (Bytes, Vec<u64>) {
             retain: d.retain,
             ids: d.subscription_ids,
             message: d.message,
-            sent: pkid.filter(|_| in_flight),
+            sent: pkid,
         });
     }
     (framed(records.into_iter()), lsns)
@@ -226,7 +225,7 @@ pub(crate) async fn take_given(shared: Arc<BrokerState>, client: String, held: B
     };
     let queued: Vec<Record> = records(held, &session.client_id)
         .into_iter()
-        .filter(|r| matches!(r, Record::Queued { .. }))
+        .filter(|r| matches!(r, Record::Queued { .. } | Record::Releasing { .. }))
         .collect();
     let n = queued.len();
     match import(&shared, queued).await {
@@ -268,7 +267,7 @@ pub(crate) async fn give_back(shared: Arc<BrokerState>) {
                 shared.router.withdraw(&s);
                 moved.push(s.clone());
             }
-            let (held, lsns) = messages(&s, false);
+            let (held, lsns) = messages(&s);
             if lsns.is_empty() {
                 continue;
             }

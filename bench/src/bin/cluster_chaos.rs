@@ -1,5 +1,6 @@
 //! Chaos runner for a three-node cluster, the way issue 7 is judged: three `sluice serve`
-//! nodes on 127.0.0.1; devices publish numbered QoS 1 readings (MQTT 5, a window of
+//! nodes on 127.0.0.1; devices publish numbered QoS 1 (`--qos 2`: QoS 2, acknowledged by
+//! PUBREC) readings (MQTT 5, a window of
 //! unacknowledged messages each) through every node while, cycle after cycle, one node is
 //! killed with SIGKILL and restarted and another is frozen with SIGSTOP and resumed. At the
 //! end, every node's SQL must hold each message acknowledged with success exactly once, no
@@ -24,8 +25,8 @@ use clap::Parser;
 use parking_lot::Mutex;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{
-    ConnAck, Connect, ConnectReturnCode, Disconnect, DisconnectReasonCode, Packet, PubAckReason,
-    Publish,
+    ConnAck, Connect, ConnectReturnCode, Disconnect, DisconnectReasonCode, Packet, PubAck,
+    PubAckReason, PubRecReason, PubRel, Publish,
 };
 use sluice_bench::Sluice;
 use std::collections::{HashMap, HashSet};
@@ -66,6 +67,10 @@ struct Args {
     /// it), not to its own node again.
     #[arg(long)]
     roam: bool,
+    /// The QoS devices publish and subscribers subscribe at (1 or 2); at QoS 2 a copy at a
+    /// subscriber fails the run.
+    #[arg(long, default_value_t = 1)]
+    qos: u8,
     /// The sluice binary (default: next to this runner).
     #[arg(long)]
     sluice: Option<PathBuf>,
@@ -150,6 +155,11 @@ fn signal(s: &Sluice, sig: i32) {
 
 async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
     // The server's default receive maximum: more in flight and it ends the connection.
+    let qos = match args.qos {
+        1 => QoS::AtLeastOnce,
+        2 => QoS::ExactlyOnce,
+        q => bail!("--qos {q}: 1 or 2"),
+    };
     if !(1..=1024).contains(&args.window) {
         bail!("--window must be 1 to 1024");
     }
@@ -191,15 +201,15 @@ async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
     let unsubscribe = CancellationToken::new();
     for i in 0..args.subscribers {
         let (got, task) =
-            subscribers::start(i, addrs.clone(), unsubscribe.clone(), args.roam).await?;
+            subscribers::start(i, addrs.clone(), unsubscribe.clone(), (args.roam, qos)).await?;
         subs.push(got);
         listening.push(task);
     }
     let devices: Vec<_> = (0..args.devices)
         .map(|d| {
             let (addrs, acked, stop) = (addrs.clone(), acked.clone(), stop.clone());
-            let (window, stall) = (args.window, Duration::from_secs(args.stall));
-            tokio::spawn(device(d, addrs, acked, stop, window, stall))
+            let to = (args.window, Duration::from_secs(args.stall), qos);
+            tokio::spawn(device(d, addrs, acked, stop, to))
         })
         .collect();
 
@@ -375,6 +385,11 @@ async fn run(bin: &Path, dir: &Path, args: &Args) -> Result<()> {
         println!("FAILED: a subscriber lacks acknowledged messages after 30 s without progress");
         failed = true;
     }
+    let copies: u64 = subs.iter().map(|s| s.lock().copies).sum();
+    if qos == QoS::ExactlyOnce && copies > 0 {
+        println!("FAILED: {copies} messages delivered twice to QoS 2 subscribers");
+        failed = true;
+    }
     unsubscribe.cancel();
     for t in listening {
         let _ = t.await;
@@ -400,8 +415,7 @@ async fn device(
     addrs: Arc<Mutex<Vec<String>>>,
     acked: Arc<AtomicU64>,
     stop: CancellationToken,
-    window: usize,
-    stall: Duration,
+    (window, stall, qos): (usize, Duration, QoS),
 ) -> Outcome {
     let mut out = Outcome::default();
     let mut next = d as u64 * 1_000_000_000;
@@ -418,7 +432,7 @@ async fn device(
             continue;
         };
         out.connections += 1;
-        let to = (node, window, stall);
+        let to = (node, window, stall, qos);
         let lost = session(s, d, &mut next, to, &stop, &acked, &mut out).await;
         out.in_doubt.extend(lost);
         // Back to the device's own node, unless that is the one that failed.
@@ -464,7 +478,7 @@ async fn session(
     s: TcpStream,
     d: usize,
     next: &mut u64,
-    (node, window, stall): (usize, usize, Duration),
+    (node, window, stall, qos): (usize, usize, Duration, QoS),
     stop: &CancellationToken,
     acked: &AtomicU64,
     out: &mut Outcome,
@@ -488,7 +502,7 @@ async fn session(
             let seq = *next;
             *next += 1;
             let payload = format!("2026-11-24 10:00:00,dev-{d},{seq}");
-            let mut p = Publish::new("/bench/chaos", QoS::AtLeastOnce, payload, None);
+            let mut p = Publish::new("/bench/chaos", qos, payload, None);
             p.pkid = pkid;
             if Packet::Publish(p).write(&mut send, None).is_err() {
                 return lost(pending, progress, out);
@@ -506,7 +520,29 @@ async fn session(
             }
             return Vec::new();
         }
-        match Packet::read(&mut buf, None) {
+        // QoS 2: the PUBREC says it is stored (released at once, its PUBCOMP not awaited).
+        let answer = match Packet::read(&mut buf, None) {
+            Ok(Packet::PubRec(r)) => {
+                let mut rel = BytesMut::new();
+                let released = Packet::PubRel(PubRel::new(r.pkid, None)).write(&mut rel, None);
+                if released.is_err() || wr.write_all(&rel).await.is_err() {
+                    return lost(pending, progress, out);
+                }
+                let reason = match r.reason {
+                    PubRecReason::Success => PubAckReason::Success,
+                    PubRecReason::NoMatchingSubscribers => PubAckReason::NoMatchingSubscribers,
+                    _ => PubAckReason::UnspecifiedError,
+                };
+                let (pkid, properties) = (r.pkid, None);
+                Ok(Packet::PubAck(PubAck {
+                    pkid,
+                    reason,
+                    properties,
+                }))
+            }
+            other => other,
+        };
+        match answer {
             Ok(Packet::PubAck(a)) => {
                 if let Some(seq) = pending.remove(&a.pkid) {
                     let waited = progress.elapsed();

@@ -23,9 +23,31 @@ pub(super) struct Outbound {
 /// Encodes again what was in flight to a resumed session (DUP set), in the order it was
 /// sent (by log position; messages not in the journal first, by packet id).
 pub(super) fn resend(st: &mut Outbound, out: &mut BytesMut) {
-    let mut again: Vec<(u16, Outgoing)> = (st.session.state.lock().inflight.iter())
-        .map(|(k, v)| (*k, v.clone()))
-        .collect();
+    let again: Vec<(u16, Outgoing)> = {
+        let mut s = st.session.state.lock();
+        s.resend.clear();
+        (s.inflight.iter()).map(|(k, v)| (*k, v.clone())).collect()
+    };
+    send_again(st, again, out);
+}
+
+/// Encodes again what was put in flight while the client is connected (what another node
+/// gave: `State::resend`).
+pub(super) fn resend_given(st: &mut Outbound, out: &mut BytesMut) {
+    let again: Vec<(u16, Outgoing)> = {
+        let mut s = st.session.state.lock();
+        if s.resend.is_empty() {
+            return;
+        }
+        let ids = std::mem::take(&mut s.resend);
+        (ids.into_iter())
+            .filter_map(|k| s.inflight.get(&k).map(|o| (k, o.clone())))
+            .collect()
+    };
+    send_again(st, again, out);
+}
+
+fn send_again(st: &mut Outbound, mut again: Vec<(u16, Outgoing)>, out: &mut BytesMut) {
     again.sort_by_key(|(_, o)| o.lsn());
     for (pkid, o) in again {
         let p = match o {

@@ -310,11 +310,29 @@ impl Router {
         if session.withdrawn.swap(true, Ordering::AcqRel) {
             return;
         }
+        // Messages stop coming here for it: what was routed here says nothing of later ones.
+        session.state.lock().firsts.clear();
         let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
         for f in filters {
             r.removed(&f);
         }
         r.session_ended(&session.client_id);
+    }
+
+    /// `session`'s client came back to it here after [`Router::withdraw`]: its
+    /// subscriptions count as this node's routes again.
+    pub(crate) fn unwithdraw(&self, session: &crate::session::Session) {
+        let Some(r) = &self.remote else {
+            return;
+        };
+        if !session.withdrawn.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
+        for f in filters {
+            r.added(&f);
+        }
+        r.share_session(session);
     }
 
     /// What [`Router::relayed`] keeps: (sender, run, last).

@@ -132,12 +132,21 @@ impl Router {
                     let mut st = s.state.lock();
                     if let Some(pkid) = sent.filter(|p| !st.inflight.contains_key(p)) {
                         st.mark_sent(lsn, pkid);
+                        st.resend_now(pkid);
                     }
                 }
             }
-            Record::Releasing { client, pkid } => self.with_state(&client, |st| {
-                st.inflight.entry(pkid).or_insert(Outgoing::Released(lsn));
-            }),
+            Record::Releasing { client, pkid } => {
+                if let Some(s) = self.session(&client) {
+                    let mut st = s.state.lock();
+                    if let std::collections::btree_map::Entry::Vacant(e) = st.inflight.entry(pkid) {
+                        e.insert(Outgoing::Released(lsn));
+                        st.resend_now(pkid);
+                    }
+                    drop(st);
+                    s.wake_writer.notify_one();
+                }
+            }
         }
     }
 
@@ -176,7 +185,13 @@ impl Router {
         let mut sessions = self.sessions.lock();
         sessions
             .entry(client.clone())
-            .or_insert_with(|| Session::new(client.clone(), self.max_queued))
+            .or_insert_with(|| {
+                Session::new(
+                    client.clone(),
+                    self.max_queued,
+                    crate::session::pkids_of(self.node),
+                )
+            })
             .clone()
     }
 

@@ -1,9 +1,12 @@
 //! Lasting subscribers for the chaos runner (`--subscribers N`): MQTT 5 sessions with a
-//! session expiry of an hour, subscribed at QoS 1 to the devices' topic, one on each node
-//! in turn. A subscriber whose connection breaks connects to its own node again until it
-//! is back, or with `--roam` to the next node (its session follows it there). At the end each must have every message the
-//! devices had acknowledged; duplicates (QoS 1 allows them) are counted, and so is each
-//! subscriber's longest gap between two deliveries while the devices published.
+//! session expiry of an hour, subscribed at the run's QoS (`--qos`) to the devices' topic,
+//! one on each node in turn. A subscriber whose connection breaks connects to its own node
+//! again until it is back, or with `--roam` to the next node (its session follows it
+//! there). At the end each must have every message the devices had acknowledged;
+//! duplicates are counted (QoS 1 allows them; at QoS 2 each is a failure: a subscriber
+//! keeps the packet ids it answered with PUBREC until their PUBREL, as a QoS 2 receiver
+//! does, across its connections), and so is each subscriber's longest gap between two
+//! deliveries while the devices published.
 
 use super::{NODES, now};
 use anyhow::{Result, bail};
@@ -11,7 +14,8 @@ use bytes::BytesMut;
 use parking_lot::Mutex;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{
-    ConnAck, Connect, ConnectProperties, ConnectReturnCode, Filter, Packet, PubAck, Subscribe,
+    ConnAck, Connect, ConnectProperties, ConnectReturnCode, Filter, Packet, PubAck, PubComp,
+    PubRec, Subscribe,
 };
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -42,7 +46,7 @@ pub(crate) async fn start(
     i: usize,
     addrs: Arc<Mutex<Vec<String>>>,
     stop: CancellationToken,
-    roam: bool,
+    (roam, qos): (bool, QoS),
 ) -> Result<(Shared, tokio::task::JoinHandle<()>)> {
     let node = i % NODES;
     let got: Shared = Arc::new(Mutex::new(Received {
@@ -51,10 +55,12 @@ pub(crate) async fn start(
     }));
     let id = format!("chaos-sub-{i}");
     let addr = addrs.lock()[node].clone();
-    let first = connect(&addr, &id, true).await?;
+    let first = connect(&addr, &id, Some(qos)).await?;
     let (g, s) = (got.clone(), stop.clone());
     let task = tokio::spawn(async move {
         let mut conn = Some(first);
+        // QoS 2 packet ids answered with PUBREC and not yet released (PUBREL).
+        let mut releasing = HashSet::new();
         // The node it connects to: its own, or with `roam` the next one each time.
         let mut at = node;
         while !s.is_cancelled() {
@@ -65,7 +71,7 @@ pub(crate) async fn start(
                         at = (at + 1) % NODES;
                     }
                     let addr = addrs.lock()[at].clone();
-                    match tokio::time::timeout(Duration::from_secs(2), connect(&addr, &id, false))
+                    match tokio::time::timeout(Duration::from_secs(2), connect(&addr, &id, None))
                         .await
                     {
                         Ok(Ok(c)) => c,
@@ -76,14 +82,14 @@ pub(crate) async fn start(
                     }
                 }
             };
-            receive(stream, &g, &s).await;
+            receive(stream, &g, &s, &mut releasing).await;
         }
     });
     Ok((got, task))
 }
 
-/// Connects `id` (its session kept an hour) and, when `subscribe`, subscribes it.
-async fn connect(addr: &str, id: &str, subscribe: bool) -> Result<TcpStream> {
+/// Connects `id` (its session kept an hour) and, with `subscribe`, subscribes it at that QoS.
+async fn connect(addr: &str, id: &str, subscribe: Option<QoS>) -> Result<TcpStream> {
     let mut s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
     let mut props = ConnectProperties::new();
@@ -96,8 +102,8 @@ async fn connect(addr: &str, id: &str, subscribe: bool) -> Result<TcpStream> {
     };
     let mut buf = BytesMut::new();
     Packet::Connect(connect, None, None).write(&mut buf, None)?;
-    if subscribe {
-        let mut sub = Subscribe::new(Filter::new("/bench/chaos", QoS::AtLeastOnce), None);
+    if let Some(qos) = subscribe {
+        let mut sub = Subscribe::new(Filter::new("/bench/chaos", qos), None);
         sub.pkid = 1;
         Packet::Subscribe(sub).write(&mut buf, None)?;
     }
@@ -109,7 +115,7 @@ async fn connect(addr: &str, id: &str, subscribe: bool) -> Result<TcpStream> {
             Ok(Packet::ConnAck(ConnAck {
                 code: ConnectReturnCode::Success,
                 ..
-            })) if !subscribe => return Ok(s),
+            })) if subscribe.is_none() => return Ok(s),
             Ok(Packet::ConnAck(ConnAck {
                 code: ConnectReturnCode::Success,
                 ..
@@ -126,14 +132,40 @@ async fn connect(addr: &str, id: &str, subscribe: bool) -> Result<TcpStream> {
     }
 }
 
-/// Takes deliveries on one connection until it breaks or `stop`.
-async fn receive(s: TcpStream, got: &Shared, stop: &CancellationToken) {
+/// Takes deliveries on one connection until it breaks or `stop`; `releasing`: the QoS 2
+/// packet ids answered with PUBREC, not yet released.
+async fn receive(
+    s: TcpStream,
+    got: &Shared,
+    stop: &CancellationToken,
+    releasing: &mut HashSet<u16>,
+) {
     let (mut rd, mut wr) = s.into_split();
     let mut buf = BytesMut::with_capacity(64 * 1024);
     loop {
         let mut acks = BytesMut::new();
         loop {
             match Packet::read(&mut buf, None) {
+                Ok(Packet::PubRel(r)) => {
+                    releasing.remove(&r.pkid);
+                    if Packet::PubComp(PubComp::new(r.pkid, None))
+                        .write(&mut acks, None)
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                // Sent again (DUP) before its PUBREL: the same message, answered again.
+                Ok(Packet::Publish(p))
+                    if p.qos == QoS::ExactlyOnce && !releasing.insert(p.pkid) =>
+                {
+                    if Packet::PubRec(PubRec::new(p.pkid, None))
+                        .write(&mut acks, None)
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
                 Ok(Packet::Publish(p)) => {
                     let seq = (std::str::from_utf8(&p.payload).ok())
                         .and_then(|t| t.rsplit(',').next())
@@ -154,11 +186,12 @@ async fn receive(s: TcpStream, got: &Shared, stop: &CancellationToken) {
                             g.copies += 1;
                         }
                     }
-                    if p.qos != QoS::AtMostOnce
-                        && Packet::PubAck(PubAck::new(p.pkid, None))
-                            .write(&mut acks, None)
-                            .is_err()
-                    {
+                    let ack = match p.qos {
+                        QoS::AtMostOnce => None,
+                        QoS::AtLeastOnce => Some(Packet::PubAck(PubAck::new(p.pkid, None))),
+                        QoS::ExactlyOnce => Some(Packet::PubRec(PubRec::new(p.pkid, None))),
+                    };
+                    if ack.is_some_and(|a| a.write(&mut acks, None).is_err()) {
                         return;
                     }
                 }
