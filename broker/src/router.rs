@@ -578,9 +578,7 @@ impl Router {
                     .collect(),
                 will: (s.will.lock().as_ref())
                     .map(|(m, delay)| (persist::StoredMessage::from(m), *delay)),
-                firsts: (st.firsts.iter())
-                    .map(|((node, run), seq)| (*node, *run, *seq))
-                    .collect(),
+                firsts: st.firsts.clone(),
             });
         }
         let retained = (copy.retained.iter())
@@ -626,9 +624,7 @@ impl Router {
                     })
                     .collect();
                 st.incoming_qos2 = saved.incoming_qos2.into_iter().collect();
-                st.firsts = (saved.firsts.into_iter())
-                    .map(|(node, run, seq)| ((node, run), seq))
-                    .collect();
+                st.firsts = saved.firsts;
             }
             self.sessions.lock().insert(s.client_id.clone(), s.clone());
             for sub in saved.subscriptions {

@@ -99,12 +99,13 @@ pub(crate) struct State {
     pub(crate) disconnected_at: Option<Instant>,
     /// Messages dropped from a full offline queue.
     pub(crate) dropped: u64,
-    /// Per publishing node and run (of [`MessageId`]), the number of the first of its
-    /// messages routed to this session on this node. That node sent every later message of
-    /// that run here too, in order, and each was routed to this session: a copy of one that
-    /// another node gives back (the session moved here while that node was down) is not
-    /// queued again ([`State::routed_here`]).
-    pub(crate) firsts: HashMap<(u64, u64), u64>,
+    /// Per publishing node and run (of [`MessageId`]): (node, run, the lowest number of its
+    /// messages routed to this session on this node). That node sent every later message of
+    /// that run here too, and each was routed to this session: a copy of one that another
+    /// node gives back (the session moved here while that node was down) is not queued
+    /// again ([`State::routed_here`]). A few entries, searched in order (cheaper than
+    /// hashing on every delivery).
+    pub(crate) firsts: Vec<(u64, u64, u64)>,
     /// Packet ids put in flight while a connection is attached (what another node gave,
     /// with the ids it had sent them under): sent again (DUP, or PUBREL) at once.
     pub(crate) resend: Vec<u16>,
@@ -137,7 +138,9 @@ impl State {
             return false;
         };
         let shared = (self.subscriptions.keys()).any(|f| crate::topic::parse_shared(f).is_some());
-        !shared && (self.firsts.get(&(id.node, id.run))).is_some_and(|first| *first <= id.seq)
+        !shared
+            && (self.firsts.iter())
+                .any(|(node, run, first)| (*node, *run) == (id.node, id.run) && *first <= id.seq)
     }
 
     /// `pkid` was put in flight from what another node gave: while a connection is
@@ -332,8 +335,11 @@ impl Session {
             && !withdrawn
             && let Some(id) = d.message.id.get()
         {
-            let first = st.firsts.entry((id.node, id.run)).or_insert(id.seq);
-            *first = (*first).min(id.seq);
+            let origin = (st.firsts.iter_mut()).find(|(n, r, _)| (*n, *r) == (id.node, id.run));
+            match origin {
+                Some((_, _, first)) => *first = (*first).min(id.seq),
+                None => st.firsts.push((id.node, id.run, id.seq)),
+            }
         }
         if st.queue.len() >= self.max_queued && st.disconnected_at.is_some() {
             st.queue.pop_front();
