@@ -139,11 +139,7 @@ impl Router {
                 if let Some(old) = other {
                     self.unsubscribe_all(&old);
                 }
-                let s = Session::new(
-                    Arc::from(key),
-                    self.max_queued,
-                    crate::session::pkids_of(self.node),
-                );
+                let s = self.new_session(Arc::from(key));
                 sessions.insert(s.client_id.clone(), s.clone());
                 (s, false)
             }
@@ -160,6 +156,12 @@ impl Router {
             self.unwithdraw(&session);
         }
         (session, present, generation)
+    }
+
+    /// A new session of client `id` on this node (not registered yet).
+    pub(crate) fn new_session(&self, id: Arc<str>) -> Arc<Session> {
+        let here = (self.remote.as_ref()).map(|r| (r.node(), r.run()));
+        Session::new(id, self.max_queued, here)
     }
 
     /// Whether `session` is still the one registered under its id.
@@ -599,11 +601,7 @@ impl Router {
             .map(|(lsn, m)| (lsn, m.into_message()))
             .collect();
         for saved in sessions {
-            let s = Session::new(
-                Arc::from(saved.id.as_str()),
-                self.max_queued,
-                crate::session::pkids_of(self.node),
-            );
+            let s = self.new_session(Arc::from(saved.id.as_str()));
             *s.user.lock() = saved.user.map(Arc::from);
             *s.will.lock() = saved.will.map(|(m, delay)| (m.into_message(), delay));
             {

@@ -253,6 +253,10 @@ pub(crate) struct Session {
     pub(crate) withdrawn: std::sync::atomic::AtomicBool,
     /// The packet ids this node gives its messages ([`pkids_of`]).
     pkids: (u16, u16),
+    /// In a cluster, this node and its run: the [`State::firsts`] entry of the messages
+    /// this node numbers is set once the session's subscriptions are in place
+    /// ([`Session::routed_from`]), not from what is routed.
+    here: Option<(u64, u64)>,
 }
 
 /// The packet ids a node gives its sessions' messages: all of them on a single node; in a
@@ -271,7 +275,11 @@ pub(crate) fn pkids_of(node: Option<u64>) -> (u16, u16) {
 }
 
 impl Session {
-    pub(crate) fn new(client_id: Arc<str>, max_queued: usize, pkids: (u16, u16)) -> Arc<Self> {
+    pub(crate) fn new(
+        client_id: Arc<str>,
+        max_queued: usize,
+        here: Option<(u64, u64)>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             client_id,
             state: Mutex::new(State::default()),
@@ -284,7 +292,8 @@ impl Session {
             will: Mutex::new(None),
             ended: Notify::new(),
             withdrawn: std::sync::atomic::AtomicBool::new(false),
-            pkids,
+            pkids: pkids_of(here.map(|(node, _)| node)),
+            here,
         })
     }
 
@@ -331,9 +340,10 @@ impl Session {
     pub(crate) fn push_as(&self, d: Delivery, routed: bool) {
         let mut st = self.state.lock();
         let withdrawn = self.withdrawn.load(Ordering::Acquire);
+        let id = (d.message.id.get()).filter(|id| self.here != Some((id.node, id.run)));
         if routed
             && !withdrawn
-            && let Some(id) = d.message.id.get()
+            && let Some(id) = id
         {
             let origin = (st.firsts.iter_mut()).find(|(n, r, _)| (*n, *r) == (id.node, id.run));
             match origin {
@@ -412,6 +422,20 @@ impl Session {
         out
     }
 
+    /// The session's subscriptions are in place here (what another node held was taken):
+    /// every message this node numbers from `next` on is routed to it here. (Not the lowest
+    /// number routed: a message numbered earlier can be routed after the subscriptions came,
+    /// while one numbered later was routed before.)
+    pub(crate) fn routed_from(&self, next: u64) {
+        let Some((node, run)) = self.here else {
+            return;
+        };
+        let mut st = self.state.lock();
+        if !(st.firsts.iter()).any(|(n, r, _)| (*n, *r) == (node, run)) {
+            st.firsts.push((node, run, next));
+        }
+    }
+
     /// Whether a connection is attached.
     pub(crate) fn online(&self) -> bool {
         self.state.lock().disconnected_at.is_none()
@@ -458,6 +482,76 @@ mod tests {
             subscription_ids: Vec::new(),
             lsn,
         }
+    }
+
+    fn numbered(node: u64, run: u64, seq: u64) -> Delivery {
+        let d = delivery(seq);
+        d.message.id.set(MessageId { node, run, seq }).unwrap();
+        d
+    }
+
+    /// What was routed to a session here tells which copies another node gives back are
+    /// left out: from each other node's run, those at or above the lowest number routed
+    /// here; from this node's own run, those numbered after its subscriptions came.
+    #[test]
+    fn copies_given_back_are_known_by_their_numbers() {
+        let s = Session::new(Arc::from("c"), 100, Some((1, 50)));
+        s.state.lock().subscriptions.insert(
+            "t".into(),
+            SubOptions {
+                qos: QoS::AtLeastOnce,
+                no_local: false,
+                retain_as_published: false,
+                id: None,
+            },
+        );
+        s.push(numbered(2, 7, 10));
+        s.push(numbered(2, 7, 6));
+        s.push_as(numbered(3, 9, 1), false);
+        s.push(numbered(1, 50, 3));
+        s.routed_from(40);
+        let here = |node, run, seq| {
+            s.state
+                .lock()
+                .routed_here(&numbered(node, run, seq).message)
+        };
+        assert!(here(2, 7, 6) && here(2, 7, 100));
+        assert!(!here(2, 7, 5) && !here(2, 8, 100) && !here(3, 9, 1));
+        assert!(!here(1, 50, 39) && here(1, 50, 40));
+        assert!(!s.state.lock().routed_here(&delivery(7).message));
+        // A member of a shared group gets only some: nothing is left out.
+        s.state.lock().subscriptions.insert(
+            "$share/g/t".into(),
+            SubOptions {
+                qos: QoS::AtLeastOnce,
+                no_local: false,
+                retain_as_published: false,
+                id: None,
+            },
+        );
+        assert!(!here(2, 7, 100));
+        // Withdrawn (its client went elsewhere): what comes later says nothing.
+        let s = Session::new(Arc::from("w"), 100, Some((1, 50)));
+        s.withdrawn.store(true, Ordering::Release);
+        s.push(numbered(2, 7, 10));
+        assert!(s.state.lock().firsts.is_empty());
+    }
+
+    /// Each node of a cluster numbers its messages from its own part of the packet ids.
+    #[test]
+    fn packet_ids_stay_in_the_node_s_range() {
+        let mut st = State::default();
+        let range = pkids_of(Some(3));
+        assert_eq!(range, (12289, 16383));
+        let ids: Vec<u16> = (0..5000).map(|_| st.next_pkid(range).unwrap()).collect();
+        assert!(ids.iter().all(|p| (12289..=16383).contains(p)));
+        assert_eq!(ids[0], 12289);
+        assert_eq!(ids[4095], 12289);
+        st.inflight.insert(12290, Outgoing::Released(1));
+        st.next_pkid = 12289;
+        assert_eq!(st.next_pkid(range), Some(12291));
+        assert_eq!(pkids_of(None), (1, u16::MAX));
+        assert_eq!(pkids_of(Some(15)).1, 65535);
     }
 
     /// A session holding one message twice (a shared and a plain subscription): each

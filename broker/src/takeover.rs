@@ -94,6 +94,7 @@ pub(crate) async fn import(
             "messages handed over that were delivered here already; left out"
         );
     }
+    let client = records.iter().find_map(record_client).cloned();
     let entries = records
         .into_iter()
         .map(|r| {
@@ -103,7 +104,14 @@ pub(crate) async fn import(
             journal::entry(&r, Some(then))
         })
         .collect();
-    shared.db.journal(entries, true).await.map(|_| ())
+    shared.db.journal(entries, true).await?;
+    // Its subscriptions are in place: this node's messages numbered from now on reach it.
+    if let (Some(client), Some(r)) = (client, shared.router.remote())
+        && let Some(s) = shared.router.session(&client)
+    {
+        s.routed_from(r.next_number());
+    }
+    Ok(())
 }
 
 /// On the node that has session `client`: ends it (its connection is told it was taken

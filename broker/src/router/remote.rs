@@ -95,6 +95,21 @@ impl Remote {
         }
     }
 
+    /// This node's id.
+    pub(crate) fn node(&self) -> u64 {
+        self.relay.node()
+    }
+
+    /// This run of this node ([`crate::session::MessageId::run`]).
+    pub(crate) fn run(&self) -> u64 {
+        self.run
+    }
+
+    /// The number the next message this node takes from a publisher gets, at least.
+    pub(crate) fn next_number(&self) -> u64 {
+        *self.numbered.lock() + 1
+    }
+
     /// A session of this node subscribed `filter` (not replacing a subscription).
     pub(crate) fn added(&self, filter: &str) {
         let mut local = self.local.lock();

@@ -185,13 +185,7 @@ impl Router {
         let mut sessions = self.sessions.lock();
         sessions
             .entry(client.clone())
-            .or_insert_with(|| {
-                Session::new(
-                    client.clone(),
-                    self.max_queued,
-                    crate::session::pkids_of(self.node),
-                )
-            })
+            .or_insert_with(|| self.new_session(client.clone()))
             .clone()
     }
 

@@ -23,7 +23,9 @@ pub(super) async fn run_cluster(
         let s = Sluice::start(bin, &dir.join("single"))?;
         s.sql(nyct::DDL).await?;
         load(&s, files, args.load_connections).await?;
-        timed_all(&s, args, "single node").await?
+        let timed = timed_all(&s, args, "single node").await?;
+        explain(&s, args, "single node").await?;
+        timed
     };
     let nodes =
         sluice_bench::start_cluster(bin, dir, args.cluster, Duration::from_secs(60)).await?;
@@ -37,6 +39,7 @@ pub(super) async fn run_cluster(
     for (i, n) in nodes.iter().enumerate() {
         per_node.push(timed_all(n, args, &format!("node {}", i + 1)).await?);
     }
+    explain(&nodes[0], args, "cluster node 1").await?;
     println!(
         "\n{}-node cluster against one node, {} rows{}: best of 3 per query (ms), ratio",
         args.cluster,
@@ -92,4 +95,17 @@ pub(super) async fn run_cluster(
             differ.join("; ")
         ),
     }
+}
+
+/// With `--explain`: each timed query's `EXPLAIN ANALYZE` on `s` (computed), printed.
+async fn explain(s: &Sluice, args: &Args, who: &str) -> Result<()> {
+    if !args.explain {
+        return Ok(());
+    }
+    for query in timed_queries() {
+        let q = query.sluice.replacen("nyct_lite", "benchmark.nyct_lite", 1);
+        let plan = s.sql_uncached(&format!("EXPLAIN ANALYZE {q}")).await?;
+        println!("\n{who} {}:\n{}", query.name, plan.replace("\\n", "\n"));
+    }
+    Ok(())
 }

@@ -67,6 +67,10 @@ struct Args {
     /// result of an identical query over unchanged tables: measures the execution path.
     #[arg(long)]
     no_result_cache: bool,
+    /// With `--cluster`: also print `EXPLAIN ANALYZE` of each timed query on the single node
+    /// and on node 1 (computed), to see where a cluster query's time goes.
+    #[arg(long)]
+    explain: bool,
     /// Measure the timed queries on every node of an N-node cluster (on this machine)
     /// against one node, instead of Sluice against DuckDB.
     #[arg(long, default_value_t = 0)]
