@@ -34,9 +34,13 @@ pub(crate) struct Received {
     /// The longest gap between two deliveries: its length and when it ended (seconds into
     /// the run).
     pub(crate) longest: (f64, f64),
-    /// Gaps of over 200 ms between two deliveries: (from, to), seconds into the run.
-    pub(crate) gaps: Vec<(f64, f64)>,
-    last: Option<f64>,
+    /// Gaps of over 200 ms between two deliveries: (from, to), seconds into the run, and
+    /// the node it was connected to when the gap began.
+    pub(crate) gaps: Vec<(f64, f64, usize)>,
+    /// The node it is connected to now (with `--roam`, not always its first).
+    at: usize,
+    /// The last delivery: when, and on which node.
+    last: Option<(f64, usize)>,
 }
 
 pub(crate) type Shared = Arc<Mutex<Received>>;
@@ -82,6 +86,7 @@ pub(crate) async fn start(
                     }
                 }
             };
+            g.lock().at = at;
             receive(stream, &g, &s, &mut releasing).await;
         }
     });
@@ -173,15 +178,15 @@ async fn receive(
                     if let Some(seq) = seq {
                         let mut g = got.lock();
                         let t = now();
-                        if let Some(last) = g.last {
+                        if let Some((last, on)) = g.last {
                             if t - last > g.longest.0 {
                                 g.longest = (t - last, t);
                             }
                             if t - last > 0.2 {
-                                g.gaps.push((last, t));
+                                g.gaps.push((last, t, on));
                             }
                         }
-                        g.last = Some(t);
+                        g.last = Some((t, g.at));
                         if !g.seqs.insert(seq) {
                             g.copies += 1;
                         }
@@ -213,15 +218,13 @@ async fn receive(
     }
 }
 
-/// The longest delivery gap that overlaps `from..to` among the subscribers whose session
-/// is not on `node`.
+/// The longest delivery gap that overlaps `from..to` among the subscribers connected to
+/// another node than `node` (the faulted one) when the gap began.
 pub(crate) fn longest_gap(subs: &[Shared], node: usize, (from, to): (f64, f64)) -> f64 {
     (subs.iter())
-        .map(|s| s.lock())
-        .filter(|g| g.node != node)
-        .flat_map(|g| g.gaps.clone())
-        .filter(|(start, end)| *end >= from && *start <= to)
-        .map(|(start, end)| end - start)
+        .flat_map(|s| s.lock().gaps.clone())
+        .filter(|(start, end, at)| *at != node && *end >= from && *start <= to)
+        .map(|(start, end, _)| end - start)
         .fold(0.0, f64::max)
 }
 
