@@ -83,11 +83,18 @@ impl RelaySink for Inbox {
             let (mut entries, mut planned) = (Vec::new(), Vec::with_capacity(messages.len()));
             let n = messages.len() as u64;
             shared.metrics.relayed_in.fetch_add(n, Ordering::Relaxed);
+            let mut decoded = Vec::with_capacity(messages.len());
             for b in messages {
                 let Some((message, groups)) = journal::read_relayed(&b) else {
                     tracing::warn!(from, "a relayed message that does not decode; dropped");
                     continue;
                 };
+                decoded.push((message, groups));
+            }
+            if let Some(r) = shared.router.remote() {
+                r.received(from, decoded.iter().map(|(m, _)| &**m));
+            }
+            for (message, groups) in decoded {
                 let (journal, targets) =
                     plan(&shared, &message, None, None, Groups::Only(&groups)).await;
                 let logged = journal.is_some();
@@ -133,6 +140,12 @@ impl RelaySink for Inbox {
                 crate::connection::publish_kept_will(s, node, will).await;
             }
         })
+    }
+
+    fn numbering(&self) -> Option<(u64, u64)> {
+        let shared = self.0.upgrade()?;
+        let r = shared.router.remote()?;
+        Some((r.run(), r.next_number()))
     }
 
     fn take_given(&self, client: String, held: bytes::Bytes) -> BoxFuture<'static, bool> {

@@ -385,10 +385,15 @@ pub(crate) fn entry(record: &Record, then: Option<sluice_engine::Then>) -> sluic
 
 /// A message relayed to another node (`crate::router::remote`): the message, then the
 /// shared groups whose member that node chooses, as (group, filter).
-pub(crate) fn relayed(m: &Message, groups: &[crate::router::remote::Group]) -> bytes::Bytes {
+/// Without its id (`with_id` false) for a node of a version that does not read it.
+pub(crate) fn relayed(
+    m: &Message,
+    groups: &[crate::router::remote::Group],
+    with_id: bool,
+) -> bytes::Bytes {
     let mut o = Out(Vec::with_capacity(64 + m.topic.len() + m.payload.len()));
     o.u8(VERSION);
-    message(&mut o, m);
+    message_with(&mut o, m, with_id);
     o.u32(groups.len() as u32);
     for (g, f) in groups {
         o.str(g);
@@ -428,9 +433,13 @@ fn expires_at(m: &Message) -> i64 {
 }
 
 fn message(o: &mut Out, m: &Message) {
+    message_with(o, m, true);
+}
+
+fn message_with(o: &mut Out, m: &Message, with_id: bool) {
     o.str(&m.topic);
     o.bytes(&m.payload);
-    let id = m.id.get();
+    let id = m.id.get().filter(|_| with_id);
     o.u8(m.qos as u8 | (u8::from(m.retain) << 2) | (u8::from(id.is_some()) << 3));
     o.str(&m.origin);
     o.u64(expires_at(m) as u64);

@@ -58,9 +58,6 @@ pub(crate) struct SessionState {
     /// a normal DISCONNECT.
     #[serde(default)]
     pub(crate) will: Option<(StoredMessage, u32)>,
-    /// `session::State::firsts`: (publishing node, its run, first number routed here).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) firsts: Vec<(u64, u64, u64)>,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -160,8 +160,7 @@ impl Router {
 
     /// A new session of client `id` on this node (not registered yet).
     pub(crate) fn new_session(&self, id: Arc<str>) -> Arc<Session> {
-        let here = (self.remote.as_ref()).map(|r| (r.node(), r.run()));
-        Session::new(id, self.max_queued, here)
+        Session::new(id, self.max_queued, self.node)
     }
 
     /// Whether `session` is still the one registered under its id.
@@ -580,7 +579,6 @@ impl Router {
                     .collect(),
                 will: (s.will.lock().as_ref())
                     .map(|(m, delay)| (persist::StoredMessage::from(m), *delay)),
-                firsts: st.firsts.clone(),
             });
         }
         let retained = (copy.retained.iter())
@@ -622,7 +620,6 @@ impl Router {
                     })
                     .collect();
                 st.incoming_qos2 = saved.incoming_qos2.into_iter().collect();
-                st.firsts = saved.firsts;
             }
             self.sessions.lock().insert(s.client_id.clone(), s.clone());
             for sub in saved.subscriptions {

@@ -33,7 +33,7 @@ pub(crate) struct Message {
 
 /// A message's identity across a cluster's nodes: the node that took it from its publisher,
 /// that node's run, and its number in that run (numbers rise in publish order).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct MessageId {
     pub(crate) node: u64,
     pub(crate) run: u64,
@@ -99,12 +99,13 @@ pub(crate) struct State {
     pub(crate) disconnected_at: Option<Instant>,
     /// Messages dropped from a full offline queue.
     pub(crate) dropped: u64,
-    /// Per publishing node and run (of [`MessageId`]): (node, run, the lowest number of its
-    /// messages routed to this session on this node). That node sent every later message of
-    /// that run here too, and each was routed to this session: a copy of one that another
-    /// node gives back (the session moved here while that node was down) is not queued
-    /// again ([`State::routed_here`]). A few entries, searched in order (cheaper than
-    /// hashing on every delivery).
+    /// Per node and run that numbers messages ([`MessageId`]): (node, run, the number
+    /// from which every message of that run matching the session's subscriptions reaches
+    /// it on this node), set when the session came here ([`Session::routed_from`]). A copy
+    /// of one of those that another node gives back or hands over (it kept the session while
+    /// the client was here) is not queued again ([`State::routed_here`]). Not kept across
+    /// a restart (a node's relay queue for this node may drop messages while it is down);
+    /// cleared when the session is withdrawn. A few entries, searched in order.
     pub(crate) firsts: Vec<(u64, u64, u64)>,
     /// Packet ids put in flight while a connection is attached (what another node gave,
     /// with the ids it had sent them under): sent again (DUP, or PUBREL) at once.
@@ -129,18 +130,28 @@ impl State {
         }
     }
 
-    /// Whether `message` (given back by another node) was routed to this session here
-    /// already: its publishing node's run sent a message to this session here first that was
-    /// not later than it. Not for sessions with shared subscriptions, whose members each get
-    /// only some of the messages.
+    /// Whether `message` (given back or handed over by another node) was routed to this
+    /// session here already ([`State::firsts`]). Not for sessions with shared
+    /// subscriptions, whose members each get only some of the messages.
     pub(crate) fn routed_here(&self, message: &Message) -> bool {
         let Some(id) = message.id.get() else {
             return false;
         };
         let shared = (self.subscriptions.keys()).any(|f| crate::topic::parse_shared(f).is_some());
-        !shared
-            && (self.firsts.iter())
-                .any(|(node, run, first)| (*node, *run) == (id.node, id.run) && *first <= id.seq)
+        let routed = (self.firsts.iter())
+            .any(|(node, run, first)| (*node, *run) == (id.node, id.run) && *first <= id.seq);
+        !shared && routed
+    }
+
+    /// The ids of the messages the session holds (queued or in flight).
+    pub(crate) fn held_ids(&self) -> HashSet<MessageId> {
+        let sent = self.inflight.values().filter_map(|o| match o {
+            Outgoing::Published(d) => Some(d),
+            Outgoing::Released(_) => None,
+        });
+        (self.queue.iter().chain(sent))
+            .filter_map(|d| d.message.id.get().copied())
+            .collect()
     }
 
     /// `pkid` was put in flight from what another node gave: while a connection is
@@ -253,10 +264,9 @@ pub(crate) struct Session {
     pub(crate) withdrawn: std::sync::atomic::AtomicBool,
     /// The packet ids this node gives its messages ([`pkids_of`]).
     pkids: (u16, u16),
-    /// In a cluster, this node and its run: the [`State::firsts`] entry of the messages
-    /// this node numbers is set once the session's subscriptions are in place
-    /// ([`Session::routed_from`]), not from what is routed.
-    here: Option<(u64, u64)>,
+    /// Held while the session is withdrawn or given its routes back, with the check that
+    /// decides it ([`crate::router::Router::withdraw`]).
+    pub(crate) moving: Mutex<()>,
 }
 
 /// The packet ids a node gives its sessions' messages: all of them on a single node; in a
@@ -275,11 +285,8 @@ pub(crate) fn pkids_of(node: Option<u64>) -> (u16, u16) {
 }
 
 impl Session {
-    pub(crate) fn new(
-        client_id: Arc<str>,
-        max_queued: usize,
-        here: Option<(u64, u64)>,
-    ) -> Arc<Self> {
+    /// `node`: this node's id, in a cluster.
+    pub(crate) fn new(client_id: Arc<str>, max_queued: usize, node: Option<u64>) -> Arc<Self> {
         Arc::new(Self {
             client_id,
             state: Mutex::new(State::default()),
@@ -292,8 +299,8 @@ impl Session {
             will: Mutex::new(None),
             ended: Notify::new(),
             withdrawn: std::sync::atomic::AtomicBool::new(false),
-            pkids: pkids_of(here.map(|(node, _)| node)),
-            here,
+            pkids: pkids_of(node),
+            moving: Mutex::new(()),
         })
     }
 
@@ -332,25 +339,7 @@ impl Session {
     /// Queues `d` at once: past the limit when online (the publisher waited for room
     /// before), dropping the oldest (counted) when offline and full.
     pub(crate) fn push(&self, d: Delivery) {
-        self.push_as(d, true);
-    }
-
-    /// [`Session::push`]; `routed`: the router chose this session for it here (not given
-    /// by another node), which [`State::firsts`] notes.
-    pub(crate) fn push_as(&self, d: Delivery, routed: bool) {
         let mut st = self.state.lock();
-        let withdrawn = self.withdrawn.load(Ordering::Acquire);
-        let id = (d.message.id.get()).filter(|id| self.here != Some((id.node, id.run)));
-        if routed
-            && !withdrawn
-            && let Some(id) = id
-        {
-            let origin = (st.firsts.iter_mut()).find(|(n, r, _)| (*n, *r) == (id.node, id.run));
-            match origin {
-                Some((_, _, first)) => *first = (*first).min(id.seq),
-                None => st.firsts.push((id.node, id.run, id.seq)),
-            }
-        }
         if st.queue.len() >= self.max_queued && st.disconnected_at.is_some() {
             st.queue.pop_front();
             if st.dropped == 0 {
@@ -423,17 +412,34 @@ impl Session {
     }
 
     /// The session's subscriptions are in place here (what another node held was taken):
-    /// every message this node numbers from `next` on is routed to it here. (Not the lowest
-    /// number routed: a message numbered earlier can be routed after the subscriptions came,
-    /// while one numbered later was routed before.)
-    pub(crate) fn routed_from(&self, next: u64) {
-        let Some((node, run)) = self.here else {
-            return;
-        };
+    /// every message numbered by `node`'s `run` from `first` on that matches them reaches
+    /// it here ([`crate::router::remote::Remote::routed_from`]). An entry already there
+    /// stays (the subscriptions were in place since; [`State::firsts`] is cleared when the
+    /// session is withdrawn).
+    pub(crate) fn routed_from(&self, from: &[(u64, u64, u64)]) {
         let mut st = self.state.lock();
-        if !(st.firsts.iter()).any(|(n, r, _)| (*n, *r) == (node, run)) {
-            st.firsts.push((node, run, next));
+        for &(node, run, first) in from {
+            if !(st.firsts.iter()).any(|(n, r, _)| (*n, *r) == (node, run)) {
+                st.firsts.push((node, run, first));
+            }
         }
+    }
+
+    /// Takes `d`, which another node had sent under `pkid` and not seen acknowledged: in
+    /// flight under that id (sent again at once to a connected client), unless the id is
+    /// taken here (then queued, to go out under a new one). One critical section, so the
+    /// writer cannot send it under another id first.
+    pub(crate) fn push_in_flight(&self, d: Delivery, pkid: u16) {
+        let mut st = self.state.lock();
+        match st.inflight.entry(pkid) {
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(Outgoing::Published(d));
+                st.resend_now(pkid);
+            }
+            std::collections::btree_map::Entry::Occupied(_) => st.queue.push_back(d),
+        }
+        drop(st);
+        self.wake_writer.notify_one();
     }
 
     /// Whether a connection is attached.
@@ -490,51 +496,49 @@ mod tests {
         d
     }
 
-    /// What was routed to a session here tells which copies another node gives back are
-    /// left out: from each other node's run, those at or above the lowest number routed
-    /// here; from this node's own run, those numbered after its subscriptions came.
+    /// The numbers from which each node's messages reach a session here tell which copies
+    /// another node gives back are left out; an entry set when the session came stays.
     #[test]
     fn copies_given_back_are_known_by_their_numbers() {
-        let s = Session::new(Arc::from("c"), 100, Some((1, 50)));
-        s.state.lock().subscriptions.insert(
-            "t".into(),
-            SubOptions {
-                qos: QoS::AtLeastOnce,
-                no_local: false,
-                retain_as_published: false,
-                id: None,
-            },
-        );
-        s.push(numbered(2, 7, 10));
-        s.push(numbered(2, 7, 6));
-        s.push_as(numbered(3, 9, 1), false);
-        s.push(numbered(1, 50, 3));
-        s.routed_from(40);
+        let s = Session::new(Arc::from("c"), 100, Some(1));
+        let sub = SubOptions {
+            qos: QoS::AtLeastOnce,
+            no_local: false,
+            retain_as_published: false,
+            id: None,
+        };
+        s.state.lock().subscriptions.insert("t".into(), sub.clone());
+        s.routed_from(&[(1, 50, 40), (2, 7, 6)]);
+        s.routed_from(&[(2, 7, 9), (3, 9, 2)]);
         let here = |node, run, seq| {
             s.state
                 .lock()
                 .routed_here(&numbered(node, run, seq).message)
         };
-        assert!(here(2, 7, 6) && here(2, 7, 100));
-        assert!(!here(2, 7, 5) && !here(2, 8, 100) && !here(3, 9, 1));
-        assert!(!here(1, 50, 39) && here(1, 50, 40));
+        assert!(here(2, 7, 6) && here(2, 7, 100) && here(1, 50, 40) && here(3, 9, 2));
+        assert!(!here(2, 7, 5) && !here(2, 8, 100) && !here(1, 50, 39) && !here(4, 1, 1));
         assert!(!s.state.lock().routed_here(&delivery(7).message));
+        // What it holds is known by id.
+        s.push(numbered(5, 1, 8));
+        s.push_in_flight(numbered(5, 1, 9), 4097);
+        s.push_in_flight(numbered(5, 1, 10), 4097);
+        let held = s.state.lock().held_ids();
+        assert_eq!(held.len(), 3);
+        assert!(held.contains(&MessageId {
+            node: 5,
+            run: 1,
+            seq: 9
+        }));
+        let st = s.state.lock();
+        assert!(matches!(st.inflight.get(&4097), Some(Outgoing::Published(d)) if d.lsn == 9));
+        assert_eq!(st.queue.iter().map(|d| d.lsn).collect::<Vec<_>>(), [8, 10]);
+        drop(st);
         // A member of a shared group gets only some: nothing is left out.
-        s.state.lock().subscriptions.insert(
-            "$share/g/t".into(),
-            SubOptions {
-                qos: QoS::AtLeastOnce,
-                no_local: false,
-                retain_as_published: false,
-                id: None,
-            },
-        );
+        s.state
+            .lock()
+            .subscriptions
+            .insert("$share/g/t".into(), sub);
         assert!(!here(2, 7, 100));
-        // Withdrawn (its client went elsewhere): what comes later says nothing.
-        let s = Session::new(Arc::from("w"), 100, Some((1, 50)));
-        s.withdrawn.store(true, Ordering::Release);
-        s.push(numbered(2, 7, 10));
-        assert!(s.state.lock().firsts.is_empty());
     }
 
     /// Each node of a cluster numbers its messages from its own part of the packet ids.

@@ -78,12 +78,19 @@ pub(crate) async fn import(
     records: Vec<Record>,
 ) -> sluice_engine::Result<()> {
     let n = records.len();
+    // What the session here holds already: a copy of it routed here before the session
+    // was withdrawn (its client came back before the node it went to gave it back).
+    let client = records.iter().find_map(record_client).cloned();
+    let session = client.as_ref().and_then(|c| shared.router.session(c));
+    let held = (session.as_ref())
+        .map(|s| s.state.lock().held_ids())
+        .unwrap_or_default();
     let records: Vec<Record> = (records.into_iter())
-        .filter(|r| match r {
-            Record::Queued {
-                client, message, ..
-            } => !(shared.router.session(client))
-                .is_some_and(|s| s.state.lock().routed_here(message)),
+        .filter(|r| match (r, &session) {
+            (Record::Queued { message, .. }, Some(s)) => {
+                let held = message.id.get().is_some_and(|id| held.contains(id));
+                !held && !s.state.lock().routed_here(message)
+            }
             _ => true,
         })
         .collect();
@@ -94,7 +101,6 @@ pub(crate) async fn import(
             "messages handed over that were delivered here already; left out"
         );
     }
-    let client = records.iter().find_map(record_client).cloned();
     let entries = records
         .into_iter()
         .map(|r| {
@@ -105,11 +111,9 @@ pub(crate) async fn import(
         })
         .collect();
     shared.db.journal(entries, true).await?;
-    // Its subscriptions are in place: this node's messages numbered from now on reach it.
-    if let (Some(client), Some(r)) = (client, shared.router.remote())
-        && let Some(s) = shared.router.session(&client)
-    {
-        s.routed_from(r.next_number());
+    // Its subscriptions are in place: from which number each node's messages reach it.
+    if let (Some(s), Some(r)) = (session, shared.router.remote()) {
+        r.routed_from(s);
     }
     Ok(())
 }
@@ -258,7 +262,7 @@ pub(crate) async fn give_back(shared: Arc<BrokerState>) {
     let Some(relay) = shared.db.relay() else {
         return;
     };
-    let restored = |s: &Arc<Session>| {
+    let restored = |s: &Session| {
         // Restored here and not attached since (generation 0), offline, lasting.
         s.generation.load(std::sync::atomic::Ordering::Acquire) == 0 && !s.online() && s.lasting()
     };
@@ -266,13 +270,16 @@ pub(crate) async fn give_back(shared: Arc<BrokerState>) {
     let mut moved: Vec<Arc<Session>> = Vec::new();
     loop {
         let done = tokio::time::Instant::now() >= until;
-        for s in shared.router.sessions().into_iter().filter(restored) {
+        for s in (shared.router.sessions().into_iter()).filter(|s| restored(s)) {
             let Some((node, false, _)) = relay.session_elsewhere(&s.client_id) else {
                 continue;
             };
             if !moved.iter().any(|m| Arc::ptr_eq(m, &s)) {
-                // New messages go to the node it went to; what is on its way here follows.
-                shared.router.withdraw(&s);
+                // New messages go to the node it went to; what is on its way here follows
+                // (unless its client attached here meanwhile).
+                if !shared.router.withdraw(&s, restored) {
+                    continue;
+                }
                 moved.push(s.clone());
             }
             let (held, lsns) = messages(&s);

@@ -63,7 +63,14 @@ pub(crate) struct Remote {
     /// an earlier one went to (a route, once known, counts for every later number).
     run: u64,
     numbered: Mutex<u64>,
+    /// Per other node's run: the highest number of its messages relayed here so far; and
+    /// the nodes that relayed messages without their ids (it had not heard this node
+    /// reads them).
+    received: Mutex<(HashMap<Run, u64>, HashSet<u64>)>,
 }
+
+/// A node and its run.
+type Run = (u64, u64);
 
 impl std::fmt::Debug for Remote {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -92,6 +99,7 @@ impl Remote {
             next_shared: AtomicUsize::new(0),
             run: sluice_engine::now_micros() as u64,
             numbered: Mutex::new(0),
+            received: Mutex::new((HashMap::new(), HashSet::new())),
         }
     }
 
@@ -108,6 +116,50 @@ impl Remote {
     /// The number the next message this node takes from a publisher gets, at least.
     pub(crate) fn next_number(&self) -> u64 {
         *self.numbered.lock() + 1
+    }
+
+    /// Messages came from node `from` (before they are routed here), with these ids.
+    pub(crate) fn received<'a>(&self, from: u64, messages: impl Iterator<Item = &'a Message>) {
+        let mut received = self.received.lock();
+        for m in messages {
+            match m.id.get() {
+                Some(id) => {
+                    let max = received.0.entry((id.node, id.run)).or_insert(id.seq);
+                    *max = (*max).max(id.seq);
+                }
+                None => {
+                    received.1.insert(from);
+                }
+            }
+        }
+    }
+
+    /// A session's subscriptions are in place here (what another node held was taken):
+    /// per (node, run), the number from which every message of that run matching them
+    /// reaches the session here. This node's at once: its next number. The others' (each
+    /// that says it took this node's routes as they are now; nodes that do not say are left
+    /// out) once they said so, in the background: the later of its next number then and
+    /// the one after the last received here from it now (messages come from a node in the
+    /// order numbered, so a later one arrives after the subscriptions came).
+    pub(crate) fn routed_from(&self, session: Arc<crate::session::Session>) {
+        session.routed_from(&[(self.node(), self.run, self.next_number())]);
+        let seq = self.seq.load(Ordering::Acquire);
+        let known = self.relay.numbers_known(seq);
+        let received = self.received.lock().clone();
+        tokio::spawn(async move {
+            let mut from = Vec::new();
+            for (node, run, next) in known.await {
+                let after = match received.0.get(&(node, run)) {
+                    Some(last) => last + 1,
+                    // Messages without ids came from it, and none with: their numbers are
+                    // unknown, so none of its run can be told a copy.
+                    None if received.1.contains(&node) => continue,
+                    None => 0,
+                };
+                from.push((node, run, next.max(after)));
+            }
+            session.routed_from(&from);
+        });
     }
 
     /// A session of this node subscribed `filter` (not replacing a subscription).
@@ -274,13 +326,17 @@ impl Remote {
                 to.entry(p).or_default();
             }
         }
-        // Encoded once for the nodes that serve no shared group (most of them).
-        let mut plain: Option<bytes::Bytes> = None;
+        // Encoded once for the nodes that serve no shared group (most of them); without
+        // its id for a node of an older version, which would not read it.
+        let mut plain: [Option<bytes::Bytes>; 2] = [None, None];
         let mut out = Relaying::none();
         for (node, groups) in to {
+            let ids = self.relay.takes_ids(node);
             let bytes = match groups.is_empty() {
-                true => (plain.get_or_insert_with(|| journal::relayed(message, &[]))).clone(),
-                false => journal::relayed(message, &groups),
+                true => (plain[usize::from(ids)])
+                    .get_or_insert_with(|| journal::relayed(message, &[], ids))
+                    .clone(),
+                false => journal::relayed(message, &groups, ids),
             };
             out.join(self.relay.send(&[node], bytes));
         }
@@ -316,14 +372,24 @@ impl Router {
         }
     }
 
-    /// `session`'s client went to another node: its subscriptions stop counting as this
-    /// node's routes, and the other nodes forget it is here (once).
-    pub(crate) fn withdraw(&self, session: &crate::session::Session) {
+    /// `session`'s client went to another node: unless `still` no longer holds (checked
+    /// under the session's `moving` lock, which a client attaching here takes to give the
+    /// routes back), its subscriptions stop counting as this node's routes, and the other
+    /// nodes forget it is here (once). Whether it is withdrawn now.
+    pub(crate) fn withdraw(
+        &self,
+        session: &crate::session::Session,
+        still: impl FnOnce(&crate::session::Session) -> bool,
+    ) -> bool {
         let Some(r) = &self.remote else {
-            return;
+            return false;
         };
+        let _moving = session.moving.lock();
+        if !still(session) {
+            return session.withdrawn.load(Ordering::Acquire);
+        }
         if session.withdrawn.swap(true, Ordering::AcqRel) {
-            return;
+            return true;
         }
         // Messages stop coming here for it: what was routed here says nothing of later ones.
         session.state.lock().firsts.clear();
@@ -332,6 +398,7 @@ impl Router {
             r.removed(&f);
         }
         r.session_ended(&session.client_id);
+        true
     }
 
     /// `session`'s client came back to it here after [`Router::withdraw`]: its
@@ -340,6 +407,7 @@ impl Router {
         let Some(r) = &self.remote else {
             return;
         };
+        let _moving = session.moving.lock();
         if !session.withdrawn.swap(false, Ordering::AcqRel) {
             return;
         }

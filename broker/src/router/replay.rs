@@ -126,13 +126,9 @@ impl Router {
                         subscription_ids: ids,
                         lsn,
                     };
-                    s.push_as(d, false);
-                    // In flight under the other node's packet id, unless this session uses
-                    // that id already (then it goes out under a new one).
-                    let mut st = s.state.lock();
-                    if let Some(pkid) = sent.filter(|p| !st.inflight.contains_key(p)) {
-                        st.mark_sent(lsn, pkid);
-                        st.resend_now(pkid);
+                    match sent {
+                        Some(pkid) => s.push_in_flight(d, pkid),
+                        None => s.push(d),
                     }
                 }
             }

@@ -59,7 +59,7 @@ pub(crate) async fn start(
     }));
     let id = format!("chaos-sub-{i}");
     let addr = addrs.lock()[node].clone();
-    let first = connect(&addr, &id, Some(qos)).await?;
+    let (first, _) = connect(&addr, &id, Some(qos)).await?;
     let (g, s) = (got.clone(), stop.clone());
     let task = tokio::spawn(async move {
         let mut conn = Some(first);
@@ -78,7 +78,17 @@ pub(crate) async fn start(
                     match tokio::time::timeout(Duration::from_secs(2), connect(&addr, &id, None))
                         .await
                     {
-                        Ok(Ok(c)) => c,
+                        Ok(Ok((c, present))) => {
+                            // A new session: the ids a lost one held mean nothing now.
+                            if !present {
+                                println!(
+                                    "subscriber {i}: its session was not present on node {}",
+                                    at + 1
+                                );
+                                releasing.clear();
+                            }
+                            c
+                        }
                         _ => {
                             tokio::time::sleep(Duration::from_millis(200)).await;
                             continue;
@@ -93,8 +103,9 @@ pub(crate) async fn start(
     Ok((got, task))
 }
 
-/// Connects `id` (its session kept an hour) and, with `subscribe`, subscribes it at that QoS.
-async fn connect(addr: &str, id: &str, subscribe: Option<QoS>) -> Result<TcpStream> {
+/// Connects `id` (its session kept an hour) and, with `subscribe`, subscribes it at that QoS;
+/// whether the session was present.
+async fn connect(addr: &str, id: &str, subscribe: Option<QoS>) -> Result<(TcpStream, bool)> {
     let mut s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
     let mut props = ConnectProperties::new();
@@ -119,13 +130,14 @@ async fn connect(addr: &str, id: &str, subscribe: Option<QoS>) -> Result<TcpStre
         match Packet::read(&mut buf, None) {
             Ok(Packet::ConnAck(ConnAck {
                 code: ConnectReturnCode::Success,
+                session_present,
                 ..
-            })) if subscribe.is_none() => return Ok(s),
+            })) if subscribe.is_none() => return Ok((s, session_present)),
             Ok(Packet::ConnAck(ConnAck {
                 code: ConnectReturnCode::Success,
                 ..
             })) => connected = true,
-            Ok(Packet::SubAck(_)) if connected => return Ok(s),
+            Ok(Packet::SubAck(_)) if connected => return Ok((s, false)),
             Ok(other) => bail!("{id}: expected CONNACK and SUBACK, got {other:?}"),
             Err(rumqttc::v5::mqttbytes::Error::InsufficientBytes(_)) => {
                 if s.read_buf(&mut buf).await? == 0 {
