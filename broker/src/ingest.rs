@@ -142,12 +142,6 @@ impl RelaySink for Inbox {
         })
     }
 
-    fn numbering(&self) -> Option<(u64, u64)> {
-        let shared = self.0.upgrade()?;
-        let r = shared.router.remote()?;
-        Some((r.run(), r.next_number()))
-    }
-
     fn take_given(&self, client: String, held: bytes::Bytes) -> BoxFuture<'static, bool> {
         let shared = self.0.upgrade();
         Box::pin(async move {

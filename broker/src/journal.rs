@@ -458,6 +458,11 @@ fn message_with(o: &mut Out, m: &Message, with_id: bool) {
         o.u64(id.node);
         o.u64(id.run);
         o.u64(id.seq);
+        let to = m.sent_to.get().map_or(&[][..], |t| &t[..]);
+        o.u32(to.len() as u32);
+        for node in to {
+            o.u64(*node);
+        }
     }
 }
 
@@ -492,16 +497,22 @@ fn read_message(i: &mut In) -> Option<Arc<Message>> {
         let left = at.saturating_sub(sluice_engine::now_micros()).max(0);
         Instant::now() + Duration::from_micros(left as u64)
     });
-    let id = match flags & 8 != 0 {
-        true => Some(MessageId {
-            node: i.u64()?,
-            run: i.u64()?,
-            seq: i.u64()?,
-        }),
-        false => None,
+    let (id, sent_to) = match flags & 8 != 0 {
+        true => {
+            let id = MessageId {
+                node: i.u64()?,
+                run: i.u64()?,
+                seq: i.u64()?,
+            };
+            let n = i.u32()? as usize;
+            let to = (0..n).map(|_| i.u64()).collect::<Option<Arc<[u64]>>>()?;
+            (Some(id), Some(to))
+        }
+        false => (None, None),
     };
     Some(Arc::new(Message {
         id: id.map(std::sync::OnceLock::from).unwrap_or_default(),
+        sent_to: sent_to.map(std::sync::OnceLock::from).unwrap_or_default(),
         topic,
         payload,
         qos: qos(flags & 3),
@@ -594,6 +605,7 @@ mod tests {
     fn sample() -> Arc<Message> {
         Arc::new(Message {
             id: Default::default(),
+            sent_to: Default::default(),
             topic: Arc::from("a/b"),
             payload: bytes::Bytes::from_static(b"\x00hello"),
             qos: QoS::ExactlyOnce,
@@ -663,6 +675,7 @@ mod tests {
                         seq: 1 << 40,
                     };
                     m.id.set(id).unwrap();
+                    m.sent_to.set(Arc::from([3, 1 << 40])).unwrap();
                     Arc::new(m)
                 },
                 sent: Some(513),

@@ -66,6 +66,7 @@ pub(crate) async fn retained_rows(
             let qos = crate::router::min_qos(QoS::AtLeastOnce, options.qos);
             let message = Message {
                 id: Default::default(),
+                sent_to: Default::default(),
                 topic: Arc::from(topic),
                 payload: payload.into(),
                 qos,

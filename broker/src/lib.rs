@@ -84,6 +84,7 @@ impl sluice_engine::AlertSink for AlertPublisher {
     fn publish(&self, topic: String, payload: Vec<u8>) {
         let m = Arc::new(session::Message {
             id: Default::default(),
+            sent_to: Default::default(),
             topic: Arc::from(topic),
             payload: payload.into(),
             qos: rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
@@ -244,6 +245,7 @@ impl Broker {
             let topic = format!("$SYS/broker/{}", name.trim_start_matches("sluice_mqtt_"));
             let m = Arc::new(session::Message {
                 id: Default::default(),
+                sent_to: Default::default(),
                 topic: Arc::from(topic),
                 payload: value.to_string().into(),
                 qos: rumqttc::v5::mqttbytes::QoS::AtMostOnce,
@@ -314,6 +316,7 @@ impl Broker {
         }
         let m = Arc::new(session::Message {
             id: Default::default(),
+            sent_to: Default::default(),
             topic: Arc::from(topic),
             payload,
             qos: rumqttc::v5::mqttbytes::QoS::AtLeastOnce,

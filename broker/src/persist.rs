@@ -102,6 +102,9 @@ pub(crate) struct StoredMessage {
     /// Its identity across a cluster's nodes (`session::MessageId`): node, run, number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     id: Option<(u64, u64, u64)>,
+    /// The other nodes that node relayed it to (`Message::sent_to`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    sent_to: Vec<u64>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -139,6 +142,7 @@ impl StoredMessage {
             user_properties: p.map(|p| p.user_properties.clone()).unwrap_or_default(),
             lsn: 0,
             id: m.id.get().map(|id| (id.node, id.run, id.seq)),
+            sent_to: m.sent_to.get().map(|t| t.to_vec()).unwrap_or_default(),
         }
     }
 
@@ -155,6 +159,10 @@ impl StoredMessage {
             || self.payload_format_indicator.is_some()
             || !self.user_properties.is_empty();
         Arc::new(Message {
+            sent_to: match self.id {
+                Some(_) => Arc::<[u64]>::from(self.sent_to).into(),
+                None => Default::default(),
+            },
             id: (self.id)
                 .map(|(node, run, seq)| MessageId { node, run, seq }.into())
                 .unwrap_or_default(),

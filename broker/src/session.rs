@@ -29,6 +29,8 @@ pub(crate) struct Message {
     pub(crate) origin: Arc<str>,
     /// Its identity across a cluster's nodes, set where it was first routed.
     pub(crate) id: std::sync::OnceLock<MessageId>,
+    /// The other nodes that node relayed it to (set with `id`).
+    pub(crate) sent_to: std::sync::OnceLock<Arc<[u64]>>,
 }
 
 /// A message's identity across a cluster's nodes: the node that took it from its publisher,
@@ -38,6 +40,66 @@ pub(crate) struct MessageId {
     pub(crate) node: u64,
     pub(crate) run: u64,
     pub(crate) seq: u64,
+}
+
+/// Taken when a session's subscriptions were put in place on this node (it came from
+/// another node): this node's run and next number then, and per other node's run the
+/// highest number received here then. A message another node kept for the session and
+/// gives back later reached it here too when it was numbered here from `next` on, or when
+/// it was numbered elsewhere, relayed here too (`Message::sent_to`) and numbered above what
+/// had been received here from that run (messages come from a node in the order numbered,
+/// so it arrived after the subscriptions were in place).
+#[derive(Debug, Clone)]
+pub(crate) struct Installed {
+    pub(crate) node: u64,
+    pub(crate) run: u64,
+    pub(crate) next: u64,
+    pub(crate) received: HashMap<(u64, u64), u64>,
+    /// Nodes that relayed messages here without ids: what they sent cannot be placed.
+    pub(crate) unnumbered: HashSet<u64>,
+    /// Until when messages routed to the session that the numbers place before it came
+    /// (numbered or received before, stored or applied after) are noted in `late`.
+    pub(crate) until: std::time::Instant,
+    pub(crate) late: HashSet<MessageId>,
+}
+
+/// How long after a session came here the messages in flight then are noted one by one
+/// (a message is stored within a few seconds of being numbered, or not at all).
+pub(crate) const LATE_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+/// At most this many noted (they are the messages in flight at one moment).
+const LATE_MAX: usize = 100_000;
+
+impl Installed {
+    /// Whether `message` reached the session here (see the type's docs).
+    pub(crate) fn routed(&self, message: &Message) -> bool {
+        let Some(id) = message.id.get() else {
+            return false;
+        };
+        self.late.contains(id) || self.by_numbers(message, id)
+    }
+
+    /// `message` is routed to the session now: noted if its numbers say it came before.
+    fn routed_late(&mut self, message: &Message) {
+        if let Some(id) = message.id.get()
+            && self.late.len() < LATE_MAX
+            && !self.by_numbers(message, id)
+            && Instant::now() < self.until
+        {
+            self.late.insert(*id);
+        }
+    }
+
+    fn by_numbers(&self, message: &Message, id: &MessageId) -> bool {
+        if id.node == self.node {
+            return id.run == self.run && id.seq >= self.next;
+        }
+        let sent_here = (message.sent_to.get()).is_some_and(|to| to.contains(&self.node));
+        let after = match self.received.get(&(id.node, id.run)) {
+            Some(last) => id.seq > *last,
+            None => !self.unnumbered.contains(&id.node),
+        };
+        sent_here && after
+    }
 }
 
 /// A message on its way to one session.
@@ -99,14 +161,9 @@ pub(crate) struct State {
     pub(crate) disconnected_at: Option<Instant>,
     /// Messages dropped from a full offline queue.
     pub(crate) dropped: u64,
-    /// Per node and run that numbers messages ([`MessageId`]): (node, run, the number
-    /// from which every message of that run matching the session's subscriptions reaches
-    /// it on this node), set when the session came here ([`Session::routed_from`]). A copy
-    /// of one of those that another node gives back or hands over (it kept the session while
-    /// the client was here) is not queued again ([`State::routed_here`]). Not kept across
-    /// a restart (a node's relay queue for this node may drop messages while it is down);
-    /// cleared when the session is withdrawn. A few entries, searched in order.
-    pub(crate) firsts: Vec<(u64, u64, u64)>,
+    /// Set when the session came here from another node: what tells a copy of a message
+    /// another node kept for it while its client was here (cleared when it is withdrawn).
+    pub(crate) installed: Option<Box<Installed>>,
     /// Packet ids put in flight while a connection is attached (what another node gave,
     /// with the ids it had sent them under): sent again (DUP, or PUBREL) at once.
     pub(crate) resend: Vec<u16>,
@@ -125,22 +182,20 @@ impl State {
             expiry_secs: self.expiry_secs,
             disconnected_at: self.disconnected_at,
             dropped: self.dropped,
-            firsts: self.firsts.clone(),
+            installed: None,
             resend: Vec::new(),
         }
     }
 
     /// Whether `message` (given back or handed over by another node) was routed to this
-    /// session here already ([`State::firsts`]). Not for sessions with shared
+    /// session here already ([`Installed::routed`]). Not for sessions with shared
     /// subscriptions, whose members each get only some of the messages.
     pub(crate) fn routed_here(&self, message: &Message) -> bool {
-        let Some(id) = message.id.get() else {
+        let Some(installed) = &self.installed else {
             return false;
         };
         let shared = (self.subscriptions.keys()).any(|f| crate::topic::parse_shared(f).is_some());
-        let routed = (self.firsts.iter())
-            .any(|(node, run, first)| (*node, *run) == (id.node, id.run) && *first <= id.seq);
-        !shared && routed
+        !shared && installed.routed(message)
     }
 
     /// The ids of the messages the session holds (queued or in flight).
@@ -340,6 +395,9 @@ impl Session {
     /// before), dropping the oldest (counted) when offline and full.
     pub(crate) fn push(&self, d: Delivery) {
         let mut st = self.state.lock();
+        if let Some(installed) = st.installed.as_mut() {
+            installed.routed_late(&d.message);
+        }
         if st.queue.len() >= self.max_queued && st.disconnected_at.is_some() {
             st.queue.pop_front();
             if st.dropped == 0 {
@@ -411,17 +469,12 @@ impl Session {
         out
     }
 
-    /// The session's subscriptions are in place here (what another node held was taken):
-    /// every message numbered by `node`'s `run` from `first` on that matches them reaches
-    /// it here ([`crate::router::remote::Remote::routed_from`]). An entry already there
-    /// stays (the subscriptions were in place since; [`State::firsts`] is cleared when the
-    /// session is withdrawn).
-    pub(crate) fn routed_from(&self, from: &[(u64, u64, u64)]) {
+    /// The session's subscriptions are in place here: `installed` says from when (kept if
+    /// set before: the subscriptions were in place since).
+    pub(crate) fn install(&self, installed: Installed) {
         let mut st = self.state.lock();
-        for &(node, run, first) in from {
-            if !(st.firsts.iter()).any(|(n, r, _)| (*n, *r) == (node, run)) {
-                st.firsts.push((node, run, first));
-            }
+        if st.installed.is_none() {
+            st.installed = Some(Box::new(installed));
         }
     }
 
@@ -482,6 +535,7 @@ mod tests {
                 expires: None,
                 origin: Arc::from("p"),
                 id: Default::default(),
+                sent_to: Default::default(),
             }),
             qos: QoS::AtLeastOnce,
             retain: false,
@@ -496,8 +550,14 @@ mod tests {
         d
     }
 
-    /// The numbers from which each node's messages reach a session here tell which copies
-    /// another node gives back are left out; an entry set when the session came stays.
+    fn sent_to(d: Delivery, to: &[u64]) -> Delivery {
+        d.message.sent_to.set(Arc::from(to)).unwrap();
+        d
+    }
+
+    /// What a session came to this node with tells which copies another node gives back
+    /// are left out: this node's messages numbered after, others' sent here and numbered
+    /// above what had come from their run.
     #[test]
     fn copies_given_back_are_known_by_their_numbers() {
         let s = Session::new(Arc::from("c"), 100, Some(1));
@@ -508,16 +568,44 @@ mod tests {
             id: None,
         };
         s.state.lock().subscriptions.insert("t".into(), sub.clone());
-        s.routed_from(&[(1, 50, 40), (2, 7, 6)]);
-        s.routed_from(&[(2, 7, 9), (3, 9, 2)]);
-        let here = |node, run, seq| {
+        assert!(
+            !s.state
+                .lock()
+                .routed_here(&sent_to(numbered(2, 7, 9), &[1]).message)
+        );
+        s.install(Installed {
+            node: 1,
+            run: 50,
+            next: 40,
+            received: [((2, 7), 5)].into_iter().collect(),
+            unnumbered: [4].into_iter().collect(),
+            until: Instant::now() + LATE_FOR,
+            late: HashSet::new(),
+        });
+        // Set once: a later one (another hand-over) does not replace it.
+        s.install(Installed {
+            node: 1,
+            run: 50,
+            next: 99,
+            received: Default::default(),
+            unnumbered: Default::default(),
+            until: Instant::now(),
+            late: HashSet::new(),
+        });
+        let here = |node, run, seq, to: &[u64]| {
             s.state
                 .lock()
-                .routed_here(&numbered(node, run, seq).message)
+                .routed_here(&sent_to(numbered(node, run, seq), to).message)
         };
-        assert!(here(2, 7, 6) && here(2, 7, 100) && here(1, 50, 40) && here(3, 9, 2));
-        assert!(!here(2, 7, 5) && !here(2, 8, 100) && !here(1, 50, 39) && !here(4, 1, 1));
+        assert!(here(1, 50, 40, &[]) && !here(1, 50, 39, &[]) && !here(1, 49, 45, &[]));
+        assert!(here(2, 7, 6, &[1, 3]) && !here(2, 7, 5, &[1]) && !here(2, 7, 6, &[3]));
+        assert!(here(2, 8, 1, &[1]) && here(3, 1, 1, &[1]) && !here(4, 1, 1, &[1]));
         assert!(!s.state.lock().routed_here(&delivery(7).message));
+        // Routed here after it came, though numbered before: noted.
+        s.push(sent_to(numbered(2, 7, 4), &[1]));
+        s.push(numbered(1, 50, 38));
+        assert!(here(2, 7, 4, &[]) && here(1, 50, 38, &[]) && !here(2, 7, 3, &[1]));
+        s.state.lock().queue.clear();
         // What it holds is known by id.
         s.push(numbered(5, 1, 8));
         s.push_in_flight(numbered(5, 1, 9), 4097);
@@ -538,7 +626,7 @@ mod tests {
             .lock()
             .subscriptions
             .insert("$share/g/t".into(), sub);
-        assert!(!here(2, 7, 100));
+        assert!(!here(2, 7, 100, &[1]));
     }
 
     /// Each node of a cluster numbers its messages from its own part of the packet ids.

@@ -121,6 +121,7 @@ async fn ask_rebirth(shared: &Arc<BrokerState>, group: &str, edge: &str) {
     let now_ms = (sluice_engine::now_micros() / 1000) as u64;
     let m = Arc::new(Message {
         id: Default::default(),
+        sent_to: Default::default(),
         topic: Arc::from(format!("spBv1.0/{group}/NCMD/{edge}")),
         payload: sparkplug::payload::rebirth_request(now_ms).into(),
         qos: QoS::AtLeastOnce,

@@ -111,9 +111,9 @@ pub(crate) async fn import(
         })
         .collect();
     shared.db.journal(entries, true).await?;
-    // Its subscriptions are in place: from which number each node's messages reach it.
+    // Its subscriptions are in place: what reaches it here from now on.
     if let (Some(s), Some(r)) = (session, shared.router.remote()) {
-        r.routed_from(s);
+        s.install(r.installed());
     }
     Ok(())
 }

@@ -73,9 +73,10 @@ struct RoutesCall {
     seq: u64,
     full: Option<Vec<Change>>,
     changes: Vec<Change>,
-    /// The caller reads the numbering in the answer (an older caller reads one byte).
+    /// The caller reads a second byte in the answer: whether this node reads the ids and
+    /// destinations of relayed messages (an older caller reads one byte).
     #[serde(default)]
-    numbering: bool,
+    ids: bool,
 }
 
 /// One change to a node's routes or to its registry of lasting sessions.
@@ -145,8 +146,8 @@ struct Known {
     down: bool,
     /// When it last answered.
     answered: Option<std::time::Instant>,
-    /// Its broker's run and next message number when it took the routes up to `seq`.
-    numbering: Option<(u64, u64)>,
+    /// It reads the ids and destinations of relayed messages (it said so).
+    ids: bool,
 }
 
 /// A sender's run and the last message of it taken.
@@ -314,7 +315,7 @@ impl Relay {
                     seq: r.seq,
                     full: changes.is_none().then(|| r.full()),
                     changes: changes.unwrap_or_default(),
-                    numbering: true,
+                    ids: true,
                 }
             };
             let seq = call.seq;
@@ -323,15 +324,14 @@ impl Relay {
                 Err(e) => Err(e.to_string()),
             };
             match answer.as_deref() {
-                Ok([1, numbering @ ..]) => {
+                Ok([1, ids @ ..]) => {
                     has = Some(seq);
                     let answered = Some(std::time::Instant::now());
-                    let numbering = crate::from_cbor(numbering).ok();
                     (peer.known).send_replace(Known {
                         seq,
                         down: false,
                         answered,
-                        numbering,
+                        ids: ids == [1],
                     });
                 }
                 // The peer lost track: the whole set next.
@@ -462,15 +462,10 @@ impl Relay {
         match kind {
             ROUTES => {
                 let call: RoutesCall = crate::from_cbor(&body).map_err(|e| e.to_string())?;
-                let numbering = call.numbering;
+                let ids = call.ids;
                 let mut answer = vec![u8::from(self.learn_routes(call))];
-                // Read after the routes were taken: a message numbered from there on is
-                // routed by them.
-                if numbering
-                    && answer == [1]
-                    && let Some(n) = self.sink.get().and_then(|s| s.numbering())
-                {
-                    answer.extend(crate::to_cbor(&n).map_err(|e| e.to_string())?);
+                if ids && answer == [1] {
+                    answer.push(1);
                 }
                 Ok(answer)
             }
@@ -645,24 +640,7 @@ impl RelayPort for Relay {
     }
 
     fn takes_ids(&self, node: u64) -> bool {
-        self.peer(node).known.borrow().numbering.is_some()
-    }
-
-    fn numbers_known(&self, seq: u64) -> BoxFuture<'static, Vec<(u64, u64, u64)>> {
-        let peers: Vec<(u64, watch::Receiver<Known>)> = (self.peer_ids().into_iter())
-            .map(|id| (id, self.peer(id).known.subscribe()))
-            .collect();
-        let known = self.routes_known(seq);
-        Box::pin(async move {
-            known.await;
-            (peers.into_iter())
-                .filter_map(|(id, k)| {
-                    let k = *k.borrow();
-                    let (run, next) = k.numbering.filter(|_| k.seq >= seq && !k.down)?;
-                    Some((id, run, next))
-                })
-                .collect()
-        })
+        self.peer(node).known.borrow().ids
     }
 
     fn routes_known(&self, seq: u64) -> BoxFuture<'static, ()> {

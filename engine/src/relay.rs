@@ -58,16 +58,9 @@ pub trait Relay: Send + Sync + 'static {
     /// its sessions are loaded: this node's routes are sent to the others from then on).
     fn set_sink(&self, sink: Arc<dyn RelaySink>);
 
-    /// Whether node `node` reads the ids of the messages relayed to it (it answered this
-    /// node's routes with its numbering: a version that knows them).
+    /// Whether node `node` reads the ids and destinations of the messages relayed to it
+    /// (it said so in its answer to this node's routes: a version that knows them).
     fn takes_ids(&self, node: u64) -> bool;
-
-    /// Waits like [`Relay::routes_known`], then returns, for each other node that took this
-    /// node's routes up to change `seq` (and says so: an older version does not), its
-    /// broker's run and the number the next message it takes from a publisher gets, at
-    /// least, when it last took them ([`RelaySink::numbering`]): every message it numbers
-    /// from there on goes here when it matches those routes. (node, run, number).
-    fn numbers_known(&self, seq: u64) -> BoxFuture<'static, Vec<(u64, u64, u64)>>;
 
     /// Returns once this node knows the routes of every other node that answers (a few
     /// seconds at most): a node that starts takes no publishes before, or it would not
@@ -134,11 +127,6 @@ pub trait RelaySink: Send + Sync + 'static {
     /// Another node gives what its session `client` held (the client came here while that
     /// node was down); true once taken into this node's session of it.
     fn take_given(&self, client: String, held: bytes::Bytes) -> BoxFuture<'static, bool>;
-
-    /// This node's broker run and the number the next message it takes from a publisher
-    /// gets, at least (asked right after routes from another node were taken); `None`
-    /// without numbering.
-    fn numbering(&self) -> Option<(u64, u64)>;
 
     /// Publishes a will (the broker's encoding, which names its client) of a client of node
     /// `node`, which stopped answering (or started again without claiming it) after its

@@ -95,6 +95,7 @@ pub(super) async fn store_batch(ctx: Arc<Context>, mut rs: Vec<Received>) -> Vec
 fn local_message(ctx: &Context, r: &Received) -> Message {
     Message {
         id: Default::default(),
+        sent_to: Default::default(),
         topic: Arc::from(local_topic(&ctx.config, &r.topic)),
         payload: r.payload.clone(),
         qos: r.qos,

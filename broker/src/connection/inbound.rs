@@ -288,6 +288,7 @@ pub(super) fn on_publish(
         .map(|s| Instant::now() + Duration::from_secs(u64::from(s)));
     let message = Arc::new(Message {
         id: Default::default(),
+        sent_to: Default::default(),
         topic,
         payload: p.payload,
         qos: p.qos,

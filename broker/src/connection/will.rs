@@ -171,6 +171,7 @@ pub(crate) fn will_message(client: &Arc<str>, will: &LastWill) -> Option<(Arc<Me
         .map(|s| Instant::now() + Duration::from_secs(u64::from(s)));
     let message = Arc::new(Message {
         id: Default::default(),
+        sent_to: Default::default(),
         topic: Arc::from(topic),
         payload: will.message.clone(),
         qos: will.qos,

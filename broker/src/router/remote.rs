@@ -108,11 +108,6 @@ impl Remote {
         self.relay.node()
     }
 
-    /// This run of this node ([`crate::session::MessageId::run`]).
-    pub(crate) fn run(&self) -> u64 {
-        self.run
-    }
-
     /// The number the next message this node takes from a publisher gets, at least.
     pub(crate) fn next_number(&self) -> u64 {
         *self.numbered.lock() + 1
@@ -134,32 +129,20 @@ impl Remote {
         }
     }
 
-    /// A session's subscriptions are in place here (what another node held was taken):
-    /// per (node, run), the number from which every message of that run matching them
-    /// reaches the session here. This node's at once: its next number. The others' (each
-    /// that says it took this node's routes as they are now; nodes that do not say are left
-    /// out) once they said so, in the background: the later of its next number then and
-    /// the one after the last received here from it now (messages come from a node in the
-    /// order numbered, so a later one arrives after the subscriptions came).
-    pub(crate) fn routed_from(&self, session: Arc<crate::session::Session>) {
-        session.routed_from(&[(self.node(), self.run, self.next_number())]);
-        let seq = self.seq.load(Ordering::Acquire);
-        let known = self.relay.numbers_known(seq);
-        let received = self.received.lock().clone();
-        tokio::spawn(async move {
-            let mut from = Vec::new();
-            for (node, run, next) in known.await {
-                let after = match received.0.get(&(node, run)) {
-                    Some(last) => last + 1,
-                    // Messages without ids came from it, and none with: their numbers are
-                    // unknown, so none of its run can be told a copy.
-                    None if received.1.contains(&node) => continue,
-                    None => 0,
-                };
-                from.push((node, run, next.max(after)));
-            }
-            session.routed_from(&from);
-        });
+    /// What tells, once a session's subscriptions are in place here (what another node
+    /// held was taken), which of the messages another node later gives back or hands over
+    /// reached it here already ([`crate::session::Installed`]).
+    pub(crate) fn installed(&self) -> crate::session::Installed {
+        let received = self.received.lock();
+        crate::session::Installed {
+            node: self.node(),
+            run: self.run,
+            next: self.next_number(),
+            received: received.0.clone(),
+            unnumbered: received.1.clone(),
+            until: std::time::Instant::now() + crate::session::LATE_FOR,
+            late: HashSet::new(),
+        }
     }
 
     /// A session of this node subscribed `filter` (not replacing a subscription).
@@ -285,16 +268,8 @@ impl Remote {
     /// returns the queue slots and the shared groups whose member another node chose.
     pub(crate) fn relay(&self, message: &Message) -> (Relaying, Vec<Group>) {
         // Numbered here, where its publisher's node first routes it (before it is stored,
-        // so in its publisher's order).
+        // so in its publisher's order), with the nodes it goes to.
         let mut numbered = self.numbered.lock();
-        message.id.get_or_init(|| {
-            *numbered += 1;
-            MessageId {
-                node: self.relay.node(),
-                run: self.run,
-                seq: *numbered,
-            }
-        });
         let mut to: BTreeMap<u64, Vec<Group>> = BTreeMap::new();
         let mut groups: HashMap<Group, Vec<u64>> = HashMap::new();
         self.tree
@@ -325,6 +300,16 @@ impl Remote {
             for p in self.relay.peers() {
                 to.entry(p).or_default();
             }
+        }
+        if message.id.get().is_none() {
+            *numbered += 1;
+            let id = MessageId {
+                node: self.relay.node(),
+                run: self.run,
+                seq: *numbered,
+            };
+            let _ = message.sent_to.set(to.keys().copied().collect());
+            let _ = message.id.set(id);
         }
         // Encoded once for the nodes that serve no shared group (most of them); without
         // its id for a node of an older version, which would not read it.
@@ -392,7 +377,7 @@ impl Router {
             return true;
         }
         // Messages stop coming here for it: what was routed here says nothing of later ones.
-        session.state.lock().firsts.clear();
+        session.state.lock().installed = None;
         let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
         for f in filters {
             r.removed(&f);
