@@ -70,12 +70,16 @@ pub(crate) const LATE_FOR: std::time::Duration = std::time::Duration::from_secs(
 const LATE_MAX: usize = 100_000;
 
 impl Installed {
-    /// Whether `message` reached the session here (see the type's docs).
-    pub(crate) fn routed(&self, message: &Message) -> bool {
+    /// Whether `message` reached the session here (see the type's docs). `received`: per
+    /// other node's run, the highest number received here so far; a message above it
+    /// has not come (its node died before sending it, or it is still on its way).
+    pub(crate) fn routed(&self, message: &Message, received: &HashMap<(u64, u64), u64>) -> bool {
         let Some(id) = message.id.get() else {
             return false;
         };
-        self.late.contains(id) || self.by_numbers(message, id)
+        let came = id.node == self.node
+            || (received.get(&(id.node, id.run))).is_some_and(|last| id.seq <= *last);
+        self.late.contains(id) || (came && self.by_numbers(message, id))
     }
 
     /// `message` is routed to the session now: noted if its numbers say it came before.
@@ -190,12 +194,16 @@ impl State {
     /// Whether `message` (given back or handed over by another node) was routed to this
     /// session here already ([`Installed::routed`]). Not for sessions with shared
     /// subscriptions, whose members each get only some of the messages.
-    pub(crate) fn routed_here(&self, message: &Message) -> bool {
+    pub(crate) fn routed_here(
+        &self,
+        message: &Message,
+        received: &HashMap<(u64, u64), u64>,
+    ) -> bool {
         let Some(installed) = &self.installed else {
             return false;
         };
         let shared = (self.subscriptions.keys()).any(|f| crate::topic::parse_shared(f).is_some());
-        !shared && installed.routed(message)
+        !shared && installed.routed(message, received)
     }
 
     /// The ids of the messages the session holds (queued or in flight).
@@ -568,10 +576,15 @@ mod tests {
             id: None,
         };
         s.state.lock().subscriptions.insert("t".into(), sub.clone());
+        // Received here so far: node 2's run 7 up to 100, run 8 up to 1, node 3's run 1
+        // up to 1, node 4's up to 9.
+        let now: HashMap<(u64, u64), u64> = [((2, 7), 100), ((2, 8), 1), ((3, 1), 1), ((4, 1), 9)]
+            .into_iter()
+            .collect();
         assert!(
             !s.state
                 .lock()
-                .routed_here(&sent_to(numbered(2, 7, 9), &[1]).message)
+                .routed_here(&sent_to(numbered(2, 7, 9), &[1]).message, &now)
         );
         s.install(Installed {
             node: 1,
@@ -595,12 +608,14 @@ mod tests {
         let here = |node, run, seq, to: &[u64]| {
             s.state
                 .lock()
-                .routed_here(&sent_to(numbered(node, run, seq), to).message)
+                .routed_here(&sent_to(numbered(node, run, seq), to).message, &now)
         };
         assert!(here(1, 50, 40, &[]) && !here(1, 50, 39, &[]) && !here(1, 49, 45, &[]));
         assert!(here(2, 7, 6, &[1, 3]) && !here(2, 7, 5, &[1]) && !here(2, 7, 6, &[3]));
         assert!(here(2, 8, 1, &[1]) && here(3, 1, 1, &[1]) && !here(4, 1, 1, &[1]));
-        assert!(!s.state.lock().routed_here(&delivery(7).message));
+        // Sent here but never come (its node died first): not a copy.
+        assert!(!here(2, 7, 101, &[1]) && !here(2, 8, 2, &[1]) && !here(5, 1, 1, &[1]));
+        assert!(!s.state.lock().routed_here(&delivery(7).message, &now));
         // Routed here after it came, though numbered before: noted.
         s.push(sent_to(numbered(2, 7, 4), &[1]));
         s.push(numbered(1, 50, 38));

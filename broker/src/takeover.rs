@@ -85,11 +85,14 @@ pub(crate) async fn import(
     let held = (session.as_ref())
         .map(|s| s.state.lock().held_ids())
         .unwrap_or_default();
+    let received = (shared.router.remote())
+        .map(|r| r.received_now())
+        .unwrap_or_default();
     let records: Vec<Record> = (records.into_iter())
         .filter(|r| match (r, &session) {
             (Record::Queued { message, .. }, Some(s)) => {
                 let held = message.id.get().is_some_and(|id| held.contains(id));
-                !held && !s.state.lock().routed_here(message)
+                !held && !s.state.lock().routed_here(message, &received)
             }
             _ => true,
         })

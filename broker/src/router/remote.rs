@@ -129,6 +129,11 @@ impl Remote {
         }
     }
 
+    /// Per other node's run, the highest number of its messages received here so far.
+    pub(crate) fn received_now(&self) -> HashMap<(u64, u64), u64> {
+        self.received.lock().0.clone()
+    }
+
     /// What tells, once a session's subscriptions are in place here (what another node
     /// held was taken), which of the messages another node later gives back or hands over
     /// reached it here already ([`crate::session::Installed`]).

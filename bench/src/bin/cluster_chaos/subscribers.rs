@@ -257,6 +257,12 @@ pub(crate) async fn report(subs: &[Shared], acked: &HashSet<u64>, within: Durati
     for (i, s) in subs.iter().enumerate() {
         let missed = missing(s);
         let g = s.lock();
+        if missed > 0 {
+            let mut some: Vec<&u64> = acked.difference(&g.seqs).collect();
+            some.sort();
+            some.truncate(5);
+            println!("subscriber {i} lacks {missed}, among them {some:?}");
+        }
         println!(
             "subscriber {i} (node {}): {} of {} acknowledged messages, {} copies, longest gap \
              between deliveries {:.2} s (ended at {:.1} s)",
