@@ -117,7 +117,11 @@ impl RelaySink for Inbox {
             if !entries.is_empty()
                 && let Err(e) = shared.db.journal(entries, true).await
             {
-                // Not answered: the sender keeps them and sends them again.
+                // Not answered: the sender keeps them and sends them again (unless it
+                // dies first: counted as a gap, their numbers are no longer telling).
+                if let Some(r) = shared.router.remote() {
+                    r.gap(from);
+                }
                 tracing::error!(from, error = %e, "relayed messages not logged for their lasting subscribers; not delivered");
                 return Err(format!("relayed messages from node {from} not logged: {e}"));
             }
@@ -140,6 +144,16 @@ impl RelaySink for Inbox {
                 crate::connection::publish_kept_will(s, node, will).await;
             }
         })
+    }
+
+    fn gap(&self, from: u64) {
+        if let Some(r) = self.0.upgrade().as_ref().and_then(|s| s.router.remote()) {
+            tracing::warn!(
+                from,
+                "messages from another node were dropped on the way here (its queue for this node was full)"
+            );
+            r.gap(from);
+        }
     }
 
     fn take_given(&self, client: String, held: bytes::Bytes) -> BoxFuture<'static, bool> {

@@ -54,13 +54,27 @@ pub(crate) struct Installed {
     pub(crate) node: u64,
     pub(crate) run: u64,
     pub(crate) next: u64,
-    pub(crate) received: HashMap<(u64, u64), u64>,
-    /// Nodes that relayed messages here without ids: what they sent cannot be placed.
-    pub(crate) unnumbered: HashSet<u64>,
+    /// What had come from the other nodes then.
+    pub(crate) then: Arrivals,
+    /// The session's plain filters then: only a message one of them (still subscribed)
+    /// matches reached it here.
+    pub(crate) filters: Vec<String>,
     /// Until when messages routed to the session that the numbers place before it came
     /// (numbered or received before, stored or applied after) are noted in `late`.
     pub(crate) until: std::time::Instant,
     pub(crate) late: HashSet<MessageId>,
+}
+
+/// What has come to this node from the others (`Remote::received`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Arrivals {
+    /// Per other node's run, the highest number received.
+    pub(crate) max: HashMap<(u64, u64), u64>,
+    /// Nodes that relayed messages here without ids: what they sent cannot be placed.
+    pub(crate) unnumbered: HashSet<u64>,
+    /// Nodes some of whose messages for this node never came (a full queue dropped them)
+    /// or were not taken (they could not be logged): what they sent cannot be placed.
+    pub(crate) gapped: HashSet<u64>,
 }
 
 /// How long after a session came here the messages in flight then are noted one by one
@@ -70,24 +84,25 @@ pub(crate) const LATE_FOR: std::time::Duration = std::time::Duration::from_secs(
 const LATE_MAX: usize = 100_000;
 
 impl Installed {
-    /// Whether `message` reached the session here (see the type's docs). `received`: per
-    /// other node's run, the highest number received here so far; a message above it
-    /// has not come (its node died before sending it, or it is still on its way).
-    pub(crate) fn routed(&self, message: &Message, received: &HashMap<(u64, u64), u64>) -> bool {
+    /// Whether `message` reached the session here (see the type's docs), given what has
+    /// come `now`: a message numbered above the highest received from its run has not
+    /// come (its node died before sending it, or it is still on its way).
+    pub(crate) fn routed(&self, message: &Message, now: &Arrivals) -> bool {
         let Some(id) = message.id.get() else {
             return false;
         };
         let came = id.node == self.node
-            || (received.get(&(id.node, id.run))).is_some_and(|last| id.seq <= *last);
+            || (!now.gapped.contains(&id.node)
+                && (now.max.get(&(id.node, id.run))).is_some_and(|last| id.seq <= *last));
         self.late.contains(id) || (came && self.by_numbers(message, id))
     }
 
     /// `message` is routed to the session now: noted if its numbers say it came before.
     fn routed_late(&mut self, message: &Message) {
-        if let Some(id) = message.id.get()
+        if Instant::now() < self.until
             && self.late.len() < LATE_MAX
+            && let Some(id) = message.id.get()
             && !self.by_numbers(message, id)
-            && Instant::now() < self.until
         {
             self.late.insert(*id);
         }
@@ -98,11 +113,11 @@ impl Installed {
             return id.run == self.run && id.seq >= self.next;
         }
         let sent_here = (message.sent_to.get()).is_some_and(|to| to.contains(&self.node));
-        let after = match self.received.get(&(id.node, id.run)) {
+        let after = match self.then.max.get(&(id.node, id.run)) {
             Some(last) => id.seq > *last,
-            None => !self.unnumbered.contains(&id.node),
+            None => !self.then.unnumbered.contains(&id.node),
         };
-        sent_here && after
+        sent_here && after && !self.then.gapped.contains(&id.node)
     }
 }
 
@@ -194,16 +209,17 @@ impl State {
     /// Whether `message` (given back or handed over by another node) was routed to this
     /// session here already ([`Installed::routed`]). Not for sessions with shared
     /// subscriptions, whose members each get only some of the messages.
-    pub(crate) fn routed_here(
-        &self,
-        message: &Message,
-        received: &HashMap<(u64, u64), u64>,
-    ) -> bool {
+    pub(crate) fn routed_here(&self, message: &Message, now: &Arrivals) -> bool {
         let Some(installed) = &self.installed else {
             return false;
         };
         let shared = (self.subscriptions.keys()).any(|f| crate::topic::parse_shared(f).is_some());
-        !shared && installed.routed(message, received)
+        // A filter it had when it came and still has matches it (a message for a filter
+        // its other copy had and this one lacks did not come to it here).
+        let subscribed = (installed.filters.iter()).any(|f| {
+            crate::topic::matches(f, &message.topic) && self.subscriptions.contains_key(f)
+        });
+        !shared && subscribed && installed.routed(message, now)
     }
 
     /// The ids of the messages the session holds (queued or in flight).
@@ -479,9 +495,13 @@ impl Session {
 
     /// The session's subscriptions are in place here: `installed` says from when (kept if
     /// set before: the subscriptions were in place since).
-    pub(crate) fn install(&self, installed: Installed) {
+    pub(crate) fn install(&self, mut installed: Installed) {
         let mut st = self.state.lock();
         if st.installed.is_none() {
+            installed.filters = (st.subscriptions.keys())
+                .filter(|f| crate::topic::parse_shared(f).is_none())
+                .cloned()
+                .collect();
             st.installed = Some(Box::new(installed));
         }
     }
@@ -578,9 +598,18 @@ mod tests {
         s.state.lock().subscriptions.insert("t".into(), sub.clone());
         // Received here so far: node 2's run 7 up to 100, run 8 up to 1, node 3's run 1
         // up to 1, node 4's up to 9.
-        let now: HashMap<(u64, u64), u64> = [((2, 7), 100), ((2, 8), 1), ((3, 1), 1), ((4, 1), 9)]
+        let now = Arrivals {
+            max: [
+                ((2, 7), 100),
+                ((2, 8), 1),
+                ((3, 1), 1),
+                ((4, 1), 9),
+                ((6, 1), 9),
+            ]
             .into_iter()
-            .collect();
+            .collect(),
+            ..Default::default()
+        };
         assert!(
             !s.state
                 .lock()
@@ -590,8 +619,12 @@ mod tests {
             node: 1,
             run: 50,
             next: 40,
-            received: [((2, 7), 5)].into_iter().collect(),
-            unnumbered: [4].into_iter().collect(),
+            then: Arrivals {
+                max: [((2, 7), 5)].into_iter().collect(),
+                unnumbered: [4].into_iter().collect(),
+                gapped: [6].into_iter().collect(),
+            },
+            filters: Vec::new(),
             until: Instant::now() + LATE_FOR,
             late: HashSet::new(),
         });
@@ -600,8 +633,8 @@ mod tests {
             node: 1,
             run: 50,
             next: 99,
-            received: Default::default(),
-            unnumbered: Default::default(),
+            then: Arrivals::default(),
+            filters: Vec::new(),
             until: Instant::now(),
             late: HashSet::new(),
         });
@@ -615,6 +648,17 @@ mod tests {
         assert!(here(2, 8, 1, &[1]) && here(3, 1, 1, &[1]) && !here(4, 1, 1, &[1]));
         // Sent here but never come (its node died first): not a copy.
         assert!(!here(2, 7, 101, &[1]) && !here(2, 8, 2, &[1]) && !here(5, 1, 1, &[1]));
+        // A node with a gap in what came from it: nothing of it can be told.
+        assert!(!here(6, 1, 1, &[1]));
+        let mut gapped = now.clone();
+        gapped.gapped.insert(3);
+        let m = sent_to(numbered(3, 1, 1), &[1]);
+        assert!(!s.state.lock().routed_here(&m.message, &gapped));
+        // A topic none of the filters it came with matches (its other copy had one more).
+        let other = sent_to(numbered(2, 7, 6), &[1]);
+        let mut m = (*other.message).clone();
+        m.topic = Arc::from("u");
+        assert!(!s.state.lock().routed_here(&m, &now));
         assert!(!s.state.lock().routed_here(&delivery(7).message, &now));
         // Routed here after it came, though numbered before: noted.
         s.push(sent_to(numbered(2, 7, 4), &[1]));

@@ -244,6 +244,8 @@ pub(crate) async fn take_given(shared: Arc<BrokerState>, client: String, held: B
         .collect();
     let n = queued.len();
     match import(&shared, queued).await {
+        // Handed over to a third node meanwhile: given again there.
+        Ok(()) if !shared.router.is_current(&session) => false,
         Ok(()) => {
             tracing::info!(%client, messages = n, "took what the session held on the node it left");
             true
@@ -294,7 +296,16 @@ pub(crate) async fn give_back(shared: Arc<BrokerState>) {
                 continue;
             }
             tracing::info!(client = %s.client_id, node, messages = lsns.len(), "gave what a moved session held");
-            s.state.lock().forget_acked(&lsns);
+            {
+                // Its client came back here meanwhile (and took that node's session, with
+                // what was just given): it keeps them here, as that node's copy was left
+                // out as held. (`attach` bumps the generation before it takes the lock.)
+                let mut st = s.state.lock();
+                if s.generation.load(std::sync::atomic::Ordering::Acquire) != 0 {
+                    continue;
+                }
+                st.forget_acked(&lsns);
+            }
             let record = Record::Acked {
                 client: s.client_id.clone(),
                 lsns,

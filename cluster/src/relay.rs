@@ -612,7 +612,7 @@ impl RelayPort for Relay {
         r.seq
     }
 
-    fn set_session(&self, client: &str, held: Option<Bytes>) {
+    fn set_session(&self, client: &str, held: Option<Bytes>) -> u64 {
         let mut r = self.routes.lock();
         let held = held.unwrap_or_default();
         let same = match r.sessions.get(client) {
@@ -620,13 +620,13 @@ impl RelayPort for Relay {
             None => held.is_empty(),
         };
         if same {
-            return;
+            return r.seq;
         }
         match held.is_empty() {
             true => r.sessions.remove(client),
             false => r.sessions.insert(client.to_string(), held.clone()),
         };
-        r.change(Change::Session(client.to_string(), held), &self.changed);
+        r.change(Change::Session(client.to_string(), held), &self.changed)
     }
 
     fn session_elsewhere(&self, client: &str) -> Option<(u64, bool, Bytes)> {

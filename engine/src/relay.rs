@@ -37,8 +37,9 @@ pub trait Relay: Send + Sync + 'static {
 
     /// This node's lasting session `client` now holds these subscriptions (the broker's
     /// encoding), or (`None`) has ended: shared with the other nodes, so that the client
-    /// finds its subscriptions on another node while this one is down.
-    fn set_session(&self, client: &str, held: Option<bytes::Bytes>);
+    /// finds its subscriptions on another node while this one is down. Returns the change's
+    /// number, for [`Relay::routes_known`] (a SUBACK waits until the others know it too).
+    fn set_session(&self, client: &str, held: Option<bytes::Bytes>) -> u64;
 
     /// Another node's lasting session of `client`, as that node last shared it: the node,
     /// whether it is known not to answer, and its subscriptions.
@@ -119,6 +120,10 @@ pub trait RelaySink: Send + Sync + 'static {
         mark: (u64, u64),
         messages: Vec<bytes::Bytes>,
     ) -> BoxFuture<'static, Result<(), String>>;
+
+    /// Some messages node `from` had for this node never came: its queue for this node
+    /// dropped them while this node did not answer (numbers of its batches were skipped).
+    fn gap(&self, from: u64);
 
     /// Another node took client `client` over: its session here ends (its connection
     /// told so); unless `clean`, returns what it held, for that node to go on with.

@@ -66,11 +66,8 @@ pub(crate) struct Remote {
     /// Per other node's run: the highest number of its messages relayed here so far; and
     /// the nodes that relayed messages without their ids (it had not heard this node
     /// reads them).
-    received: Mutex<(HashMap<Run, u64>, HashSet<u64>)>,
+    received: Mutex<crate::session::Arrivals>,
 }
-
-/// A node and its run.
-type Run = (u64, u64);
 
 impl std::fmt::Debug for Remote {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -99,7 +96,7 @@ impl Remote {
             next_shared: AtomicUsize::new(0),
             run: sluice_engine::now_micros() as u64,
             numbered: Mutex::new(0),
-            received: Mutex::new((HashMap::new(), HashSet::new())),
+            received: Mutex::new(Default::default()),
         }
     }
 
@@ -119,32 +116,37 @@ impl Remote {
         for m in messages {
             match m.id.get() {
                 Some(id) => {
-                    let max = received.0.entry((id.node, id.run)).or_insert(id.seq);
+                    let max = received.max.entry((id.node, id.run)).or_insert(id.seq);
                     *max = (*max).max(id.seq);
                 }
                 None => {
-                    received.1.insert(from);
+                    received.unnumbered.insert(from);
                 }
             }
         }
     }
 
-    /// Per other node's run, the highest number of its messages received here so far.
-    pub(crate) fn received_now(&self) -> HashMap<(u64, u64), u64> {
-        self.received.lock().0.clone()
+    /// What has come from the other nodes so far.
+    pub(crate) fn received_now(&self) -> crate::session::Arrivals {
+        self.received.lock().clone()
+    }
+
+    /// Some of node `from`'s messages for this node never came, or were not taken: none of
+    /// its messages can be placed from now on (a copy is kept rather than one lost).
+    pub(crate) fn gap(&self, from: u64) {
+        self.received.lock().gapped.insert(from);
     }
 
     /// What tells, once a session's subscriptions are in place here (what another node
     /// held was taken), which of the messages another node later gives back or hands over
     /// reached it here already ([`crate::session::Installed`]).
     pub(crate) fn installed(&self) -> crate::session::Installed {
-        let received = self.received.lock();
         crate::session::Installed {
             node: self.node(),
             run: self.run,
             next: self.next_number(),
-            received: received.0.clone(),
-            unnumbered: received.1.clone(),
+            then: self.received.lock().clone(),
+            filters: Vec::new(),
             until: std::time::Instant::now() + crate::session::LATE_FOR,
             late: HashSet::new(),
         }
@@ -179,7 +181,10 @@ impl Remote {
     /// this node be down when it comes back).
     pub(crate) fn share_session(&self, session: &crate::session::Session) {
         let held = crate::takeover::subscriptions(session);
-        self.relay.set_session(&session.client_id, held);
+        // A SUBACK waits until the others know it (`known`), as for a new route: should
+        // this node die next, the client finds the subscription elsewhere.
+        let seq = self.relay.set_session(&session.client_id, held);
+        self.seq.fetch_max(seq, Ordering::AcqRel);
     }
 
     /// The other nodes keep the will of this node's connection of `client` (for when this

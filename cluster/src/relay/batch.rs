@@ -32,6 +32,10 @@ impl Relay {
         if state.0 != incarnation {
             *state = (incarnation, 0);
         }
+        // Numbers skipped: the sender's queue dropped them while this node did not answer.
+        if first > state.1 + 1 {
+            sink.gap(from);
+        }
         // Those taken already (the answer to an earlier copy was lost) are skipped.
         let skip = (state.1 + 1).saturating_sub(first) as usize;
         if skip >= messages.len() {
