@@ -684,6 +684,15 @@ mod tests {
                 client: c.clone(),
                 pkid: 65535,
             },
+            // As written before message ids: no id, no packet id.
+            Record::Queued {
+                client: c.clone(),
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                ids: vec![],
+                message: sample(),
+                sent: None,
+            },
             Record::Subscribe {
                 client: c.clone(),
                 filter: "$share/g/a/#".into(),
