@@ -60,8 +60,9 @@ pub(crate) struct Installed {
     /// matches reached it here.
     pub(crate) filters: Vec<String>,
     /// Until when messages routed to the session that the numbers place before it came
-    /// (numbered or received before, stored or applied after) are noted in `late`.
-    pub(crate) until: std::time::Instant,
+    /// (numbered or received before, stored or applied after) are noted in `late`; `None`
+    /// once past (no clock is read per delivery after that).
+    pub(crate) until: Option<std::time::Instant>,
     pub(crate) late: HashSet<MessageId>,
 }
 
@@ -99,9 +100,12 @@ impl Installed {
 
     /// `message` is routed to the session now: noted if its numbers say it came before.
     fn routed_late(&mut self, message: &Message) {
-        if Instant::now() < self.until
-            && self.late.len() < LATE_MAX
-            && let Some(id) = message.id.get()
+        let Some(until) = self.until else {
+            return;
+        };
+        if Instant::now() >= until || self.late.len() >= LATE_MAX {
+            self.until = None;
+        } else if let Some(id) = message.id.get()
             && !self.by_numbers(message, id)
         {
             self.late.insert(*id);
@@ -625,7 +629,7 @@ mod tests {
                 gapped: [6].into_iter().collect(),
             },
             filters: Vec::new(),
-            until: Instant::now() + LATE_FOR,
+            until: Some(Instant::now() + LATE_FOR),
             late: HashSet::new(),
         });
         // Set once: a later one (another hand-over) does not replace it.
@@ -635,7 +639,7 @@ mod tests {
             next: 99,
             then: Arrivals::default(),
             filters: Vec::new(),
-            until: Instant::now(),
+            until: None,
             late: HashSet::new(),
         });
         let here = |node, run, seq, to: &[u64]| {

@@ -16,7 +16,7 @@
 
 use crate::BrokerState;
 use crate::journal::{self, Record};
-use crate::session::{Outgoing, Session};
+use crate::session::{Message, Outgoing, Session};
 use bytes::{Buf, Bytes};
 use std::sync::Arc;
 
@@ -82,21 +82,22 @@ pub(crate) async fn import(
     // was withdrawn (its client came back before the node it went to gave it back).
     let client = records.iter().find_map(record_client).cloned();
     let session = client.as_ref().and_then(|c| shared.router.session(c));
-    let held = (session.as_ref())
-        .map(|s| s.state.lock().held_ids())
-        .unwrap_or_default();
-    let received = (shared.router.remote())
-        .map(|r| r.received_now())
-        .unwrap_or_default();
-    let records: Vec<Record> = (records.into_iter())
-        .filter(|r| match (r, &session) {
-            (Record::Queued { message, .. }, Some(s)) => {
-                let held = message.id.get().is_some_and(|id| held.contains(id));
-                !held && !s.state.lock().routed_here(message, &received)
-            }
-            _ => true,
-        })
-        .collect();
+    let records: Vec<Record> = match &session {
+        Some(s) => {
+            let received = (shared.router.remote())
+                .map(|r| r.received_now())
+                .unwrap_or_default();
+            let st = s.state.lock();
+            let held = st.held_ids();
+            let copy = |m: &Message| {
+                m.id.get().is_some_and(|id| held.contains(id)) || st.routed_here(m, &received)
+            };
+            (records.into_iter())
+                .filter(|r| !matches!(r, Record::Queued { message, .. } if copy(message)))
+                .collect()
+        }
+        None => records,
+    };
     if records.len() < n {
         let copies = n - records.len();
         tracing::info!(
@@ -208,18 +209,18 @@ fn messages(session: &Session) -> (Bytes, Vec<u64>) {
     let queued: Vec<_> = st.queue.iter().map(|d| (None, d.clone())).collect();
     drop(st);
     let client = session.client_id.clone();
-    let (mut records, mut lsns) = (Vec::new(), Vec::new());
-    let sent = sent.into_iter().filter_map(|(pkid, o)| match o {
-        Outgoing::Published(d) => Some((Some(pkid), d)),
-        Outgoing::Released(lsn) => {
-            let client = client.clone();
-            records.push(Record::Releasing { client, pkid });
-            lsns.push(lsn);
-            None
+    let (mut records, mut lsns, mut published) = (Vec::new(), Vec::new(), Vec::new());
+    for (pkid, o) in sent {
+        match o {
+            Outgoing::Published(d) => published.push((Some(pkid), d)),
+            Outgoing::Released(lsn) => {
+                let client = client.clone();
+                records.push(Record::Releasing { client, pkid });
+                lsns.push(lsn);
+            }
         }
-    });
-    let sent: Vec<_> = sent.collect();
-    for (pkid, d) in sent.into_iter().chain(queued) {
+    }
+    for (pkid, d) in published.into_iter().chain(queued) {
         lsns.push(d.lsn);
         records.push(Record::Queued {
             client: client.clone(),

@@ -112,17 +112,22 @@ impl Remote {
 
     /// Messages came from node `from` (before they are routed here), with these ids.
     pub(crate) fn received<'a>(&self, from: u64, messages: impl Iterator<Item = &'a Message>) {
-        let mut received = self.received.lock();
+        // A batch holds its sender's messages, in the order numbered: its last numbered
+        // one is the highest, and one update of the map does.
+        let (mut last, mut unnumbered) = (None, false);
         for m in messages {
             match m.id.get() {
-                Some(id) => {
-                    let max = received.max.entry((id.node, id.run)).or_insert(id.seq);
-                    *max = (*max).max(id.seq);
-                }
-                None => {
-                    received.unnumbered.insert(from);
-                }
+                Some(id) => last = Some(*id),
+                None => unnumbered = true,
             }
+        }
+        let mut received = self.received.lock();
+        if let Some(id) = last {
+            let max = received.max.entry((id.node, id.run)).or_insert(id.seq);
+            *max = (*max).max(id.seq);
+        }
+        if unnumbered {
+            received.unnumbered.insert(from);
         }
     }
 
@@ -147,7 +152,7 @@ impl Remote {
             next: self.next_number(),
             then: self.received.lock().clone(),
             filters: Vec::new(),
-            until: std::time::Instant::now() + crate::session::LATE_FOR,
+            until: Some(std::time::Instant::now() + crate::session::LATE_FOR),
             late: HashSet::new(),
         }
     }
