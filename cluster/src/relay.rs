@@ -47,6 +47,11 @@ pub(crate) type RowsServer =
 
 /// How long a peer has to answer a call before it counts as not answering.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a peer has to take a batch of messages before it counts as down. Publishers
+/// wait for it meanwhile (their acknowledgements too): a frozen peer held every publisher
+/// of the cluster for the whole of [`CALL_TIMEOUT`]. A batch is journaled and answered in
+/// milliseconds; one that took longer is sent again (its number tells the copy).
+const BATCH_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a connecting client waits for a node to hand its session over.
 const TAKE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often routes are checked with a peer when nothing changes.
@@ -392,7 +397,7 @@ impl Relay {
                 batch::batch_frame(self.node.id(), self.incarnation, waiting.iter().take(n));
             // While the peer is down, publishers do not wait for it, not even during a call
             // that may take CALL_TIMEOUT (a frozen peer): what they queue meanwhile is taken.
-            let call = self.call(id, frame);
+            let call = self.node.call(id, frame, BATCH_TIMEOUT);
             tokio::pin!(call);
             let answer = loop {
                 tokio::select! {
