@@ -47,11 +47,17 @@ pub(crate) type RowsServer =
 
 /// How long a peer has to answer a call before it counts as not answering.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a peer has to take a batch of messages before it counts as down. Publishers
-/// wait for it meanwhile (their acknowledgements too): a frozen peer held every publisher
-/// of the cluster for the whole of [`CALL_TIMEOUT`]. A batch is journaled and answered in
-/// milliseconds; one that took longer is sent again (its number tells the copy).
+/// How long a batch's publishers wait for the peer to take it before the peer counts as
+/// down: counted from when the oldest of them queued its message, so that a message held
+/// up before its turn (its own write waiting for a new shard leader, while the peer froze)
+/// does not add a whole call's wait to that; but at least [`BATCH_TIMEOUT_MIN`] for the
+/// call. Publishers' acknowledgements wait meanwhile: with [`CALL_TIMEOUT`] a frozen peer
+/// held every publisher of the cluster 2 s, or 3 s behind a shard leader's election. A
+/// batch is journaled and answered in milliseconds; one that took longer is sent again (its
+/// numbers tell the copies).
 const BATCH_TIMEOUT: Duration = Duration::from_secs(1);
+/// See [`BATCH_TIMEOUT`].
+const BATCH_TIMEOUT_MIN: Duration = Duration::from_millis(400);
 /// How long a connecting client waits for a node to hand its session over.
 const TAKE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often routes are checked with a peer when nothing changes.
@@ -163,7 +169,12 @@ struct Slot {
     bytes: Bytes,
     go: oneshot::Receiver<bool>,
     accepted: oneshot::Sender<()>,
+    /// When the publisher queued it (see [`BATCH_TIMEOUT`]).
+    queued: tokio::time::Instant,
 }
+
+/// Publishers waiting for a peer to take their messages: number, answer, when queued.
+type Waiters = Vec<(u64, oneshot::Sender<()>, tokio::time::Instant)>;
 
 /// One other node: its queue and what it knows of the routes.
 struct Peer {
@@ -372,7 +383,7 @@ impl Relay {
     async fn forward(self: Arc<Self>, id: u64, mut rx: mpsc::UnboundedReceiver<Slot>) {
         // Released messages not yet taken, numbered; and who waits for them.
         let mut waiting: VecDeque<(u64, Bytes)> = VecDeque::new();
-        let mut waiters: Vec<(u64, oneshot::Sender<()>)> = Vec::new();
+        let mut waiters: Waiters = Vec::new();
         let mut next = 1u64;
         let mut down = false;
         loop {
@@ -397,7 +408,9 @@ impl Relay {
                 batch::batch_frame(self.node.id(), self.incarnation, waiting.iter().take(n));
             // While the peer is down, publishers do not wait for it, not even during a call
             // that may take CALL_TIMEOUT (a frozen peer): what they queue meanwhile is taken.
-            let call = self.node.call(id, frame, BATCH_TIMEOUT);
+            let waited = waiters.first().map_or(Duration::ZERO, |w| w.2.elapsed());
+            let timeout = BATCH_TIMEOUT.saturating_sub(waited).max(BATCH_TIMEOUT_MIN);
+            let call = self.node.call(id, frame, timeout);
             tokio::pin!(call);
             let answer = loop {
                 tokio::select! {
@@ -419,7 +432,7 @@ impl Relay {
                     }
                     down = false;
                     waiting.drain(..n);
-                    waiters.retain(|(seq, _)| *seq > last);
+                    waiters.retain(|(seq, ..)| *seq > last);
                 }
                 Err(e) => {
                     if !down {
@@ -453,11 +466,11 @@ impl Relay {
         slot: Slot,
         next: &mut u64,
         waiting: &mut VecDeque<(u64, Bytes)>,
-        waiters: &mut Vec<(u64, oneshot::Sender<()>)>,
+        waiters: &mut Waiters,
     ) {
         if slot.go.await == Ok(true) {
             waiting.push_back((*next, slot.bytes));
-            waiters.push((*next, slot.accepted));
+            waiters.push((*next, slot.accepted, slot.queued));
             *next += 1;
         }
     }
@@ -662,12 +675,14 @@ impl RelayPort for Relay {
 
     fn send(&self, to: &[u64], message: Bytes) -> Relaying {
         let mut out = Relaying::none();
+        let queued = tokio::time::Instant::now();
         for id in to {
             let (r, go, accepted) = Relaying::slot();
             let slot = Slot {
                 bytes: message.clone(),
                 go,
                 accepted,
+                queued,
             };
             if self.peer(*id).queue.send(slot).is_ok() {
                 out.join(r);
