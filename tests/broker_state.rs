@@ -438,3 +438,89 @@ async fn a_delayed_will_goes_out_when_a_clean_start_ends_its_session() {
         ("wills/delayed", Some(true))
     );
 }
+
+/// A client that comes back with a smaller receive maximum gets what was in flight sent
+/// again only as far as that window goes (MQTT 5 §4.9), the rest as it acknowledges: the
+/// SUBACK to a SUBSCRIBE sent once two came arrives before any third.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_sent_again_keep_to_a_smaller_receive_maximum() {
+    use rumqttc::v5::mqttbytes::QoS as QoS5;
+    use rumqttc::v5::mqttbytes::v5::{Packet as Packet5, Publish};
+    use rumqttc::v5::{AsyncClient as Client5, Event as Event5, MqttOptions as Options5};
+    const N: usize = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let options = |receive_maximum: u16| {
+        let mut o = Options5::new("narrowing", "127.0.0.1", s.mqtt_port());
+        o.set_clean_start(false);
+        o.set_session_expiry_interval(Some(600));
+        o.set_receive_maximum(Some(receive_maximum));
+        o.set_manual_acks(true);
+        o
+    };
+    let (client, mut el) = Client5::new(options(10), 10);
+    client
+        .subscribe("narrow/q", QoS5::AtLeastOnce)
+        .await
+        .unwrap();
+    while !matches!(next(&mut el).await, Event5::Incoming(Packet5::SubAck(_))) {}
+    let (acked, events) = publisher(
+        &s,
+        "narrow-pub",
+        &["narrow/q"],
+        0..N as u64,
+        rumqttc::QoS::AtLeastOnce,
+    );
+    let mut first: Vec<Publish> = Vec::new();
+    while first.len() < N {
+        if let Event5::Incoming(Packet5::Publish(p)) = next(&mut el).await {
+            first.push(p);
+        }
+    }
+    drop(acked);
+    events.abort();
+    // Gone without acknowledging; back with room for two.
+    drop((client, el));
+    let (client, mut el) = Client5::new(options(2), 10);
+    let mut again: Vec<Publish> = Vec::new();
+    let mut marked = false;
+    while !marked {
+        match next(&mut el).await {
+            Event5::Incoming(Packet5::SubAck(_)) => marked = true,
+            Event5::Incoming(Packet5::Publish(p)) => {
+                again.push(p);
+                if again.len() == 2 {
+                    // Answered after whatever was sent at the CONNACK.
+                    client
+                        .subscribe("narrow/other", QoS5::AtMostOnce)
+                        .await
+                        .unwrap();
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(again.len(), 2, "two in flight, as the client allows");
+    // Each acknowledgement lets one more through, in the order first sent.
+    while again.len() < N {
+        client.ack(&again[again.len() - 2]).await.unwrap();
+        let before = again.len();
+        while again.len() == before {
+            if let Event5::Incoming(Packet5::Publish(p)) = next(&mut el).await {
+                again.push(p);
+            }
+        }
+    }
+    let key = |p: &Publish| (p.pkid, p.payload.clone());
+    assert_eq!(
+        again.iter().map(key).collect::<Vec<_>>(),
+        first.iter().map(key).collect::<Vec<_>>()
+    );
+    assert!(again.iter().all(|p| p.dup));
+}
+
+/// The next event of a v5 client, within 30 s.
+async fn next(el: &mut rumqttc::v5::EventLoop) -> rumqttc::v5::Event {
+    let ev = tokio::time::timeout(Duration::from_secs(30), el.poll()).await;
+    ev.expect("an event within 30 s").unwrap()
+}

@@ -187,8 +187,9 @@ pub(crate) struct State {
     /// Set when the session came here from another node: what tells a copy of a message
     /// another node kept for it while its client was here (cleared when it is withdrawn).
     pub(crate) installed: Option<Box<Installed>>,
-    /// Packet ids put in flight while a connection is attached (what another node gave,
-    /// with the ids it had sent them under): sent again (DUP, or PUBREL) at once.
+    /// Packet ids to send again (DUP, or PUBREL) while a connection is attached: what
+    /// another node gave, with the ids it had sent them under, and what the client's
+    /// receive window did not take yet ([`State::due_resends`]).
     pub(crate) resend: Vec<u16>,
 }
 
@@ -243,6 +244,38 @@ impl State {
         if self.disconnected_at.is_none() {
             self.resend.push(pkid);
         }
+    }
+
+    /// What to send again now (oldest first) of what waits in [`State::resend`]: every
+    /// PUBREL, and PUBLISHes while the client's receive `window` has room for them beside
+    /// what it holds already (what is in flight but PUBLISHes waiting here). The rest waits for
+    /// room: a give-back can hold as many as the client's window, and a returning client may
+    /// set a smaller one.
+    pub(crate) fn due_resends(&mut self, window: usize) -> Vec<(u16, Outgoing)> {
+        let ids = std::mem::take(&mut self.resend);
+        let mut waiting: Vec<(u16, Outgoing)> = (ids.into_iter())
+            .filter_map(|k| self.inflight.get(&k).map(|o| (k, o.clone())))
+            .collect();
+        waiting.sort_by_key(|(k, o)| (o.lsn(), *k));
+        // A QoS 2 message awaiting its PUBREL counts at the client until its PUBCOMP, as
+        // it did since the node it came from sent it: its PUBREL adds nothing.
+        let unsent = (waiting.iter())
+            .filter(|(_, o)| matches!(o, Outgoing::Published(_)))
+            .count();
+        let held = self.inflight.len() - unsent;
+        let mut room = window.saturating_sub(held);
+        let mut due = Vec::with_capacity(waiting.len().min(room));
+        for (k, o) in waiting {
+            match o {
+                Outgoing::Published(_) if room == 0 => self.resend.push(k),
+                Outgoing::Published(_) => {
+                    room -= 1;
+                    due.push((k, o));
+                }
+                Outgoing::Released(_) => due.push((k, o)),
+            }
+        }
+        due
     }
 
     /// The message at `lsn` was sent with `pkid` (a journal replay): in flight now.
@@ -707,6 +740,39 @@ mod tests {
         assert_eq!(st.next_pkid(range), Some(12291));
         assert_eq!(pkids_of(None), (1, u16::MAX));
         assert_eq!(pkids_of(Some(15)).1, 65535);
+    }
+
+    /// What is sent again never takes the client past its receive window: PUBRELs go at
+    /// once, PUBLISHes oldest first as acknowledgements make room.
+    #[test]
+    fn resends_wait_for_room_in_the_client_s_window() {
+        let mut st = State::default();
+        // Three at the client already; four given back (one a PUBREL), out of order.
+        for (k, lsn) in [(1, 1), (2, 2), (3, 3)] {
+            st.inflight.insert(k, Outgoing::Published(delivery(lsn)));
+        }
+        for (k, lsn) in [(4101, 12), (4097, 10), (4099, 11), (4100, 13)] {
+            st.inflight.insert(k, Outgoing::Published(delivery(lsn)));
+        }
+        st.inflight.insert(4098, Outgoing::Released(9));
+        st.resend = vec![4101, 4097, 4098, 4099, 4100];
+        let ids = |due: Vec<(u16, Outgoing)>| due.into_iter().map(|d| d.0).collect::<Vec<_>>();
+        // Four at the client with the one awaiting its PUBREL: room for one more.
+        assert_eq!(ids(st.due_resends(5)), [4098, 4097]);
+        assert_eq!(st.resend, [4099, 4101, 4100]);
+        assert!(st.due_resends(5).is_empty());
+        assert_eq!(st.resend, [4099, 4101, 4100]);
+        // Acknowledgements (a PUBACK, a PUBCOMP) make room, in the order sent.
+        st.inflight.remove(&1);
+        assert_eq!(ids(st.due_resends(5)), [4099]);
+        st.inflight.remove(&2);
+        st.inflight.remove(&4098);
+        assert_eq!(ids(st.due_resends(5)), [4101, 4100]);
+        assert!(st.resend.is_empty());
+        // A returning client's smaller window: what is in flight goes out as far as it goes.
+        st.resend = st.inflight.keys().copied().collect();
+        assert_eq!(ids(st.due_resends(2)), [3, 4097]);
+        assert_eq!(st.resend, [4099, 4101, 4100]);
     }
 
     /// A session holding one message twice (a shared and a plain subscription): each

@@ -21,34 +21,31 @@ pub(super) struct Outbound {
 }
 
 /// Encodes again what was in flight to a resumed session (DUP set), in the order it was
-/// sent (by log position; messages not in the journal first, by packet id).
+/// sent (by log position; messages not in the journal first, by packet id), as far as the
+/// client's receive window goes; the rest follows as acknowledgements make room.
 pub(super) fn resend(st: &mut Outbound, out: &mut BytesMut) {
-    let again: Vec<(u16, Outgoing)> = {
+    {
         let mut s = st.session.state.lock();
-        s.resend.clear();
-        (s.inflight.iter()).map(|(k, v)| (*k, v.clone())).collect()
-    };
-    send_again(st, again, out);
+        s.resend = s.inflight.keys().copied().collect();
+    }
+    resend_given(st, out);
 }
 
-/// Encodes again what was put in flight while the client is connected (what another node
-/// gave: `State::resend`).
+/// Encodes again what waits to be sent again (what another node gave while the client is
+/// connected: `State::resend`; what the window did not take at the CONNACK), as far as the
+/// client's receive window goes.
 pub(super) fn resend_given(st: &mut Outbound, out: &mut BytesMut) {
-    let again: Vec<(u16, Outgoing)> = {
+    let again = {
         let mut s = st.session.state.lock();
         if s.resend.is_empty() {
             return;
         }
-        let ids = std::mem::take(&mut s.resend);
-        (ids.into_iter())
-            .filter_map(|k| s.inflight.get(&k).map(|o| (k, o.clone())))
-            .collect()
+        s.due_resends(st.window)
     };
     send_again(st, again, out);
 }
 
-fn send_again(st: &mut Outbound, mut again: Vec<(u16, Outgoing)>, out: &mut BytesMut) {
-    again.sort_by_key(|(_, o)| o.lsn());
+fn send_again(st: &mut Outbound, again: Vec<(u16, Outgoing)>, out: &mut BytesMut) {
     for (pkid, o) in again {
         let p = match o {
             Outgoing::Published(d) => publish_packet(st, &d, pkid, true).0,
