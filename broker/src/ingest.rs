@@ -120,7 +120,8 @@ impl RelaySink for Inbox {
                 // Not answered: the sender keeps them and sends them again (unless it
                 // dies first: counted as a gap, their numbers are no longer telling).
                 if let Some(r) = shared.router.remote() {
-                    r.gap(from);
+                    let numbered = planned.iter().rev().find_map(|(m, ..)| m.id.get());
+                    r.gap(from, numbered.map(|id| id.run));
                 }
                 tracing::error!(from, error = %e, "relayed messages not logged for their lasting subscribers; not delivered");
                 return Err(format!("relayed messages from node {from} not logged: {e}"));
@@ -152,7 +153,7 @@ impl RelaySink for Inbox {
                 from,
                 "messages from another node were dropped on the way here (its queue for this node was full)"
             );
-            r.gap(from);
+            r.gap(from, None);
         }
     }
 

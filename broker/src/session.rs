@@ -73,9 +73,10 @@ pub(crate) struct Arrivals {
     pub(crate) max: HashMap<(u64, u64), u64>,
     /// Nodes that relayed messages here without ids: what they sent cannot be placed.
     pub(crate) unnumbered: HashSet<u64>,
-    /// Nodes some of whose messages for this node never came (a full queue dropped them)
-    /// or were not taken (they could not be logged): what they sent cannot be placed.
-    pub(crate) gapped: HashSet<u64>,
+    /// Nodes' runs some of whose messages for this node never came (a full queue dropped
+    /// them) or were not taken (they could not be logged): what they sent in that run
+    /// cannot be placed. A later run of the node numbers afresh.
+    pub(crate) gapped: HashSet<(u64, u64)>,
 }
 
 /// How long after a session came here the messages in flight then are noted one by one
@@ -93,7 +94,7 @@ impl Installed {
             return false;
         };
         let came = id.node == self.node
-            || (!now.gapped.contains(&id.node)
+            || (!now.gapped.contains(&(id.node, id.run))
                 && (now.max.get(&(id.node, id.run))).is_some_and(|last| id.seq <= *last));
         self.late.contains(id) || (came && self.by_numbers(message, id))
     }
@@ -121,7 +122,7 @@ impl Installed {
             Some(last) => id.seq > *last,
             None => !self.then.unnumbered.contains(&id.node),
         };
-        sent_here && after && !self.then.gapped.contains(&id.node)
+        sent_here && after && !self.then.gapped.contains(&(id.node, id.run))
     }
 }
 
@@ -659,7 +660,7 @@ mod tests {
             then: Arrivals {
                 max: [((2, 7), 5)].into_iter().collect(),
                 unnumbered: [4].into_iter().collect(),
-                gapped: [6].into_iter().collect(),
+                gapped: [(6, 1)].into_iter().collect(),
             },
             filters: Vec::new(),
             until: Some(Instant::now() + LATE_FOR),
@@ -685,12 +686,16 @@ mod tests {
         assert!(here(2, 8, 1, &[1]) && here(3, 1, 1, &[1]) && !here(4, 1, 1, &[1]));
         // Sent here but never come (its node died first): not a copy.
         assert!(!here(2, 7, 101, &[1]) && !here(2, 8, 2, &[1]) && !here(5, 1, 1, &[1]));
-        // A node with a gap in what came from it: nothing of it can be told.
+        // A node's run with a gap in what came from it: nothing of that run can be told.
         assert!(!here(6, 1, 1, &[1]));
         let mut gapped = now.clone();
-        gapped.gapped.insert(3);
+        gapped.gapped.insert((3, 1));
         let m = sent_to(numbered(3, 1, 1), &[1]);
         assert!(!s.state.lock().routed_here(&m.message, &gapped));
+        // Its next run numbers afresh: told as ever.
+        gapped.max.insert((3, 2), 4);
+        let m = sent_to(numbered(3, 2, 4), &[1]);
+        assert!(s.state.lock().routed_here(&m.message, &gapped));
         // A topic none of the filters it came with matches (its other copy had one more).
         let other = sent_to(numbered(2, 7, 6), &[1]);
         let mut m = (*other.message).clone();

@@ -67,6 +67,9 @@ pub(crate) struct Remote {
     /// the nodes that relayed messages without their ids (it had not heard this node
     /// reads them).
     received: Mutex<crate::session::Arrivals>,
+    /// Nodes with a gap in what came from them, whose run is not known yet: the next
+    /// numbered message from each tells it (see [`Remote::gap`]).
+    gap_run_unknown: Mutex<HashSet<u64>>,
 }
 
 impl std::fmt::Debug for Remote {
@@ -97,6 +100,7 @@ impl Remote {
             run: sluice_engine::now_micros() as u64,
             numbered: Mutex::new(0),
             received: Mutex::new(Default::default()),
+            gap_run_unknown: Mutex::new(HashSet::new()),
         }
     }
 
@@ -125,6 +129,9 @@ impl Remote {
         if let Some(id) = last {
             let max = received.max.entry((id.node, id.run)).or_insert(id.seq);
             *max = (*max).max(id.seq);
+            if self.gap_run_unknown.lock().remove(&id.node) {
+                received.gapped.insert((id.node, id.run));
+            }
         }
         if unnumbered {
             received.unnumbered.insert(from);
@@ -137,9 +144,19 @@ impl Remote {
     }
 
     /// Some of node `from`'s messages for this node never came, or were not taken: none of
-    /// its messages can be placed from now on (a copy is kept rather than one lost).
-    pub(crate) fn gap(&self, from: u64) {
-        self.received.lock().gapped.insert(from);
+    /// the messages of that run of the node (`run`, when known) can be placed from now on
+    /// (a copy is kept rather than one lost). Else the run is the one of the next numbered
+    /// message that comes from it (the batch that skipped numbers): a node that restarted
+    /// meanwhile gets its new run marked, which only keeps copies.
+    pub(crate) fn gap(&self, from: u64, run: Option<u64>) {
+        match run {
+            Some(run) => {
+                self.received.lock().gapped.insert((from, run));
+            }
+            None => {
+                self.gap_run_unknown.lock().insert(from);
+            }
+        }
     }
 
     /// What tells, once a session's subscriptions are in place here (what another node
