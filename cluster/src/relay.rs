@@ -31,7 +31,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use net::{FLUSH, GIVE, RELAY, ROUTES, TAKE, WILLS};
+pub(crate) use net::{FLUSH, GIVE, PING, RELAY, ROUTES, TAKE, WILLS};
 
 mod batch;
 mod wills;
@@ -47,17 +47,6 @@ pub(crate) type RowsServer =
 
 /// How long a peer has to answer a call before it counts as not answering.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a batch's publishers wait for the peer to take it before the peer counts as
-/// down: counted from when the oldest of them queued its message, so that a message held
-/// up before its turn (its own write waiting for a new shard leader, while the peer froze)
-/// does not add a whole call's wait to that; but at least [`BATCH_TIMEOUT_MIN`] for the
-/// call. Publishers' acknowledgements wait meanwhile: with [`CALL_TIMEOUT`] a frozen peer
-/// held every publisher of the cluster 2 s, or 3 s behind a shard leader's election. A
-/// batch is journaled and answered in milliseconds; one that took longer is sent again (its
-/// numbers tell the copies).
-const BATCH_TIMEOUT: Duration = Duration::from_secs(1);
-/// See [`BATCH_TIMEOUT`].
-const BATCH_TIMEOUT_MIN: Duration = Duration::from_millis(400);
 /// How long a connecting client waits for a node to hand its session over.
 const TAKE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often routes are checked with a peer when nothing changes.
@@ -169,7 +158,7 @@ struct Slot {
     bytes: Bytes,
     go: oneshot::Receiver<bool>,
     accepted: oneshot::Sender<()>,
-    /// When the publisher queued it (see [`BATCH_TIMEOUT`]).
+    /// When the publisher queued it (see `Relay::send_batch`).
     queued: tokio::time::Instant,
 }
 
@@ -407,10 +396,9 @@ impl Relay {
             let frame =
                 batch::batch_frame(self.node.id(), self.incarnation, waiting.iter().take(n));
             // While the peer is down, publishers do not wait for it, not even during a call
-            // that may take CALL_TIMEOUT (a frozen peer): what they queue meanwhile is taken.
-            let waited = waiters.first().map_or(Duration::ZERO, |w| w.2.elapsed());
-            let timeout = BATCH_TIMEOUT.saturating_sub(waited).max(BATCH_TIMEOUT_MIN);
-            let call = self.node.call(id, frame, timeout);
+            // to a frozen peer: what they queue meanwhile is taken.
+            let oldest = waiters.first().map(|w| w.2);
+            let call = self.send_batch(id, frame, oldest);
             tokio::pin!(call);
             let answer = loop {
                 tokio::select! {

@@ -78,6 +78,8 @@ pub(crate) const WILLS: u8 = 24;
 /// A shard's buffered rows of a table, for a query on a node holding no replica of it
 /// (`crate::reads`).
 pub(crate) const SHARD_ROWS: u8 = 25;
+/// Whether a node answers at all (an empty answer), asked while a call to it takes long.
+pub(crate) const PING: u8 = 26;
 
 const PIPELINE: usize = 64;
 /// Largest frame accepted (a snapshot is one frame).

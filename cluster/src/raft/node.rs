@@ -642,6 +642,7 @@ impl Handler for Node {
                 };
                 to_cbor(&answer).map_err(|e| e.to_string())
             }
+            net::PING => Ok(Vec::new()),
             net::ROUTES
             | net::RELAY
             | net::TAKE

@@ -1,10 +1,57 @@
 //! The messages a node relays to another, in numbered batches ([`RELAY`]).
 
-use super::{RELAY, Relay};
-use crate::raft::net::Frame;
+use super::{PING, RELAY, Relay};
+use crate::raft::net::{CallError, Frame};
 use bytes::{Buf, Bytes};
+use std::time::Duration;
+
+/// How long a batch's oldest publisher waits before the peer is asked whether it still
+/// answers at all ([`PING`]); and how often again after that while the batch is not
+/// answered.
+const PROBE_AFTER: Duration = Duration::from_millis(500);
+/// How long the peer has to answer that: a frozen or dead peer counts as down then.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
+/// The longest a batch's call waits for a peer that answers otherwise: its broker may hold
+/// the batch while a slow subscriber's queue has no room (`MAX_WAIT`, 10 s), which slows
+/// the publishers here as it would there.
+const BATCH_TIMEOUT: Duration = Duration::from_secs(15);
 
 impl Relay {
+    /// Sends a batch to peer `to` and waits for its answer, as long as the peer answers
+    /// probes ([`PROBE_AFTER`]): publishers' acknowledgements wait meanwhile, and with one
+    /// fixed timeout a frozen peer held every publisher of the cluster for all of it (2 s,
+    /// or 3 s when a message's own write waited for a shard's election first, as its
+    /// publisher's wait counts from when it queued: `oldest`). A batch that took longer than
+    /// a failed probe is sent again (its numbers tell the copies).
+    pub(super) async fn send_batch(
+        &self,
+        to: u64,
+        frame: Frame,
+        oldest: Option<tokio::time::Instant>,
+    ) -> Result<Bytes, String> {
+        let call = self.node.call(to, frame, BATCH_TIMEOUT);
+        tokio::pin!(call);
+        let mut probe_at = match oldest {
+            Some(at) => (at + PROBE_AFTER).max(tokio::time::Instant::now()),
+            None => tokio::time::Instant::now() + PROBE_AFTER,
+        };
+        loop {
+            tokio::select! {
+                biased;
+                a = &mut call => return a.map_err(|e| e.to_string()),
+                () = tokio::time::sleep_until(probe_at) => {
+                    let ping = Frame::cbor(PING, &(), 0).map_err(|e| e.to_string())?;
+                    match self.node.call(to, ping, PROBE_TIMEOUT).await {
+                        // Any answer, an older node's refusal of the kind included.
+                        Ok(_) | Err(CallError::Remote(..)) => {}
+                        Err(e) => return Err(format!("does not answer: {e}")),
+                    }
+                    probe_at = tokio::time::Instant::now() + PROBE_AFTER;
+                }
+            }
+        }
+    }
+
     /// Delivers a peer's batch, once.
     pub(super) async fn receive(&self, mut body: Bytes) -> Result<(), String> {
         let bad = || "a relayed batch that does not decode".to_string();
