@@ -263,7 +263,7 @@ impl State {
         let unsent = (waiting.iter())
             .filter(|(_, o)| matches!(o, Outgoing::Published(_)))
             .count();
-        let held = self.inflight.len() - unsent;
+        let held = self.inflight.len().saturating_sub(unsent);
         let mut room = window.saturating_sub(held);
         let mut due = Vec::with_capacity(waiting.len().min(room));
         for (k, o) in waiting {
