@@ -258,6 +258,7 @@ impl State {
             .filter_map(|k| self.inflight.get(&k).map(|o| (k, o.clone())))
             .collect();
         waiting.sort_by_key(|(k, o)| (o.lsn(), *k));
+        waiting.dedup_by_key(|(k, _)| *k);
         // A QoS 2 message awaiting its PUBREL counts at the client until its PUBCOMP, as
         // it did since the node it came from sent it: its PUBREL adds nothing.
         let unsent = (waiting.iter())
