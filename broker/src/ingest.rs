@@ -126,6 +126,9 @@ impl RelaySink for Inbox {
                 tracing::error!(from, error = %e, "relayed messages not logged for their lasting subscribers; not delivered");
                 return Err(format!("relayed messages from node {from} not logged: {e}"));
             }
+            if let Some(r) = shared.router.remote() {
+                r.taken(planned.iter().map(|(m, ..)| &**m));
+            }
             for (message, targets, logged) in planned {
                 deliver_now(&shared, &message, targets, logged).await;
             }

@@ -70,6 +70,10 @@ pub(crate) struct Remote {
     /// Nodes with a gap in what came from them, whose run is not known yet: the next
     /// numbered message from each tells it (see [`Remote::gap`]).
     gap_run_unknown: Mutex<HashSet<u64>>,
+    /// Per other node's run: the highest number of its messages taken here, their batch
+    /// logged (`received` counts a batch before it is logged: its messages are planned for
+    /// the sessions here after that).
+    taken: Mutex<HashMap<(u64, u64), u64>>,
 }
 
 impl std::fmt::Debug for Remote {
@@ -101,6 +105,7 @@ impl Remote {
             numbered: Mutex::new(0),
             received: Mutex::new(Default::default()),
             gap_run_unknown: Mutex::new(HashSet::new()),
+            taken: Mutex::new(HashMap::new()),
         }
     }
 
@@ -138,9 +143,24 @@ impl Remote {
         }
     }
 
-    /// What has come from the other nodes so far.
+    /// A batch of these messages (as given to [`Remote::received`]) was logged for the
+    /// sessions here, or needed no logging: they came.
+    pub(crate) fn taken<'a>(&self, messages: impl Iterator<Item = &'a Message>) {
+        // The batch's last numbered message is its highest.
+        if let Some(id) = messages.filter_map(|m| m.id.get()).last() {
+            let mut taken = self.taken.lock();
+            let max = taken.entry((id.node, id.run)).or_insert(id.seq);
+            *max = (*max).max(id.seq);
+        }
+    }
+
+    /// What has come from the other nodes so far: the messages of batches logged here
+    /// ([`Remote::taken`]). A batch still being logged, or one that could not be, has not
+    /// come: a copy another node gives back of one of its messages is kept, not left out.
     pub(crate) fn received_now(&self) -> crate::session::Arrivals {
-        self.received.lock().clone()
+        let mut now = self.received.lock().clone();
+        now.max = self.taken.lock().clone();
+        now
     }
 
     /// Some of node `from`'s messages for this node never came, or were not taken: none of
