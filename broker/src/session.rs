@@ -545,18 +545,23 @@ impl Session {
         }
     }
 
-    /// Takes `d`, which another node had sent under `pkid` and not seen acknowledged: in
-    /// flight under that id (sent again at once to a connected client), unless the id is
-    /// taken here (then queued, to go out under a new one). One critical section, so the
+    /// Takes `o`, which another node had sent under `pkid` and not seen completed: in
+    /// flight under that id (sent again, DUP or PUBREL, at once to a connected client),
+    /// unless the id is taken here: then a message is queued, to go out under a new one (a
+    /// pending PUBREL is dropped: the id's state here stands). One critical section, so the
     /// writer cannot send it under another id first.
-    pub(crate) fn push_in_flight(&self, d: Delivery, pkid: u16) {
+    pub(crate) fn push_in_flight(&self, o: Outgoing, pkid: u16) {
         let mut st = self.state.lock();
         match st.inflight.entry(pkid) {
             std::collections::btree_map::Entry::Vacant(e) => {
-                e.insert(Outgoing::Published(d));
+                e.insert(o);
                 st.resend_now(pkid);
             }
-            std::collections::btree_map::Entry::Occupied(_) => st.queue.push_back(d),
+            std::collections::btree_map::Entry::Occupied(_) => {
+                if let Outgoing::Published(d) = o {
+                    st.queue.push_back(d);
+                }
+            }
         }
         drop(st);
         self.wake_writer.notify_one();
@@ -710,8 +715,8 @@ mod tests {
         s.state.lock().queue.clear();
         // What it holds is known by id.
         s.push(numbered(5, 1, 8));
-        s.push_in_flight(numbered(5, 1, 9), 4097);
-        s.push_in_flight(numbered(5, 1, 10), 4097);
+        s.push_in_flight(Outgoing::Published(numbered(5, 1, 9)), 4097);
+        s.push_in_flight(Outgoing::Published(numbered(5, 1, 10)), 4097);
         let held = s.state.lock().held_ids();
         assert_eq!(held.len(), 3);
         assert!(held.contains(&MessageId {

@@ -63,17 +63,27 @@ pub(crate) struct Remote {
     /// an earlier one went to (a route, once known, counts for every later number).
     run: u64,
     numbered: Mutex<u64>,
-    /// Per other node's run: the highest number of its messages relayed here so far; and
-    /// the nodes that relayed messages without their ids (it had not heard this node
-    /// reads them).
-    received: Mutex<crate::session::Arrivals>,
-    /// Nodes with a gap in what came from them, whose run is not known yet: the next
-    /// numbered message from each tells it (see [`Remote::gap`]).
-    gap_run_unknown: Mutex<HashSet<u64>>,
-    /// Per other node's run: the highest number of its messages taken here, their batch
-    /// logged (`received` counts a batch before it is logged: its messages are planned for
-    /// the sessions here after that).
-    taken: Mutex<HashMap<(u64, u64), u64>>,
+    /// What came from the other nodes.
+    came: Mutex<Came>,
+}
+
+/// What came from the other nodes ([`Remote::received`], [`Remote::taken`]).
+#[derive(Default)]
+struct Came {
+    /// Per other node's run, the highest number relayed here, counted before its batch is
+    /// planned for the sessions here (what an [`crate::session::Installed`] takes); the
+    /// nodes that relayed messages without ids; the runs with a gap.
+    planned: crate::session::Arrivals,
+    /// Per other node's run, the highest number of a batch logged here.
+    taken: HashMap<(u64, u64), u64>,
+    /// Nodes with a gap whose run is not known yet: the next numbered message tells it.
+    gap_run_unknown: HashSet<u64>,
+}
+
+/// Raises `max`'s number for `id`'s run to `id`'s.
+fn raise(max: &mut HashMap<(u64, u64), u64>, id: &MessageId) {
+    let m = max.entry((id.node, id.run)).or_insert(id.seq);
+    *m = (*m).max(id.seq);
 }
 
 impl std::fmt::Debug for Remote {
@@ -103,9 +113,7 @@ impl Remote {
             next_shared: AtomicUsize::new(0),
             run: sluice_engine::now_micros() as u64,
             numbered: Mutex::new(0),
-            received: Mutex::new(Default::default()),
-            gap_run_unknown: Mutex::new(HashSet::new()),
-            taken: Mutex::new(HashMap::new()),
+            came: Mutex::new(Came::default()),
         }
     }
 
@@ -130,16 +138,15 @@ impl Remote {
                 None => unnumbered = true,
             }
         }
-        let mut received = self.received.lock();
+        let mut came = self.came.lock();
         if let Some(id) = last {
-            let max = received.max.entry((id.node, id.run)).or_insert(id.seq);
-            *max = (*max).max(id.seq);
-            if self.gap_run_unknown.lock().remove(&id.node) {
-                received.gapped.insert((id.node, id.run));
+            raise(&mut came.planned.max, &id);
+            if came.gap_run_unknown.remove(&id.node) {
+                came.planned.gapped.insert((id.node, id.run));
             }
         }
         if unnumbered {
-            received.unnumbered.insert(from);
+            came.planned.unnumbered.insert(from);
         }
     }
 
@@ -148,9 +155,7 @@ impl Remote {
     pub(crate) fn taken<'a>(&self, messages: impl Iterator<Item = &'a Message>) {
         // The batch's last numbered message is its highest.
         if let Some(id) = messages.filter_map(|m| m.id.get()).last() {
-            let mut taken = self.taken.lock();
-            let max = taken.entry((id.node, id.run)).or_insert(id.seq);
-            *max = (*max).max(id.seq);
+            raise(&mut self.came.lock().taken, id);
         }
     }
 
@@ -158,9 +163,12 @@ impl Remote {
     /// ([`Remote::taken`]). A batch still being logged, or one that could not be, has not
     /// come: a copy another node gives back of one of its messages is kept, not left out.
     pub(crate) fn received_now(&self) -> crate::session::Arrivals {
-        let mut now = self.received.lock().clone();
-        now.max = self.taken.lock().clone();
-        now
+        let came = self.came.lock();
+        crate::session::Arrivals {
+            max: came.taken.clone(),
+            unnumbered: came.planned.unnumbered.clone(),
+            gapped: came.planned.gapped.clone(),
+        }
     }
 
     /// Some of node `from`'s messages for this node never came, or were not taken: none of
@@ -169,14 +177,11 @@ impl Remote {
     /// message that comes from it (the batch that skipped numbers): a node that restarted
     /// meanwhile gets its new run marked, which only keeps copies.
     pub(crate) fn gap(&self, from: u64, run: Option<u64>) {
+        let mut came = self.came.lock();
         match run {
-            Some(run) => {
-                self.received.lock().gapped.insert((from, run));
-            }
-            None => {
-                self.gap_run_unknown.lock().insert(from);
-            }
-        }
+            Some(run) => came.planned.gapped.insert((from, run)),
+            None => came.gap_run_unknown.insert(from),
+        };
     }
 
     /// What tells, once a session's subscriptions are in place here (what another node
@@ -187,7 +192,7 @@ impl Remote {
             node: self.node(),
             run: self.run,
             next: self.next_number(),
-            then: self.received.lock().clone(),
+            then: self.came.lock().planned.clone(),
             filters: Vec::new(),
             until: Some(std::time::Instant::now() + crate::session::LATE_FOR),
             late: HashSet::new(),
@@ -428,9 +433,13 @@ impl Router {
         if session.withdrawn.swap(true, Ordering::AcqRel) {
             return true;
         }
-        // Messages stop coming here for it: what was routed here says nothing of later ones.
-        session.state.lock().installed = None;
-        let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
+        let filters: Vec<String> = {
+            let mut st = session.state.lock();
+            // Messages stop coming here for it: what was routed here says nothing of later
+            // ones.
+            st.installed = None;
+            st.subscriptions.keys().cloned().collect()
+        };
         for f in filters {
             r.removed(&f);
         }

@@ -127,20 +127,14 @@ impl Router {
                         lsn,
                     };
                     match sent {
-                        Some(pkid) => s.push_in_flight(d, pkid),
+                        Some(pkid) => s.push_in_flight(Outgoing::Published(d), pkid),
                         None => s.push(d),
                     }
                 }
             }
             Record::Releasing { client, pkid } => {
                 if let Some(s) = self.session(&client) {
-                    let mut st = s.state.lock();
-                    if let std::collections::btree_map::Entry::Vacant(e) = st.inflight.entry(pkid) {
-                        e.insert(Outgoing::Released(lsn));
-                        st.resend_now(pkid);
-                    }
-                    drop(st);
-                    s.wake_writer.notify_one();
+                    s.push_in_flight(Outgoing::Released(lsn), pkid);
                 }
             }
         }

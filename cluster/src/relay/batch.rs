@@ -36,19 +36,22 @@ impl Relay {
             None => tokio::time::Instant::now() + PROBE_AFTER,
         };
         loop {
+            // The batch's answer is taken while a probe is on its way too.
+            let probe = async {
+                tokio::time::sleep_until(probe_at).await;
+                let ping = Frame::cbor(PING, &(), 0).map_err(|e| e.to_string())?;
+                match self.node.call(to, ping, PROBE_TIMEOUT).await {
+                    // Any answer, an older node's refusal of the kind included.
+                    Ok(_) | Err(CallError::Remote(..)) => Ok(()),
+                    Err(e) => Err(format!("does not answer: {e}")),
+                }
+            };
             tokio::select! {
                 biased;
                 a = &mut call => return a.map_err(|e| e.to_string()),
-                () = tokio::time::sleep_until(probe_at) => {
-                    let ping = Frame::cbor(PING, &(), 0).map_err(|e| e.to_string())?;
-                    match self.node.call(to, ping, PROBE_TIMEOUT).await {
-                        // Any answer, an older node's refusal of the kind included.
-                        Ok(_) | Err(CallError::Remote(..)) => {}
-                        Err(e) => return Err(format!("does not answer: {e}")),
-                    }
-                    probe_at = tokio::time::Instant::now() + PROBE_AFTER;
-                }
+                p = probe => p?,
             }
+            probe_at = tokio::time::Instant::now() + PROBE_AFTER;
         }
     }
 
