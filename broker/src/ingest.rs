@@ -160,6 +160,16 @@ impl RelaySink for Inbox {
         }
     }
 
+    fn standby(&self, call: bytes::Bytes) -> BoxFuture<'static, Result<Vec<u8>, String>> {
+        let shared = self.0.upgrade();
+        Box::pin(async move {
+            match shared {
+                Some(s) => crate::standby::serve(&s, call),
+                None => Err("the broker has stopped".into()),
+            }
+        })
+    }
+
     fn take_given(&self, client: String, held: bytes::Bytes) -> BoxFuture<'static, bool> {
         let shared = self.0.upgrade();
         Box::pin(async move {

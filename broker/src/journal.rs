@@ -119,6 +119,14 @@ pub(crate) enum Record {
     /// Nothing to apply: logged so that its `then` runs after every record queued before it
     /// (a new subscription waits this way for retained messages still being logged).
     Barrier,
+    /// The session took what node `node`'s standby copy of it held, which was that node's
+    /// journal up to `lsn` (`crate::standby`): should that node come back, it gives only
+    /// what it logged after.
+    Standby {
+        client: Arc<str>,
+        node: u64,
+        lsn: u64,
+    },
 }
 
 impl Record {
@@ -259,6 +267,12 @@ impl Record {
                 o.str(client);
                 o.u16(*pkid);
             }
+            Record::Standby { client, node, lsn } => {
+                o.u8(15);
+                o.str(client);
+                o.u64(*node);
+                o.u64(*lsn);
+            }
         }
         o.0
     }
@@ -368,6 +382,11 @@ impl Record {
             14 => Record::Releasing {
                 client: i.arc()?,
                 pkid: i.u16()?,
+            },
+            15 => Record::Standby {
+                client: i.arc()?,
+                node: i.u64()?,
+                lsn: i.u64()?,
             },
             _ => return None,
         };
@@ -683,6 +702,11 @@ mod tests {
             Record::Releasing {
                 client: c.clone(),
                 pkid: 65535,
+            },
+            Record::Standby {
+                client: c.clone(),
+                node: 3,
+                lsn: 1 << 40,
             },
             // As written before message ids: no id, no packet id.
             Record::Queued {

@@ -26,6 +26,7 @@ mod reactor;
 mod router;
 mod session;
 mod sparkplug;
+mod standby;
 mod tables;
 mod takeover;
 pub mod tls;
@@ -65,6 +66,8 @@ struct BrokerState {
     store: persist::Store,
     /// The LSN of the last snapshot written (0: none yet).
     saved_lsn: AtomicU64,
+    /// In a cluster: the standby copies of the nodes' sessions.
+    standby: standby::Standby,
 }
 
 impl std::fmt::Debug for BrokerState {
@@ -138,10 +141,15 @@ impl Broker {
             max_session_expiry: Config::duration(&config.mqtt.max_session_expiry),
             store,
             saved_lsn: AtomicU64::new(0),
+            standby: standby::Standby::default(),
         });
         if let Some(relay) = relay {
             relay.received_before(shared.router.relayed_marks());
             relay.set_sink(Arc::new(ingest::Inbox(Arc::downgrade(&shared))));
+            // From now on its journal's records also go to another node's standby copy.
+            let mirror = standby::Mirror::start(relay);
+            let _ = shared.standby.mirror.set(mirror.clone());
+            shared.db.set_journal_tap(mirror);
         }
         connection::publish_replayed_wills(&shared, wills);
         // In a cluster: sessions whose clients went elsewhere while this node was down.
@@ -419,6 +427,7 @@ impl Broker {
     pub fn metrics_text(&self) -> String {
         let mut text = self.shared.metrics.render(&self.shared.router.gauges());
         text.push_str(&bridge::render_metrics(&self.bridges.status_now()));
+        text.push_str(&self.shared.standby.render());
         text
     }
 }

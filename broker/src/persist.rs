@@ -58,6 +58,9 @@ pub(crate) struct SessionState {
     /// a normal DISCONNECT.
     #[serde(default)]
     pub(crate) will: Option<(StoredMessage, u32)>,
+    /// What it took from other nodes' standby copies of it: (node, LSN).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) standby: Vec<(u64, u64)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -274,24 +277,10 @@ impl Store {
     pub(crate) fn load(&self, router: &Router) -> u64 {
         match sluice_engine::read_state::<State>(&self.path, "broker state") {
             None => 0,
-            Some(state) if state.format == FORMAT => {
-                let (s, r) = (state.sessions.len(), state.retained.len());
-                router.restore(state.sessions, state.retained, state.messages);
-                for (from, incarnation, last) in state.relayed {
-                    router.relayed(from, incarnation, last);
-                }
-                tracing::info!(
-                    sessions = s,
-                    retained = r,
-                    lsn = state.lsn,
-                    "broker snapshot loaded"
-                );
-                state.lsn
-            }
-            Some(state) => {
-                tracing::error!(format = state.format, path = %self.path.display(), "unknown broker state format; starting without it");
+            Some(state) => restore(router, state).unwrap_or_else(|format| {
+                tracing::error!(format, path = %self.path.display(), "unknown broker state format; starting without it");
                 0
-            }
+            }),
         }
     }
 
@@ -303,29 +292,59 @@ impl Store {
         db: &dyn sluice_engine::IngestPort,
         unless: Option<u64>,
     ) -> std::io::Result<Option<u64>> {
-        let mut taken = None;
-        let mut same = false;
-        db.journal_checkpoint(&mut |lsn| match unless == Some(lsn) {
-            true => same = true,
-            false => taken = Some((lsn, router.lasting_copy(), router.relayed_marks())),
-        });
-        if same {
+        let Some((lsn, state)) = capture(router, db, unless, &mut || {}) else {
             return Ok(None);
-        }
-        let Some((lsn, copy, relayed)) = taken else {
-            return Err(std::io::Error::other("no checkpoint"));
-        };
-        let (sessions, retained, messages) = Router::lasting_state(copy);
-        let state = State {
-            format: FORMAT,
-            lsn,
-            sessions,
-            retained,
-            messages: messages.into_iter().collect(),
-            relayed,
         };
         let text = serde_json::to_vec(&state).map_err(std::io::Error::other)?;
         sluice_engine::replace_file(&self.path, &text)?;
         Ok(Some(lsn))
     }
+}
+
+/// The router's lasting state as of a checkpoint of `db`'s log (`also` runs at it, while
+/// nothing commits), with the checkpoint's LSN; `None` when that is `unless` (nothing
+/// changed since that snapshot).
+pub(crate) fn capture(
+    router: &Router,
+    db: &dyn sluice_engine::IngestPort,
+    unless: Option<u64>,
+    also: &mut dyn FnMut(),
+) -> Option<(u64, State)> {
+    let mut taken = None;
+    db.journal_checkpoint(&mut |lsn| {
+        if unless != Some(lsn) {
+            also();
+            taken = Some((lsn, router.lasting_copy(), router.relayed_marks()));
+        }
+    });
+    let (lsn, copy, relayed) = taken?;
+    let (sessions, retained, messages) = Router::lasting_state(copy);
+    let state = State {
+        format: FORMAT,
+        lsn,
+        sessions,
+        retained,
+        messages: messages.into_iter().collect(),
+        relayed,
+    };
+    Some((lsn, state))
+}
+
+/// Loads a saved state into `router`; the LSN it covers, or its format when unknown.
+pub(crate) fn restore(router: &Router, state: State) -> Result<u64, u32> {
+    if state.format != FORMAT {
+        return Err(state.format);
+    }
+    let (s, r) = (state.sessions.len(), state.retained.len());
+    router.restore(state.sessions, state.retained, state.messages);
+    for (from, incarnation, last) in state.relayed {
+        router.relayed(from, incarnation, last);
+    }
+    tracing::info!(
+        sessions = s,
+        retained = r,
+        lsn = state.lsn,
+        "broker snapshot loaded"
+    );
+    Ok(state.lsn)
 }

@@ -579,6 +579,7 @@ impl Router {
                     .collect(),
                 will: (s.will.lock().as_ref())
                     .map(|(m, delay)| (persist::StoredMessage::from(m), *delay)),
+                standby: s.standby.lock().clone(),
             });
         }
         let retained = (copy.retained.iter())
@@ -602,6 +603,7 @@ impl Router {
             let s = self.new_session(Arc::from(saved.id.as_str()));
             *s.user.lock() = saved.user.map(Arc::from);
             *s.will.lock() = saved.will.map(|(m, delay)| (m.into_message(), delay));
+            *s.standby.lock() = saved.standby;
             {
                 let mut st = s.state.lock();
                 st.expiry_secs = saved.expiry_secs;

@@ -385,6 +385,9 @@ pub(crate) struct Session {
     /// Held while the session is withdrawn or given its routes back, with the check that
     /// decides it ([`crate::router::Router::withdraw`]).
     pub(crate) moving: Mutex<()>,
+    /// What it took from other nodes' standby copies of it: (node, that node's journal LSN
+    /// they held), for that node's give-back ([`crate::journal::Record::Standby`]).
+    pub(crate) standby: Mutex<Vec<(u64, u64)>>,
 }
 
 /// The packet ids a node gives its sessions' messages: all of them on a single node; in a
@@ -419,6 +422,7 @@ impl Session {
             withdrawn: std::sync::atomic::AtomicBool::new(false),
             pkids: pkids_of(node),
             moving: Mutex::new(()),
+            standby: Mutex::new(Vec::new()),
         })
     }
 

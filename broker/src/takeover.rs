@@ -30,13 +30,27 @@ pub(crate) async fn take_over(shared: &BrokerState, client: &Arc<str>, clean: bo
     for b in relay.take_session(client, clean).await {
         out.extend(records(b, client));
     }
-    // Its node did not answer (it is down): the subscriptions it shared.
+    // Its node did not answer (it is down): what the standby copy of it held, else the
+    // subscriptions it shared.
     if out.is_empty()
         && !clean
         && let Some((node, _, b)) = relay.session_elsewhere(client)
     {
-        tracing::info!(%client, node, "session's node does not answer; its subscriptions resume here");
-        out.extend(records(b, client));
+        match crate::standby::take(shared, node, client).await {
+            Some((held, lsn)) => {
+                // First: the subscriptions' share then tells that node what came here.
+                out.push(Record::Standby {
+                    client: client.clone(),
+                    node,
+                    lsn,
+                });
+                out.extend(records(held, client));
+            }
+            None => {
+                tracing::info!(%client, node, "session's node does not answer; its subscriptions resume here");
+                out.extend(records(b, client));
+            }
+        }
     }
     out
 }
@@ -51,7 +65,10 @@ fn records(mut b: Bytes, client: &Arc<str>) -> Vec<Record> {
         }
         match Record::decode(&b.split_to(len)) {
             Some(
-                r @ (Record::Subscribe { .. } | Record::Queued { .. } | Record::Releasing { .. }),
+                r @ (Record::Subscribe { .. }
+                | Record::Queued { .. }
+                | Record::Releasing { .. }
+                | Record::Standby { .. }),
             ) if record_client(&r) == Some(client) => out.push(r),
             _ => {
                 tracing::warn!(%client, "a handed-over session record that does not decode; skipped")
@@ -65,7 +82,8 @@ fn record_client(r: &Record) -> Option<&Arc<str>> {
     match r {
         Record::Subscribe { client, .. }
         | Record::Queued { client, .. }
-        | Record::Releasing { client, .. } => Some(client),
+        | Record::Releasing { client, .. }
+        | Record::Standby { client, .. } => Some(client),
         _ => None,
     }
 }
@@ -161,29 +179,38 @@ pub(crate) async fn hand_over(
     held
 }
 
-/// What `session` holds, as records: its subscriptions, then its messages in flight and
-/// queued (in that order), each as a u32 length and the record.
-fn export(session: &Session) -> Bytes {
+/// What `session` holds, as records: what it took from standby copies, its
+/// subscriptions, then its messages in flight and queued (in that order), each as a u32
+/// length and the record.
+pub(crate) fn export(session: &Session) -> Bytes {
     let subscriptions = subscriptions(session).unwrap_or_default();
-    let (messages, _) = messages(session);
+    let (messages, _) = messages(session, 0);
     [subscriptions, messages].concat().into()
 }
 
 /// What a lasting `session` subscribes, as records (`None` when it is not lasting), for
-/// the other nodes to keep ([`sluice_engine::Relay::set_session`]).
+/// the other nodes to keep ([`sluice_engine::Relay::set_session`]); after what it took from
+/// other nodes' standby copies of it (for those nodes, should they come back).
 pub(crate) fn subscriptions(session: &Session) -> Option<Bytes> {
     if !session.lasting() {
         return None;
     }
-    let st = session.state.lock();
     let client = session.client_id.clone();
+    let took: Vec<Record> = (session.standby.lock().iter())
+        .map(|(node, lsn)| Record::Standby {
+            client: client.clone(),
+            node: *node,
+            lsn: *lsn,
+        })
+        .collect();
+    let st = session.state.lock();
     let all = (st.subscriptions.iter()).map(|(filter, options)| Record::Subscribe {
         client: client.clone(),
         filter: filter.clone(),
         options: options.clone(),
         retained: false,
     });
-    Some(framed(all))
+    Some(framed(took.into_iter().chain(all)))
 }
 
 fn framed(records: impl Iterator<Item = Record>) -> Bytes {
@@ -200,8 +227,8 @@ fn framed(records: impl Iterator<Item = Record>) -> Bytes {
 /// the ones in flight with the packet ids they were sent under, and the QoS 2 packet ids
 /// whose PUBREL is pending (`Releasing`): the node that takes them sends them again under
 /// those ids (DUP set), so that its client, which may hold those ids, keeps each once. With
-/// the LSNs of all of them.
-fn messages(session: &Session) -> (Bytes, Vec<u64>) {
+/// the LSNs of all of them. Only those logged here after LSN `after`.
+fn messages(session: &Session, after: u64) -> (Bytes, Vec<u64>) {
     let st = session.state.lock();
     let mut sent: Vec<(u16, Outgoing)> =
         (st.inflight.iter()).map(|(k, o)| (*k, o.clone())).collect();
@@ -212,6 +239,7 @@ fn messages(session: &Session) -> (Bytes, Vec<u64>) {
     let (mut records, mut lsns, mut published) = (Vec::new(), Vec::new(), Vec::new());
     for (pkid, o) in sent {
         match o {
+            _ if after > 0 && o.lsn() <= after => {}
             Outgoing::Published(d) => published.push((Some(pkid), d)),
             Outgoing::Released(lsn) => {
                 let client = client.clone();
@@ -220,6 +248,9 @@ fn messages(session: &Session) -> (Bytes, Vec<u64>) {
             }
         }
     }
+    let queued = queued
+        .into_iter()
+        .filter(|(_, d)| after == 0 || d.lsn > after);
     for (pkid, d) in published.into_iter().chain(queued) {
         lsns.push(d.lsn);
         records.push(Record::Queued {
@@ -277,7 +308,7 @@ pub(crate) async fn give_back(shared: Arc<BrokerState>) {
     loop {
         let done = tokio::time::Instant::now() >= until;
         for s in (shared.router.sessions().into_iter()).filter(|s| restored(s)) {
-            let Some((node, false, _)) = relay.session_elsewhere(&s.client_id) else {
+            let Some((node, false, share)) = relay.session_elsewhere(&s.client_id) else {
                 continue;
             };
             if !moved.iter().any(|m| Arc::ptr_eq(m, &s)) {
@@ -288,7 +319,14 @@ pub(crate) async fn give_back(shared: Arc<BrokerState>) {
                 }
                 moved.push(s.clone());
             }
-            let (held, lsns) = messages(&s);
+            // What that node took from this node's standby copy of the session is there.
+            let cut = (records(share, &s.client_id).into_iter())
+                .find_map(|r| match r {
+                    Record::Standby { node, lsn, .. } if node == relay.node() => Some(lsn),
+                    _ => None,
+                })
+                .unwrap_or(0);
+            let (held, lsns) = messages(&s, cut);
             if lsns.is_empty() {
                 continue;
             }

@@ -31,9 +31,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use net::{FLUSH, GIVE, PING, RELAY, ROUTES, TAKE, WILLS};
+pub(crate) use net::{FLUSH, GIVE, PING, RELAY, ROUTES, STANDBY, TAKE, WILLS};
 
 mod batch;
+mod standby;
 mod wills;
 
 /// What a [`FLUSH`] call runs on this node: writes table `.0`'s rows of the shards led here
@@ -512,6 +513,7 @@ impl Relay {
                     false => Err(format!("no lasting session of client {client:?} here")),
                 }
             }
+            STANDBY => self.serve_standby(body).await,
             WILLS => {
                 let (from, incarnation): (u64, u64) =
                     crate::from_cbor(&body).map_err(|e| e.to_string())?;
@@ -735,6 +737,14 @@ impl RelayPort for Relay {
             };
             me.node.call(node, frame, CALL_TIMEOUT).await.is_ok()
         })
+    }
+
+    fn answers(&self, node: u64) -> bool {
+        self.answering(node)
+    }
+
+    fn standby_call(&self, node: u64, call: Bytes) -> BoxFuture<'static, Option<Bytes>> {
+        self.call_standby(node, call)
     }
 
     fn received_before(&self, marks: Vec<(u64, u64, u64)>) {

@@ -600,6 +600,10 @@ impl IngestPort for Engine {
         true
     }
 
+    fn set_journal_tap(&self, tap: Arc<dyn crate::JournalTap>) {
+        self.wal.set_tap(tap);
+    }
+
     fn runs_singletons(&self) -> bool {
         match self.clustered() {
             false => true,

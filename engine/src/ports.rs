@@ -227,9 +227,13 @@ pub trait IngestPort: Logins {
     fn singletons_node(&self) -> Option<u64>;
 
     /// Whether journal records are kept in a log here: the local WAL, on a single node and
-    /// on a cluster node alike (a cluster node's sessions live on that node; replicating
-    /// them is still to come).
+    /// on a cluster node alike (a cluster node's sessions live on that node; a standby copy
+    /// of them on another node is kept through [`IngestPort::set_journal_tap`]).
     fn journals(&self) -> bool;
+
+    /// Journal records committed from now on also go to `tap` (a cluster node's standby
+    /// copy), and logging them returns once they are shipped. Set once.
+    fn set_journal_tap(&self, _tap: std::sync::Arc<dyn crate::JournalTap>) {}
 
     /// Logs journal records in one group commit (each `then` runs in log order once
     /// durable); returns the LSN of the last. `wait`: wait for room in a full queue.

@@ -88,6 +88,16 @@ pub trait Relay: Send + Sync + 'static {
     /// meanwhile.
     fn set_will(&self, client: &str, will: Option<(bytes::Bytes, u32)>);
 
+    /// Whether node `node` answers (it is not known to be down).
+    fn answers(&self, node: u64) -> bool;
+    /// Asks node `node` about the standby copies of the nodes' journals (the broker's
+    /// encoding, [`RelaySink::standby`]); `None` when it does not answer in time or says
+    /// it cannot.
+    fn standby_call(
+        &self,
+        node: u64,
+        call: bytes::Bytes,
+    ) -> BoxFuture<'static, Option<bytes::Bytes>>;
     /// At start: what the other nodes did with the wills of this node's previous run. The
     /// clients whose will one of them published, and the wills none published yet (handed
     /// over to this node, with their delays: they are this node's to publish now).
@@ -133,6 +143,8 @@ pub trait RelaySink: Send + Sync + 'static {
     /// node was down); true once taken into this node's session of it.
     fn take_given(&self, client: String, held: bytes::Bytes) -> BoxFuture<'static, bool>;
 
+    /// Answers another node's [`Relay::standby_call`] (the broker's encoding both ways).
+    fn standby(&self, call: bytes::Bytes) -> BoxFuture<'static, Result<Vec<u8>, String>>;
     /// Publishes a will (the broker's encoding, which names its client) of a client of node
     /// `node`, which stopped answering (or started again without claiming it) after its
     /// delay.

@@ -170,10 +170,12 @@ pub(crate) async fn wills_outlive_their_node(c: &mut Cluster) {
     assert_eq!(after, ["wills/marker"], "after the node's restart");
 }
 
-/// A lasting session whose node is killed resumes on another node (from the subscriptions
-/// its node shared). What is published meanwhile goes to it there and is also kept for the
-/// killed node; once back, that node gives what its copy held to the session's new node,
-/// which takes only what it had not delivered: at QoS 2, each message once.
+/// A lasting session whose node is killed resumes on another node, with what its node had
+/// queued for it: from the standby copy of that node's journal on another node, before the
+/// killed node is back (it might never be). What is published meanwhile goes to it there
+/// and is also kept for the killed node; once back, that node gives what its copy held to
+/// the session's new node (only what it logged after the standby copy's point), which
+/// takes only what it had not delivered: at QoS 2, each message once.
 pub(crate) async fn given_back_once(c: &mut Cluster) {
     const N: u64 = 20;
     let ids: Vec<u64> = c.nodes.keys().copied().collect();
@@ -187,6 +189,12 @@ pub(crate) async fn given_back_once(c: &mut Cluster) {
     publish_at(port(c, first), "before", &topic, N, false, q).await;
     c.nodes.remove(&node).unwrap().kill9();
     let (_s, mut got) = subscriber_at(port(c, middle), "roamer", false, &[], q).await;
+    let queued = "a session resumed from the standby copy of its node, which is down";
+    let queued = take(&mut got, N as usize, queued).await;
+    for (_, body) in &queued {
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(v["device"], "before", "{v}");
+    }
     publish_at(port(c, first), "meanwhile", &topic, N, false, q).await;
     publish_at(port(c, middle), "local", &topic, N, false, q).await;
     // Delivered there (from the second node at once; from the first, once it knows the
@@ -196,7 +204,7 @@ pub(crate) async fn given_back_once(c: &mut Cluster) {
     c.restart(node);
     c.node(node).login(Some(("root", "r")));
     c.settled().await;
-    let all = take(&mut got, 3 * N as usize, who).await;
+    let all = [queued, take(&mut got, 2 * N as usize, who).await].concat();
     eventually("the restarted node gives what it held", 30, || async {
         (c.node(node).log_text()).contains("gave what a moved session held")
     })

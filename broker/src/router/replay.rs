@@ -137,6 +137,11 @@ impl Router {
                     s.push_in_flight(Outgoing::Released(lsn), pkid);
                 }
             }
+            Record::Standby { client, node, lsn } => {
+                if let Some(s) = self.session(&client) {
+                    crate::standby::note(&s, node, lsn);
+                }
+            }
         }
     }
 

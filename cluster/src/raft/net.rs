@@ -80,6 +80,8 @@ pub(crate) const WILLS: u8 = 24;
 pub(crate) const SHARD_ROWS: u8 = 25;
 /// Whether a node answers at all (an empty answer), asked while a call to it takes long.
 pub(crate) const PING: u8 = 26;
+/// About the standby copies of the nodes' broker journals (`crate::relay`).
+pub(crate) const STANDBY: u8 = 27;
 
 const PIPELINE: usize = 64;
 /// Largest frame accepted (a snapshot is one frame).

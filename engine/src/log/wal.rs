@@ -42,6 +42,17 @@ pub trait RecordSink: Send + Sync + 'static {
     fn apply(&self, lsn: u64, record: &WriteRecord);
 }
 
+/// Where a cluster node's journal records also go, once committed: a standby copy on
+/// another node (the broker's `standby`), so that what the records hold outlives this node.
+pub trait JournalTap: Send + Sync + 'static {
+    /// The journal record `bytes` committed at `lsn`. Called in LSN order while the log
+    /// applies its group: it must not block.
+    fn record(&self, lsn: u64, bytes: &[u8]);
+    /// Resolves once every record up to `lsn` (one given to [`JournalTap::record`]) is
+    /// where it goes, or is known not to get there (that node does not answer).
+    fn shipped(&self, lsn: u64) -> futures::future::BoxFuture<'static, ()>;
+}
+
 /// What runs once a journal record is committed, with its LSN (see [`Journal`]).
 pub type Then = Box<dyn FnOnce(u64) + Send>;
 
@@ -154,6 +165,8 @@ struct Shared {
     room: tokio::sync::Semaphore,
     applied: AtomicU64,
     metrics: Arc<LogMetrics>,
+    /// Where journal records also go ([`Wal::set_tap`]).
+    tap: std::sync::OnceLock<Arc<dyn JournalTap>>,
 }
 
 /// Before leading: lets the tasks ready to run queue their records first. One yield: the
@@ -220,11 +233,15 @@ impl Shared {
             Ok(first) => {
                 let started = std::time::Instant::now();
                 let mut lsn = first;
+                let tap = self.tap.get();
                 for p in &mut group {
-                    for (_, entry) in p.records_mut() {
+                    for (payload, entry) in p.records_mut() {
                         match entry {
                             Entry::Write(record) => self.sink.apply(lsn, record),
                             Entry::Journal(then) => {
+                                if let Some(t) = tap {
+                                    t.record(lsn, payload);
+                                }
                                 if let Some(f) = then.take() {
                                     f(lsn);
                                 }
@@ -339,6 +356,7 @@ impl Wal {
             room: tokio::sync::Semaphore::new(capacity),
             applied: AtomicU64::new(next_lsn - 1),
             metrics,
+            tap: std::sync::OnceLock::new(),
         });
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -381,6 +399,7 @@ impl Wal {
         journal: Vec<Journal>,
         wait: bool,
     ) -> Result<u64> {
+        let journal_empty = journal.is_empty();
         let mut encoded = Vec::with_capacity(records.len() + journal.len());
         for r in records {
             encoded.push((Self::encode(&r)?, Entry::Write(r)));
@@ -393,11 +412,24 @@ impl Wal {
             }
             encoded.push((j.bytes, Entry::Journal(j.then)));
         }
+        let tapped = !journal_empty && self.shared.tap.get().is_some();
         let mut encoded = encoded.into_iter();
         let Some((payload, record)) = encoded.next() else {
             return Ok(self.applied_lsn());
         };
-        self.send(payload, record, encoded.collect(), wait).await
+        let lsn = self.send(payload, record, encoded.collect(), wait).await?;
+        // The last record is a journal record (they follow the writes): once it is shipped,
+        // so is every one before it.
+        if tapped && let Some(t) = self.shared.tap.get() {
+            t.shipped(lsn).await;
+        }
+        Ok(lsn)
+    }
+
+    /// Journal records committed from now on also go to `tap`, and an append of journal
+    /// records returns once they are shipped (see [`JournalTap`]); set once.
+    pub fn set_tap(&self, tap: Arc<dyn JournalTap>) {
+        let _ = self.shared.tap.set(tap);
     }
 
     /// A record's payload, or why it cannot be logged.
