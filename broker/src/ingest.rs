@@ -164,7 +164,7 @@ impl RelaySink for Inbox {
         let shared = self.0.upgrade();
         Box::pin(async move {
             match shared {
-                Some(s) => crate::standby::serve(&s, call),
+                Some(s) => crate::standby::serve(s, call).await,
                 None => Err("the broker has stopped".into()),
             }
         })

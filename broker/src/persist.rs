@@ -187,7 +187,7 @@ impl StoredMessage {
             }),
             expires: self
                 .expires_in
-                .map(|s| Instant::now() + Duration::from_secs(s)),
+                .and_then(|s| Instant::now().checked_add(Duration::from_secs(s))),
             origin: Arc::from(self.origin),
         })
     }

@@ -8,13 +8,14 @@
 //! handling may wait for a journal: two nodes' journals waiting on each other would never
 //! move), numbered per run of the node, and a journal write returns only once its records
 //! reached the buddy: no message the node acknowledged, and no packet id it sent to a
-//! client, is missing from the copy. A buddy that does not answer a batch within
-//! [`SHIP_TIMEOUT`] is passed over for [`PASS_OVER`]: the next node keeps the copy. The
-//! buddy applies the records to a router of its own for that node ([`Shadow`]), as the node
-//! itself would on a restart. A copy that misses a record (the buddy restarted, the node
-//! started again or chose another buddy) asks the node for its whole state as of a
-//! checkpoint (the snapshot it saves to disk), then applies the records after it. Until
-//! that state came, what the node logs meanwhile is only in the records waiting for it.
+//! client, is missing from the copy. The buddy applies the records to a router of its own
+//! for that node ([`Shadow`]), as the node itself would on a restart. A copy that misses a
+//! record (the buddy restarted, the node started again or chose another buddy) asks the
+//! node for its whole state as of a checkpoint (the snapshot it saves to disk), then
+//! applies the records after it; until then it answers that it is not whole, and the node
+//! sends the batch again (its journal writes wait meanwhile). A buddy that does not answer
+//! within [`SHIP_TIMEOUT`], or is not whole within [`WHOLE_WAIT`], is passed over for
+//! [`PASS_OVER`]: the next node keeps the copy.
 //!
 //! **Use** ([`take`]). A client whose node does not answer connects to another node with
 //! clean start off: that node asks the others (and itself) for their copy of the session,
@@ -47,8 +48,14 @@ const TAKE: u8 = 2;
 /// ... records a node ships to its buddy.
 const SHIP: u8 = 3;
 
-/// How long a buddy has to take a batch of records.
-const SHIP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+/// ... a node's copy of a session was taken: the others forget theirs.
+const FORGET: u8 = 4;
+
+/// How long a buddy has to answer a batch of records.
+const SHIP_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(600);
+/// How long a buddy may take to make its copy whole (it asks the node for its state) before
+/// it is passed over; its answers say it is not whole yet meanwhile.
+const WHOLE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long a buddy that did not take a batch in time is passed over.
 const PASS_OVER: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a connecting client waits for a node's copy of its session.
@@ -130,9 +137,8 @@ pub(crate) struct Mirror {
 }
 
 impl Mirror {
-    /// Starts shipping this node's journal through `relay`; its buddy learns at once that
-    /// this run started (and asks for its state).
-    pub(crate) fn start(relay: Arc<dyn Relay>) -> Arc<Self> {
+    /// Ships this node's journal through `relay` once [`Mirror::start`]ed.
+    pub(crate) fn new(relay: Arc<dyn Relay>) -> (Arc<Self>, Shipping) {
         let (queue, rx) = mpsc::unbounded_channel();
         let m = Arc::new(Self {
             relay,
@@ -143,9 +149,14 @@ impl Mirror {
             taken: AtomicU64::new(0),
             passed_over: AtomicU64::new(0),
         });
-        m.push(0, 0, &[]);
-        tokio::spawn(ship(Arc::downgrade(&m), rx));
-        m
+        (m, Shipping(rx))
+    }
+
+    /// Starts shipping (once this node answers for its state: [`Standby::mirror`] is set);
+    /// its buddy learns at once that this run started, and asks for its state.
+    pub(crate) fn start(self: &Arc<Self>, shipping: Shipping) {
+        self.push(0, 0, &[]);
+        tokio::spawn(ship(Arc::downgrade(self), shipping.0));
     }
 
     /// Queues record number `seq` (`bytes`, at `lsn`) for the buddy.
@@ -165,6 +176,9 @@ impl Mirror {
             .find(|p| self.relay.answers(*p) && passed.get(p).is_none_or(|t| now >= *t))
     }
 }
+
+/// The records to ship, for [`Mirror::start`].
+pub(crate) struct Shipping(mpsc::UnboundedReceiver<(u64, Vec<u8>)>);
 
 /// Record number `seq` (`bytes`, at `lsn`) as a [`SHIP`] call carries it.
 fn frame(seq: u64, lsn: u64, bytes: &[u8]) -> Vec<u8> {
@@ -210,8 +224,8 @@ async fn ship(mirror: std::sync::Weak<Mirror>, mut rx: mpsc::UnboundedReceiver<(
             }
         }
         let body = Bytes::from(body);
-        // Until a buddy takes it (or none answers: nothing keeps a copy).
-        while let Some(to) = m.buddy(&passed) {
+        // Until a buddy's whole copy takes it (or none answers: nothing keeps a copy).
+        'buddies: while let Some(to) = m.buddy(&passed) {
             if was != Some(to) {
                 tracing::info!(
                     buddy = to,
@@ -219,21 +233,27 @@ async fn ship(mirror: std::sync::Weak<Mirror>, mut rx: mpsc::UnboundedReceiver<(
                 );
                 was = Some(to);
             }
-            let call = m.relay.standby_call(to, body.clone());
-            match tokio::time::timeout(SHIP_TIMEOUT, call).await {
-                Ok(Some(_)) => {
-                    m.taken.fetch_add(n, Ordering::Relaxed);
-                    break;
-                }
-                _ => {
-                    m.passed_over.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
-                        buddy = to,
-                        "the standby copy's node did not take this node's journal records in time; passed over"
-                    );
-                    passed.insert(to, tokio::time::Instant::now() + PASS_OVER);
+            let whole_by = tokio::time::Instant::now() + WHOLE_WAIT;
+            loop {
+                let call = m.relay.standby_call(to, body.clone());
+                match tokio::time::timeout(SHIP_TIMEOUT, call).await {
+                    Ok(Some(a)) if a.first() == Some(&1) => {
+                        m.taken.fetch_add(n, Ordering::Relaxed);
+                        break 'buddies;
+                    }
+                    // Its copy waits for this node's state: sent again until whole.
+                    Ok(Some(_)) if tokio::time::Instant::now() < whole_by => {
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    }
+                    _ => break,
                 }
             }
+            m.passed_over.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                buddy = to,
+                "the standby copy's node did not take this node's journal records in time; passed over"
+            );
+            passed.insert(to, tokio::time::Instant::now() + PASS_OVER);
         }
         m.shipped.send_replace(lsn);
     }
@@ -353,6 +373,10 @@ impl Shadow {
                         "the standby copy missed records; asking the node for its state"
                     );
                 }
+                // A batch sent again while waiting.
+                if self.waiting.last().is_some_and(|w| f.seq <= w.seq) {
+                    return;
+                }
                 if self.waiting.len() >= MAX_WAITING {
                     self.waiting.clear();
                 }
@@ -362,10 +386,10 @@ impl Shadow {
     }
 }
 
-/// Records node `from` shipped here, in order.
-fn receive(shared: &Arc<BrokerState>, from: u64, records: Vec<Shipped>) {
+/// Records node `from` shipped here, in order; whether its copy is whole now.
+fn receive(shared: &Arc<BrokerState>, from: u64, records: Vec<Shipped>) -> bool {
     let mut ask = false;
-    {
+    let whole = {
         let mut all = shared.standby.shadows.lock();
         for f in records {
             let s = all.entry(from).or_insert_with(|| Shadow::new(f.run));
@@ -378,10 +402,12 @@ fn receive(shared: &Arc<BrokerState>, from: u64, records: Vec<Shipped>) {
                 ask = true;
             }
         }
-    }
+        all.get(&from).is_some_and(|s| s.copy.is_some())
+    };
     if ask {
         tokio::spawn(fetch(shared.clone(), from));
     }
+    whole
 }
 
 /// Asks node `from` for its state and makes the copy whole with it (a few tries).
@@ -422,11 +448,17 @@ async fn fetch(shared: Arc<BrokerState>, from: u64) {
             // It started again meanwhile: its new run's records ask again.
             return;
         };
+        if s.copy.is_some() {
+            // Another fetch made it whole.
+            return;
+        }
         let mut copy = Copy { router, seq, lsn };
         let whole = std::mem::take(&mut s.waiting)
             .into_iter()
             .filter(|f| f.seq > seq)
-            .all(|f| f.seq == copy.seq + 1 && copy.apply(f, shared.db.as_ref()));
+            .all(|f| {
+                f.seq <= copy.seq || (f.seq == copy.seq + 1 && copy.apply(f, shared.db.as_ref()))
+            });
         if whole {
             tracing::info!(
                 from,
@@ -444,20 +476,30 @@ async fn fetch(shared: Arc<BrokerState>, from: u64) {
 }
 
 /// Answers another node's standby call.
-pub(crate) fn serve(shared: &Arc<BrokerState>, mut call: Bytes) -> Result<Vec<u8>, String> {
-    match call.first().copied() {
+pub(crate) async fn serve(shared: Arc<BrokerState>, mut call: Bytes) -> Result<Vec<u8>, String> {
+    let kind = call.first().copied();
+    if kind.is_some() {
+        call.advance(1);
+    }
+    match kind {
         Some(SHIP) => {
-            call.advance(1);
             let (from, records) = Shipped::decode(call).ok_or("shipped records cut short")?;
-            receive(shared, from, records);
-            Ok(Vec::new())
+            Ok(vec![u8::from(receive(&shared, from, records))])
         }
-        Some(SNAPSHOT) => snapshot(shared),
-        Some(TAKE) if call.len() >= 9 => {
-            call.advance(1);
+        // Copied under the log's lock, encoded off the runtime's threads.
+        Some(SNAPSHOT) => tokio::task::spawn_blocking(move || snapshot(&shared))
+            .await
+            .map_err(|e| e.to_string())?,
+        Some(TAKE) if call.len() >= 8 => {
             let node = call.get_u64_le();
             let client = std::str::from_utf8(&call).map_err(|e| e.to_string())?;
-            give(shared, node, client)
+            give(&shared, node, client)
+        }
+        Some(FORGET) if call.len() >= 8 => {
+            let node = call.get_u64_le();
+            let client = std::str::from_utf8(&call).map_err(|e| e.to_string())?;
+            forget(&shared, node, client);
+            Ok(Vec::new())
         }
         _ => Err("a standby call this node does not know".into()),
     }
@@ -478,17 +520,18 @@ fn snapshot(shared: &BrokerState) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-/// Gives this node's copy of node `node`'s session `client` (and forgets it): the number
-/// of the copy's last record, the LSN it held, and the session's records.
+/// This node's copy of node `node`'s session `client`: the node's run, the number of the
+/// copy's last record, the LSN it held, and the session's records.
 fn give(shared: &BrokerState, node: u64, client: &str) -> Result<Vec<u8>, String> {
-    let mut all = shared.standby.shadows.lock();
-    let copy = (all.get_mut(&node).and_then(|s| s.copy.as_mut()))
+    let all = shared.standby.shadows.lock();
+    let shadow = all.get(&node);
+    let copy = (shadow.and_then(|s| s.copy.as_ref()))
         .ok_or_else(|| format!("no whole copy of node {node} here"))?;
     let session = (copy.router.session(client).filter(|s| s.lasting()))
         .ok_or_else(|| format!("no lasting session of {client:?} in the copy of node {node}"))?;
     let held = crate::takeover::export(&session);
-    copy.router.forget(client);
-    let mut out = Vec::with_capacity(16 + held.len());
+    let mut out = Vec::with_capacity(24 + held.len());
+    out.put_u64_le(shadow.map_or(0, |s| s.run));
     out.put_u64_le(copy.seq);
     out.put_u64_le(copy.lsn);
     out.extend_from_slice(&held);
@@ -496,8 +539,9 @@ fn give(shared: &BrokerState, node: u64, client: &str) -> Result<Vec<u8>, String
 }
 
 /// On the node a client connects to, its session's node not answering: the most recent
-/// standby copy of that session, taken from the node that held it (`node`'s buddy, or one it
-/// had): what it held (records, as a hand-over's) and the LSN of `node`'s journal it held.
+/// standby copy of that session (on `node`'s buddy, or one it had), among the nodes that
+/// answer within [`TAKE_TIMEOUT`]: what it held (records, as a hand-over's) and the LSN of
+/// `node`'s journal it held. Once it is logged here, [`forgotten`] drops the copies.
 pub(crate) async fn take(shared: &BrokerState, node: u64, client: &str) -> Option<(Bytes, u64)> {
     let relay = shared.db.relay()?;
     let mut call = vec![TAKE];
@@ -521,14 +565,16 @@ pub(crate) async fn take(shared: &BrokerState, node: u64, client: &str) -> Optio
         .flatten()
         .collect();
     answers.extend(give(shared, node, client).ok().map(Bytes::from));
-    let (seq, lsn, held) = (answers.into_iter())
-        .filter(|a| a.len() >= 16)
-        .map(|mut a| (a.get_u64_le(), a.get_u64_le(), a))
-        .max_by_key(|(seq, ..)| *seq)?;
+    // The most recent: of the node's latest run, the furthest.
+    let (run, seq, lsn, held) = (answers.into_iter())
+        .filter(|a| a.len() >= 24)
+        .map(|mut a| (a.get_u64_le(), a.get_u64_le(), a.get_u64_le(), a))
+        .max_by_key(|(run, seq, ..)| (*run, *seq))?;
     shared.standby.taken.fetch_add(1, Ordering::Relaxed);
     tracing::info!(
         client,
         node,
+        run,
         seq,
         lsn,
         "took a session from the standby copy of its node"
@@ -542,5 +588,34 @@ pub(crate) fn note(session: &Session, node: u64, lsn: u64) {
     match cuts.iter_mut().find(|(n, _)| *n == node) {
         Some(c) => c.1 = c.1.max(lsn),
         None => cuts.push((node, lsn)),
+    }
+}
+
+/// This node's copy of node `node`'s session `client` is dropped.
+fn forget(shared: &BrokerState, node: u64, client: &str) {
+    let all = shared.standby.shadows.lock();
+    if let Some(c) = all.get(&node).and_then(|s| s.copy.as_ref()) {
+        c.router.forget(client);
+    }
+}
+
+/// The session `client` taken from a copy of node `node`'s is logged here: every node drops
+/// its copy of it (one that does not hear of it keeps a copy no node asks for: node `node`,
+/// should it come back, starts its copies over).
+pub(crate) fn forgotten(shared: &BrokerState, node: u64, client: &str) {
+    forget(shared, node, client);
+    let Some(relay) = shared.db.relay() else {
+        return;
+    };
+    let mut call = vec![FORGET];
+    call.put_u64_le(node);
+    call.extend_from_slice(client.as_bytes());
+    let call = Bytes::from(call);
+    for p in relay
+        .peers()
+        .into_iter()
+        .filter(|p| *p != node && relay.answers(*p))
+    {
+        tokio::spawn(relay.standby_call(p, call.clone()));
     }
 }

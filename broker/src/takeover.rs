@@ -123,6 +123,12 @@ pub(crate) async fn import(
             "messages handed over that were delivered here already; left out"
         );
     }
+    let took: Vec<(u64, Arc<str>)> = (records.iter())
+        .filter_map(|r| match r {
+            Record::Standby { client, node, .. } => Some((*node, client.clone())),
+            _ => None,
+        })
+        .collect();
     let entries = records
         .into_iter()
         .map(|r| {
@@ -133,6 +139,10 @@ pub(crate) async fn import(
         })
         .collect();
     shared.db.journal(entries, true).await?;
+    // What came from standby copies is here now: they are dropped.
+    for (node, client) in took {
+        crate::standby::forgotten(shared, node, &client);
+    }
     // Its subscriptions are in place: what reaches it here from now on.
     if let (Some(s), Some(r)) = (session, shared.router.remote()) {
         s.install(r.installed());

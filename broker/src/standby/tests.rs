@@ -78,6 +78,7 @@ fn a_copy_applies_records_in_order_and_breaks_at_a_gap() {
         (4, 30, opened("c")),
         (7, 45, opened("d")),
         (9, 50, opened("e")),
+        (9, 50, opened("e")),
     ])
     .into_iter();
     // The next number applies; numbers already applied (sent again) do not.
@@ -98,5 +99,7 @@ fn a_copy_applies_records_in_order_and_breaks_at_a_gap() {
     // state.
     s.take(4, records.next().unwrap(), &auth);
     assert!(s.copy.is_none());
+    // ... and one sent again meanwhile waits once.
+    s.take(4, records.next().unwrap(), &auth);
     assert_eq!(s.waiting.iter().map(|f| f.seq).collect::<Vec<_>>(), [9]);
 }
