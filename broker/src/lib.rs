@@ -147,10 +147,12 @@ impl Broker {
             relay.received_before(shared.router.relayed_marks());
             relay.set_sink(Arc::new(ingest::Inbox(Arc::downgrade(&shared))));
             // From now on its journal's records also go to another node's standby copy.
-            let (mirror, shipping) = standby::Mirror::new(relay);
-            let _ = shared.standby.mirror.set(mirror.clone());
-            shared.db.set_journal_tap(mirror.clone());
-            mirror.start(shipping);
+            if config.cluster.as_ref().is_some_and(|c| c.standby_copy) {
+                let (mirror, shipping) = standby::Mirror::new(relay);
+                let _ = shared.standby.mirror.set(mirror.clone());
+                shared.db.set_journal_tap(mirror.clone());
+                mirror.start(shipping);
+            }
         }
         connection::publish_replayed_wills(&shared, wills);
         // In a cluster: sessions whose clients went elsewhere while this node was down.

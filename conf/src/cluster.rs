@@ -35,6 +35,12 @@ pub struct ClusterConfig {
     /// this many if fewer).
     #[serde(default = "thousand")]
     pub meta_snapshot_entries: u64,
+    /// Keep a standby copy of this node's lasting MQTT sessions on another node (its
+    /// journal shipped there before each write returns), so that a client whose node died
+    /// resumes elsewhere with what was queued for it. Off by default while a freeze of a
+    /// node can still bring a QoS 2 subscriber copies (docs/benchmarks.md, stop 46).
+    #[serde(default)]
+    pub standby_copy: bool,
 }
 
 fn three() -> usize {
