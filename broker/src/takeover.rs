@@ -36,7 +36,12 @@ pub(crate) async fn take_over(shared: &BrokerState, client: &Arc<str>, clean: bo
         && !clean
         && let Some((node, _, b)) = relay.session_elsewhere(client)
     {
-        match crate::standby::take(shared, node, client).await {
+        // Copies are kept where this node keeps one of its own (`[cluster] standby_copy`).
+        let copied = match shared.standby.mirror.get() {
+            Some(_) => crate::standby::take(shared, node, client).await,
+            None => None,
+        };
+        match copied {
             Some((held, lsn)) => {
                 // First: the subscriptions' share then tells that node what came here.
                 out.push(Record::Standby {
