@@ -33,6 +33,25 @@ pub(crate) struct Metrics {
     ack_seen: parking_lot::Mutex<([u64; BUCKETS.len() + 1], Option<std::time::Instant>)>,
 }
 
+/// Appends plain figures (name, help, value) as Prometheus text: a counter when the name
+/// ends in `_total`, else a gauge.
+pub(crate) fn render_values<'a>(
+    out: &mut String,
+    values: impl IntoIterator<Item = (&'a str, &'a str, u64)>,
+) {
+    for (name, help, v) in values {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    }
+}
+
 impl Metrics {
     /// Records the time from a PUBLISH's arrival to its ack being ready.
     pub(crate) fn observe_ack(&self, d: Duration) {
@@ -193,17 +212,7 @@ impl Metrics {
     /// Prometheus text exposition.
     pub(crate) fn render(&self, state: &Gauges) -> String {
         let mut out = String::new();
-        for (name, help, v) in self.values(state) {
-            let kind = if name.ends_with("_total") {
-                "counter"
-            } else {
-                "gauge"
-            };
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-            );
-        }
+        render_values(&mut out, self.values(state));
         let name = "sluice_mqtt_ack_latency_seconds";
         let _ = writeln!(
             out,

@@ -277,10 +277,19 @@ impl Store {
     pub(crate) fn load(&self, router: &Router) -> u64 {
         match sluice_engine::read_state::<State>(&self.path, "broker state") {
             None => 0,
-            Some(state) => restore(router, state).unwrap_or_else(|format| {
-                tracing::error!(format, path = %self.path.display(), "unknown broker state format; starting without it");
-                0
-            }),
+            Some(state) => {
+                let (s, r) = (state.sessions.len(), state.retained.len());
+                match restore(router, state) {
+                    Ok(lsn) => {
+                        tracing::info!(sessions = s, retained = r, lsn, "broker snapshot loaded");
+                        lsn
+                    }
+                    Err(format) => {
+                        tracing::error!(format, path = %self.path.display(), "unknown broker state format; starting without it");
+                        0
+                    }
+                }
+            }
         }
     }
 
@@ -335,16 +344,9 @@ pub(crate) fn restore(router: &Router, state: State) -> Result<u64, u32> {
     if state.format != FORMAT {
         return Err(state.format);
     }
-    let (s, r) = (state.sessions.len(), state.retained.len());
     router.restore(state.sessions, state.retained, state.messages);
     for (from, incarnation, last) in state.relayed {
         router.relayed(from, incarnation, last);
     }
-    tracing::info!(
-        sessions = s,
-        retained = r,
-        lsn = state.lsn,
-        "broker snapshot loaded"
-    );
     Ok(state.lsn)
 }

@@ -85,7 +85,7 @@ impl Standby {
             .filter(|s| s.copy.is_some())
             .count();
         let mut out = String::new();
-        for (name, help, v) in [
+        let values = [
             (
                 "sluice_standby_records_shipped_total",
                 "Journal records a buddy node took for its standby copy of this node's sessions",
@@ -106,16 +106,8 @@ impl Standby {
                 "Sessions resumed here from a standby copy (their node did not answer)",
                 self.taken.load(Ordering::Relaxed),
             ),
-        ] {
-            let kind = if name.ends_with("_total") {
-                "counter"
-            } else {
-                "gauge"
-            };
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
-            ));
-        }
+        ];
+        crate::metrics::render_values(&mut out, values);
         out
     }
 }
@@ -490,19 +482,46 @@ pub(crate) async fn serve(shared: Arc<BrokerState>, mut call: Bytes) -> Result<V
         Some(SNAPSHOT) => tokio::task::spawn_blocking(move || snapshot(&shared))
             .await
             .map_err(|e| e.to_string())?,
-        Some(TAKE) if call.len() >= 8 => {
-            let node = call.get_u64_le();
-            let client = std::str::from_utf8(&call).map_err(|e| e.to_string())?;
+        Some(TAKE) => {
+            let (node, client) = read_session(&mut call)?;
             give(&shared, node, client)
         }
-        Some(FORGET) if call.len() >= 8 => {
-            let node = call.get_u64_le();
-            let client = std::str::from_utf8(&call).map_err(|e| e.to_string())?;
+        Some(FORGET) => {
+            let (node, client) = read_session(&mut call)?;
             forget(&shared, node, client);
             Ok(Vec::new())
         }
-        _ => Err("a standby call this node does not know".into()),
+        k => Err(format!(
+            "a standby call of a kind this node does not know: {k:?}"
+        )),
     }
+}
+
+/// A [`TAKE`] or [`FORGET`] call about node `node`'s session `client`.
+fn session_call(kind: u8, node: u64, client: &str) -> Bytes {
+    let mut call = vec![kind];
+    call.put_u64_le(node);
+    call.extend_from_slice(client.as_bytes());
+    call.into()
+}
+
+/// The node and client of a [`session_call`] (after its kind).
+fn read_session(call: &mut Bytes) -> Result<(u64, &str), String> {
+    if call.len() < 8 {
+        return Err(format!(
+            "a standby call of {} bytes, too short",
+            call.len() + 1
+        ));
+    }
+    let node = call.get_u64_le();
+    let client =
+        std::str::from_utf8(call).map_err(|e| format!("a standby call's client id: {e}"))?;
+    Ok((node, client))
+}
+
+/// The nodes other than `node` that answer.
+fn others(relay: &dyn Relay, node: u64) -> impl Iterator<Item = u64> + '_ {
+    (relay.peers().into_iter()).filter(move |p| *p != node && relay.answers(*p))
 }
 
 /// This node's state as of a checkpoint, and the number of the last record shipped then.
@@ -544,13 +563,10 @@ fn give(shared: &BrokerState, node: u64, client: &str) -> Result<Vec<u8>, String
 /// `node`'s journal it held. Once it is logged here, [`forgotten`] drops the copies.
 pub(crate) async fn take(shared: &BrokerState, node: u64, client: &str) -> Option<(Bytes, u64)> {
     let relay = shared.db.relay()?;
-    let mut call = vec![TAKE];
-    call.put_u64_le(node);
-    call.extend_from_slice(client.as_bytes());
-    let call = Bytes::from(call);
-    let asked = (relay.peers().into_iter()).filter(|p| *p != node && relay.answers(*p));
+    let call = session_call(TAKE, node, client);
+    let asked: Vec<u64> = others(relay.as_ref(), node).collect();
     // A node that does not answer within [`TAKE_TIMEOUT`] is not waited for.
-    let calls = asked.map(|p| {
+    let calls = asked.into_iter().map(|p| {
         let call = relay.standby_call(p, call.clone());
         async move {
             tokio::time::timeout(TAKE_TIMEOUT, call)
@@ -607,15 +623,8 @@ pub(crate) fn forgotten(shared: &BrokerState, node: u64, client: &str) {
     let Some(relay) = shared.db.relay() else {
         return;
     };
-    let mut call = vec![FORGET];
-    call.put_u64_le(node);
-    call.extend_from_slice(client.as_bytes());
-    let call = Bytes::from(call);
-    for p in relay
-        .peers()
-        .into_iter()
-        .filter(|p| *p != node && relay.answers(*p))
-    {
+    let call = session_call(FORGET, node, client);
+    for p in others(relay.as_ref(), node) {
         tokio::spawn(relay.standby_call(p, call.clone()));
     }
 }

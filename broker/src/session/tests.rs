@@ -1,0 +1,206 @@
+use super::*;
+
+fn delivery(lsn: u64) -> Delivery {
+    Delivery {
+        message: Arc::new(Message {
+            topic: Arc::from("t"),
+            payload: bytes::Bytes::from_static(b"x"),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            properties: None,
+            expires: None,
+            origin: Arc::from("p"),
+            id: Default::default(),
+            sent_to: Default::default(),
+        }),
+        qos: QoS::AtLeastOnce,
+        retain: false,
+        subscription_ids: Vec::new(),
+        lsn,
+    }
+}
+
+fn numbered(node: u64, run: u64, seq: u64) -> Delivery {
+    let d = delivery(seq);
+    d.message.id.set(MessageId { node, run, seq }).unwrap();
+    d
+}
+
+fn sent_to(d: Delivery, to: &[u64]) -> Delivery {
+    d.message.sent_to.set(Arc::from(to)).unwrap();
+    d
+}
+
+/// What a session came to this node with tells which copies another node gives back
+/// are left out: this node's messages numbered after, others' sent here and numbered
+/// above what had come from their run.
+#[test]
+fn copies_given_back_are_known_by_their_numbers() {
+    let s = Session::new(Arc::from("c"), 100, Some(1));
+    let sub = SubOptions {
+        qos: QoS::AtLeastOnce,
+        no_local: false,
+        retain_as_published: false,
+        id: None,
+    };
+    s.state.lock().subscriptions.insert("t".into(), sub.clone());
+    // Received here so far: node 2's run 7 up to 100, run 8 up to 1, node 3's run 1
+    // up to 1, node 4's up to 9.
+    let now = Arrivals {
+        max: [
+            ((2, 7), 100),
+            ((2, 8), 1),
+            ((3, 1), 1),
+            ((4, 1), 9),
+            ((6, 1), 9),
+        ]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    };
+    assert!(
+        !s.state
+            .lock()
+            .routed_here(&sent_to(numbered(2, 7, 9), &[1]).message, &now)
+    );
+    s.install(Installed {
+        node: 1,
+        run: 50,
+        next: 40,
+        then: Arrivals {
+            max: [((2, 7), 5)].into_iter().collect(),
+            unnumbered: [4].into_iter().collect(),
+            gapped: [(6, 1)].into_iter().collect(),
+        },
+        filters: Vec::new(),
+        until: Some(Instant::now() + LATE_FOR),
+        late: HashSet::new(),
+    });
+    // Set once: a later one (another hand-over) does not replace it.
+    s.install(Installed {
+        node: 1,
+        run: 50,
+        next: 99,
+        then: Arrivals::default(),
+        filters: Vec::new(),
+        until: None,
+        late: HashSet::new(),
+    });
+    let here = |node, run, seq, to: &[u64]| {
+        s.state
+            .lock()
+            .routed_here(&sent_to(numbered(node, run, seq), to).message, &now)
+    };
+    assert!(here(1, 50, 40, &[]) && !here(1, 50, 39, &[]) && !here(1, 49, 45, &[]));
+    assert!(here(2, 7, 6, &[1, 3]) && !here(2, 7, 5, &[1]) && !here(2, 7, 6, &[3]));
+    assert!(here(2, 8, 1, &[1]) && here(3, 1, 1, &[1]) && !here(4, 1, 1, &[1]));
+    // Sent here but never come (its node died first): not a copy.
+    assert!(!here(2, 7, 101, &[1]) && !here(2, 8, 2, &[1]) && !here(5, 1, 1, &[1]));
+    // A node's run with a gap in what came from it: nothing of that run can be told.
+    assert!(!here(6, 1, 1, &[1]));
+    let mut gapped = now.clone();
+    gapped.gapped.insert((3, 1));
+    let m = sent_to(numbered(3, 1, 1), &[1]);
+    assert!(!s.state.lock().routed_here(&m.message, &gapped));
+    // Its next run numbers afresh: told as ever.
+    gapped.max.insert((3, 2), 4);
+    let m = sent_to(numbered(3, 2, 4), &[1]);
+    assert!(s.state.lock().routed_here(&m.message, &gapped));
+    // A topic none of the filters it came with matches (its other copy had one more).
+    let other = sent_to(numbered(2, 7, 6), &[1]);
+    let mut m = (*other.message).clone();
+    m.topic = Arc::from("u");
+    assert!(!s.state.lock().routed_here(&m, &now));
+    assert!(!s.state.lock().routed_here(&delivery(7).message, &now));
+    // Routed here after it came, though numbered before: noted.
+    s.push(sent_to(numbered(2, 7, 4), &[1]));
+    s.push(numbered(1, 50, 38));
+    assert!(here(2, 7, 4, &[]) && here(1, 50, 38, &[]) && !here(2, 7, 3, &[1]));
+    s.state.lock().queue.clear();
+    // What it holds is known by id.
+    s.push(numbered(5, 1, 8));
+    s.push_in_flight(Outgoing::Published(numbered(5, 1, 9)), 4097);
+    s.push_in_flight(Outgoing::Published(numbered(5, 1, 10)), 4097);
+    let held = s.state.lock().held_ids();
+    assert_eq!(held.len(), 3);
+    assert!(held.contains(&MessageId {
+        node: 5,
+        run: 1,
+        seq: 9
+    }));
+    let st = s.state.lock();
+    assert!(matches!(st.inflight.get(&4097), Some(Outgoing::Published(d)) if d.lsn == 9));
+    assert_eq!(st.queue.iter().map(|d| d.lsn).collect::<Vec<_>>(), [8, 10]);
+    drop(st);
+    // A member of a shared group gets only some: nothing is left out.
+    s.state
+        .lock()
+        .subscriptions
+        .insert("$share/g/t".into(), sub);
+    assert!(!here(2, 7, 100, &[1]));
+}
+
+/// Each node of a cluster numbers its messages from its own part of the packet ids.
+#[test]
+fn packet_ids_stay_in_the_node_s_range() {
+    let mut st = State::default();
+    let range = pkids_of(Some(3));
+    assert_eq!(range, (12289, 16383));
+    let ids: Vec<u16> = (0..5000).map(|_| st.next_pkid(range).unwrap()).collect();
+    assert!(ids.iter().all(|p| (12289..=16383).contains(p)));
+    assert_eq!(ids[0], 12289);
+    assert_eq!(ids[4095], 12289);
+    st.inflight.insert(12290, Outgoing::Released(1));
+    st.next_pkid = 12289;
+    assert_eq!(st.next_pkid(range), Some(12291));
+    assert_eq!(pkids_of(None), (1, u16::MAX));
+    assert_eq!(pkids_of(Some(15)).1, 65535);
+}
+
+/// What is sent again never takes the client past its receive window: PUBRELs go at
+/// once, PUBLISHes oldest first as acknowledgements make room.
+#[test]
+fn resends_wait_for_room_in_the_client_s_window() {
+    let mut st = State::default();
+    // Three at the client already; four given back (one a PUBREL), out of order.
+    for (k, lsn) in [(1, 1), (2, 2), (3, 3)] {
+        st.inflight.insert(k, Outgoing::Published(delivery(lsn)));
+    }
+    for (k, lsn) in [(4101, 12), (4097, 10), (4099, 11), (4100, 13)] {
+        st.inflight.insert(k, Outgoing::Published(delivery(lsn)));
+    }
+    st.inflight.insert(4098, Outgoing::Released(9));
+    st.resend = vec![4101, 4097, 4098, 4099, 4100];
+    let ids = |due: Vec<(u16, Outgoing)>| due.into_iter().map(|d| d.0).collect::<Vec<_>>();
+    // Four at the client with the one awaiting its PUBREL: room for one more.
+    assert_eq!(ids(st.due_resends(5)), [4098, 4097]);
+    assert_eq!(st.resend, [4099, 4101, 4100]);
+    assert!(st.due_resends(5).is_empty());
+    assert_eq!(st.resend, [4099, 4101, 4100]);
+    // Acknowledgements (a PUBACK, a PUBCOMP) make room, in the order sent.
+    st.inflight.remove(&1);
+    assert_eq!(ids(st.due_resends(5)), [4099]);
+    st.inflight.remove(&2);
+    st.inflight.remove(&4098);
+    assert_eq!(ids(st.due_resends(5)), [4101, 4100]);
+    assert!(st.resend.is_empty());
+    // A returning client's smaller window: what is in flight goes out as far as it goes.
+    st.resend = st.inflight.keys().copied().collect();
+    assert_eq!(ids(st.due_resends(2)), [3, 4097]);
+    assert_eq!(st.resend, [4099, 4101, 4100]);
+}
+
+/// A session holding one message twice (a shared and a plain subscription): each
+/// acknowledgement takes one copy, the one in flight first.
+#[test]
+fn an_ack_takes_one_copy() {
+    let mut st = State::default();
+    st.queue.extend([delivery(7), delivery(8), delivery(7)]);
+    st.mark_sent(7, 1);
+    assert_eq!(st.queue.iter().map(|d| d.lsn).collect::<Vec<_>>(), [8, 7]);
+    st.forget_acked(&[7]);
+    assert!(st.inflight.is_empty());
+    assert_eq!(st.queue.iter().map(|d| d.lsn).collect::<Vec<_>>(), [8, 7]);
+    st.forget_acked(&[7, 8]);
+    assert!(st.queue.is_empty());
+}
