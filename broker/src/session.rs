@@ -67,6 +67,10 @@ pub(crate) struct Installed {
     /// once past (no clock is read per delivery after that).
     pub(crate) until: Option<std::time::Instant>,
     pub(crate) late: HashSet<MessageId>,
+    /// Set while what comes from another node is being logged, before the subscriptions
+    /// it brings are in place: no number places a message yet, and every message routed
+    /// to the session meanwhile is noted in `late` (it reached it here).
+    pub(crate) pending: bool,
 }
 
 /// What has come to this node from the others (`Remote::received`).
@@ -117,6 +121,9 @@ impl Installed {
     }
 
     fn by_numbers(&self, message: &Message, id: &MessageId) -> bool {
+        if self.pending {
+            return false;
+        }
         if id.node == self.node {
             return id.run == self.run && id.seq >= self.next;
         }
@@ -195,7 +202,22 @@ pub(crate) struct State {
     /// another node gave, with the ids it had sent them under, and what the client's
     /// receive window did not take yet ([`State::due_resends`]).
     pub(crate) resend: Vec<u16>,
+    /// The ids of messages another node handed over or gave that were queued here, for
+    /// [`IMPORTED_FOR`] more deliveries: the same message routed here later (its own
+    /// delivery was on its way meanwhile) is not queued twice.
+    pub(crate) imported: Option<Box<Imported>>,
 }
+
+/// See [`State::imported`].
+#[derive(Debug, Default)]
+pub(crate) struct Imported {
+    ids: HashSet<MessageId>,
+    left: u32,
+}
+
+/// Deliveries to a session for which the ids of messages it took from another node are
+/// kept (see [`State::imported`]).
+const IMPORTED_FOR: u32 = 200_000;
 
 impl State {
     /// A copy of what a snapshot keeps (messages are shared, not copied).
@@ -212,6 +234,7 @@ impl State {
             dropped: self.dropped,
             installed: None,
             resend: Vec::new(),
+            imported: None,
         }
     }
 
@@ -240,6 +263,41 @@ impl State {
         (self.queue.iter().chain(sent))
             .filter_map(|d| d.message.id.get().copied())
             .collect()
+    }
+
+    /// Drops the queued copies of messages held already (in flight, or queued before).
+    pub(crate) fn drop_copies(&mut self) {
+        let mut seen: HashSet<MessageId> = (self.inflight.values())
+            .filter_map(|o| match o {
+                Outgoing::Published(d) => d.message.id.get().copied(),
+                Outgoing::Released(_) => None,
+            })
+            .collect();
+        self.queue
+            .retain(|d| d.message.id.get().is_none_or(|id| seen.insert(*id)));
+    }
+
+    /// `id` was queued (or put in flight) here from what another node handed over or gave.
+    pub(crate) fn note_imported(&mut self, id: MessageId) {
+        let i = self.imported.get_or_insert_with(Default::default);
+        i.ids.insert(id);
+        i.left = IMPORTED_FOR;
+    }
+
+    /// Whether a delivery of `message` routed here now is one taken from another node
+    /// already (it is not queued again); counts the delivery.
+    fn imported_already(&mut self, message: &Message) -> bool {
+        let Some(i) = self.imported.as_mut() else {
+            return false;
+        };
+        if message.id.get().is_some_and(|id| i.ids.contains(id)) {
+            return true;
+        }
+        i.left = i.left.saturating_sub(1);
+        if i.left == 0 {
+            self.imported = None;
+        }
+        false
     }
 
     /// `pkid` was put in flight from what another node gave: while a connection is
@@ -465,6 +523,9 @@ impl Session {
     /// before), dropping the oldest (counted) when offline and full.
     pub(crate) fn push(&self, d: Delivery) {
         let mut st = self.state.lock();
+        if st.imported_already(&d.message) {
+            return;
+        }
         if let Some(installed) = st.installed.as_mut() {
             installed.routed_late(&d.message);
         }
@@ -539,17 +600,37 @@ impl Session {
         out
     }
 
-    /// The session's subscriptions are in place here: `installed` says from when (kept if
-    /// set before: the subscriptions were in place since).
-    pub(crate) fn install(&self, mut installed: Installed) {
+    /// What another node holds for the session is about to be logged here (and the
+    /// subscriptions it brings put in place): from now until [`Session::install`], every
+    /// message routed to it is noted as having reached it here ([`Installed::pending`]).
+    /// Nothing changes when it was installed before.
+    pub(crate) fn install_pending(&self, mut installed: Installed) {
         let mut st = self.state.lock();
         if st.installed.is_none() {
-            installed.filters = (st.subscriptions.keys())
-                .filter(|f| crate::topic::parse_shared(f).is_none())
-                .cloned()
-                .collect();
+            installed.pending = true;
             st.installed = Some(Box::new(installed));
         }
+    }
+
+    /// The session's subscriptions are in place here: `installed` says from when (kept if
+    /// set before: the subscriptions were in place since, unless that was pending: what
+    /// it noted meanwhile is kept).
+    pub(crate) fn install(&self, mut installed: Installed) {
+        let mut st = self.state.lock();
+        let late = match st.installed.take() {
+            Some(i) if !i.pending => {
+                st.installed = Some(i);
+                return;
+            }
+            Some(i) => i.late,
+            None => HashSet::new(),
+        };
+        installed.filters = (st.subscriptions.keys())
+            .filter(|f| crate::topic::parse_shared(f).is_none())
+            .cloned()
+            .collect();
+        installed.late.extend(late);
+        st.installed = Some(Box::new(installed));
     }
 
     /// Takes `o`, which another node had sent under `pkid` and not seen completed: in

@@ -16,9 +16,13 @@
 
 use crate::BrokerState;
 use crate::journal::{self, Record};
+use crate::session::MessageId;
 use crate::session::{Message, Outgoing, Session};
 use bytes::{Buf, Bytes};
+use parking_lot::Mutex;
+use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// On the node a client connects to: the other nodes end their session of `client` and,
 /// unless `clean`, hand over what it held; returns those records.
@@ -134,16 +138,50 @@ pub(crate) async fn import(
             _ => None,
         })
         .collect();
+    // Until its subscriptions are in place, what is routed to it here is noted as come.
+    if let (Some(s), Some(r)) = (&session, shared.router.remote()) {
+        s.install_pending(r.installed());
+    }
+    // What its session holds when they are applied (its own delivery of a message may have
+    // come meanwhile): computed at the first, and the records of one call are applied
+    // together.
+    let held: Arc<Mutex<Option<HashSet<MessageId>>>> = Arc::default();
+    let skipped = Arc::new(AtomicUsize::new(0));
     let entries = records
         .into_iter()
         .map(|r| {
             let (state, record) = (shared.clone(), r.clone());
-            let then: sluice_engine::Then =
-                Box::new(move |lsn| state.router.replay(lsn, record, state.db.as_ref()));
+            let (held, skipped) = (held.clone(), skipped.clone());
+            let then: sluice_engine::Then = Box::new(move |lsn| {
+                if let Record::Queued {
+                    client, message, ..
+                } = &record
+                    && let Some(id) = message.id.get().copied()
+                    && let Some(s) = state.router.session(client)
+                {
+                    let mut held = held.lock();
+                    let held = held.get_or_insert_with(|| s.state.lock().held_ids());
+                    if !held.insert(id) {
+                        skipped.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    state.router.replay(lsn, record, state.db.as_ref());
+                    s.state.lock().note_imported(id);
+                    return;
+                }
+                state.router.replay(lsn, record, state.db.as_ref())
+            });
             journal::entry(&r, Some(then))
         })
         .collect();
     shared.db.journal(entries, true).await?;
+    let skipped = skipped.load(Ordering::Relaxed);
+    if skipped > 0 {
+        tracing::info!(
+            skipped,
+            "messages handed over that reached the session here while they were logged; left out"
+        );
+    }
     // What came from standby copies is here now: they are dropped.
     for (node, client) in took {
         crate::standby::forgotten(shared, node, &client);
@@ -165,9 +203,7 @@ pub(crate) async fn hand_over(
     let session = shared.router.session(&client)?;
     if !clean {
         // The session goes on over there: a will waiting for its delay is not published.
-        session
-            .generation
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        session.generation.fetch_add(1, Ordering::AcqRel);
     }
     if let Some(r) = shared.router.remote() {
         r.share_will(&session.client_id, None, None, 0);
@@ -199,7 +235,7 @@ pub(crate) async fn hand_over(
 /// length and the record.
 pub(crate) fn export(session: &Session) -> Bytes {
     let subscriptions = subscriptions(session).unwrap_or_default();
-    let (messages, _) = messages(session, 0);
+    let (messages, ..) = messages(session, 0);
     [subscriptions, messages].concat().into()
 }
 
@@ -242,8 +278,11 @@ fn framed(records: impl Iterator<Item = Record>) -> Bytes {
 /// the ones in flight with the packet ids they were sent under, and the QoS 2 packet ids
 /// whose PUBREL is pending (`Releasing`): the node that takes them sends them again under
 /// those ids (DUP set), so that its client, which may hold those ids, keeps each once. With
-/// the LSNs of all of them. Only those logged here after LSN `after`.
-fn messages(session: &Session, after: u64) -> (Bytes, Vec<u64>) {
+/// the LSNs of all of them. Only those logged here after LSN `after`; the LSNs of those
+/// before it come apart (another node took them from this node's standby copy). A message
+/// held twice (a journal that logged a copy handed over and its own delivery, both) goes
+/// once.
+fn messages(session: &Session, after: u64) -> (Bytes, Vec<u64>, Vec<u64>) {
     let st = session.state.lock();
     let mut sent: Vec<(u16, Outgoing)> =
         (st.inflight.iter()).map(|(k, o)| (*k, o.clone())).collect();
@@ -252,9 +291,15 @@ fn messages(session: &Session, after: u64) -> (Bytes, Vec<u64>) {
     drop(st);
     let client = session.client_id.clone();
     let (mut records, mut lsns, mut published) = (Vec::new(), Vec::new(), Vec::new());
+    let mut taken = Vec::new();
+    let mut seen = HashSet::new();
+    let once = |d: &crate::session::Delivery, seen: &mut HashSet<MessageId>| {
+        d.message.id.get().is_none_or(|id| seen.insert(*id))
+    };
     for (pkid, o) in sent {
         match o {
-            _ if after > 0 && o.lsn() <= after => {}
+            _ if after > 0 && o.lsn() <= after => taken.push(o.lsn()),
+            Outgoing::Published(d) if !once(&d, &mut seen) => {}
             Outgoing::Published(d) => published.push((Some(pkid), d)),
             Outgoing::Released(lsn) => {
                 let client = client.clone();
@@ -263,10 +308,15 @@ fn messages(session: &Session, after: u64) -> (Bytes, Vec<u64>) {
             }
         }
     }
-    let queued = queued
-        .into_iter()
-        .filter(|(_, d)| after == 0 || d.lsn > after);
-    for (pkid, d) in published.into_iter().chain(queued) {
+    let mut rest = Vec::new();
+    for (pkid, d) in queued {
+        if after > 0 && d.lsn <= after {
+            taken.push(d.lsn);
+        } else if once(&d, &mut seen) {
+            rest.push((pkid, d));
+        }
+    }
+    for (pkid, d) in published.into_iter().chain(rest) {
         lsns.push(d.lsn);
         records.push(Record::Queued {
             client: client.clone(),
@@ -277,7 +327,7 @@ fn messages(session: &Session, after: u64) -> (Bytes, Vec<u64>) {
             sent: pkid,
         });
     }
-    (framed(records.into_iter()), lsns)
+    (framed(records.into_iter()), lsns, taken)
 }
 
 /// On the node the client went to: what its old node's copy held joins its session here.
@@ -304,6 +354,29 @@ pub(crate) async fn take_given(shared: Arc<BrokerState>, client: String, held: B
     }
 }
 
+/// The messages at `lsns` of a restored session `s` are the node's that its client went to
+/// (given there, or taken from a standby copy): dropped here and logged as done, unless
+/// its client came back here meanwhile (and took that node's session, with them: it keeps
+/// them here, as that node's copy was left out as held; `attach` bumps the generation
+/// before it takes the lock).
+async fn done_here(shared: &BrokerState, s: &Session, lsns: Vec<u64>) {
+    {
+        let mut st = s.state.lock();
+        if s.generation.load(Ordering::Acquire) != 0 {
+            return;
+        }
+        st.forget_acked(&lsns);
+    }
+    let record = Record::Acked {
+        client: s.client_id.clone(),
+        lsns,
+    };
+    let logged = shared.db.journal(vec![journal::entry(&record, None)], true);
+    if let Err(e) = logged.await {
+        tracing::warn!(client = %s.client_id, error = %e, "messages given to another node not logged as done");
+    }
+}
+
 /// How long a restarted node keeps giving what its lasting sessions receive to the nodes
 /// their clients went to (its peers' queues for it arrive meanwhile), before it ends them.
 const GRACE: std::time::Duration = std::time::Duration::from_secs(30);
@@ -316,7 +389,7 @@ pub(crate) async fn give_back(shared: Arc<BrokerState>) {
     };
     let restored = |s: &Session| {
         // Restored here and not attached since (generation 0), offline, lasting.
-        s.generation.load(std::sync::atomic::Ordering::Acquire) == 0 && !s.online() && s.lasting()
+        s.generation.load(Ordering::Acquire) == 0 && !s.online() && s.lasting()
     };
     let until = tokio::time::Instant::now() + GRACE;
     let mut moved: Vec<Arc<Session>> = Vec::new();
@@ -341,7 +414,12 @@ pub(crate) async fn give_back(shared: Arc<BrokerState>) {
                     _ => None,
                 })
                 .unwrap_or(0);
-            let (held, lsns) = messages(&s, cut);
+            let (held, lsns, taken) = messages(&s, cut);
+            // What that node took from the copy is its own now: should the client come
+            // back here, it does not get them again from this one.
+            if !taken.is_empty() {
+                done_here(&shared, &s, taken).await;
+            }
             if lsns.is_empty() {
                 continue;
             }
@@ -350,24 +428,7 @@ pub(crate) async fn give_back(shared: Arc<BrokerState>) {
                 continue;
             }
             tracing::info!(client = %s.client_id, node, messages = lsns.len(), "gave what a moved session held");
-            {
-                // Its client came back here meanwhile (and took that node's session, with
-                // what was just given): it keeps them here, as that node's copy was left
-                // out as held. (`attach` bumps the generation before it takes the lock.)
-                let mut st = s.state.lock();
-                if s.generation.load(std::sync::atomic::Ordering::Acquire) != 0 {
-                    continue;
-                }
-                st.forget_acked(&lsns);
-            }
-            let record = Record::Acked {
-                client: s.client_id.clone(),
-                lsns,
-            };
-            let logged = shared.db.journal(vec![journal::entry(&record, None)], true);
-            if let Err(e) = logged.await {
-                tracing::warn!(client = %s.client_id, error = %e, "messages given to another node not logged as done");
-            }
+            done_here(&shared, &s, lsns).await;
         }
         if done {
             break;

@@ -196,6 +196,7 @@ impl Remote {
             filters: Vec::new(),
             until: Some(std::time::Instant::now() + crate::session::LATE_FOR),
             late: HashSet::new(),
+            pending: false,
         }
     }
 

@@ -146,7 +146,8 @@ impl Router {
     }
 
     /// After the replay: sessions whose connection the stop ended are offline from now,
-    /// and hold at most `mqtt.max_queued_messages` (the oldest beyond it dropped and
+    /// hold each message once (a copy handed over that its own delivery had reached while
+    /// it was logged is in the journal too), and hold at most `mqtt.max_queued_messages` (the oldest beyond it dropped and
     /// counted, as for any offline session). Returns the wills still to be published (the
     /// connection ended with the server, or their delay had not run out), by client id.
     pub(crate) fn replayed(&self) -> Vec<(Arc<str>, Arc<Message>, u32)> {
@@ -160,6 +161,7 @@ impl Router {
             if st.disconnected_at.is_none() {
                 st.disconnected_at = Some(now);
             }
+            st.drop_copies();
             let over = st.queue.len().saturating_sub(self.max_queued);
             if over > 0 {
                 st.queue.drain(..over);

@@ -75,6 +75,7 @@ fn copies_given_back_are_known_by_their_numbers() {
         filters: Vec::new(),
         until: Some(Instant::now() + LATE_FOR),
         late: HashSet::new(),
+        pending: false,
     });
     // Set once: a later one (another hand-over) does not replace it.
     s.install(Installed {
@@ -85,6 +86,7 @@ fn copies_given_back_are_known_by_their_numbers() {
         filters: Vec::new(),
         until: None,
         late: HashSet::new(),
+        pending: false,
     });
     let here = |node, run, seq, to: &[u64]| {
         s.state
@@ -203,4 +205,69 @@ fn an_ack_takes_one_copy() {
     assert_eq!(st.queue.iter().map(|d| d.lsn).collect::<Vec<_>>(), [8, 7]);
     st.forget_acked(&[7, 8]);
     assert!(st.queue.is_empty());
+}
+
+/// A message routed here while what another node held was being logged (its own delivery
+/// was on its way) reached the session: a later give-back's copy of it is left out, the
+/// copy taken from the other node is not queued again when its own delivery comes, and a
+/// journal holding both gives it once after a restart.
+#[test]
+fn a_message_taken_from_another_node_is_held_once() {
+    let s = Session::new(Arc::from("c"), 100, Some(1));
+    let sub = SubOptions {
+        qos: QoS::AtLeastOnce,
+        no_local: false,
+        retain_as_published: false,
+        id: None,
+    };
+    s.state.lock().subscriptions.insert("t".into(), sub);
+    let installed = |next| Installed {
+        node: 1,
+        run: 50,
+        next,
+        then: Arrivals::default(),
+        filters: Vec::new(),
+        until: Some(Instant::now() + LATE_FOR),
+        late: HashSet::new(),
+        pending: false,
+    };
+    // Pending: numbers place nothing; what is routed here meanwhile is noted.
+    s.install_pending(installed(10));
+    s.push(numbered(1, 50, 12));
+    s.push(numbered(1, 50, 3));
+    let here =
+        |seq| (s.state.lock()).routed_here(&numbered(1, 50, seq).message, &Arrivals::default());
+    s.state.lock().queue.clear();
+    assert!(!here(11), "a number places nothing while pending");
+    // In place once its records are logged: numbers from then on, and what was noted.
+    s.install(installed(20));
+    assert!(here(3) && here(12) && here(20) && !here(11) && !here(19));
+    // A second install changes nothing.
+    s.install(installed(99));
+    assert!(here(20));
+
+    // Taken from another node, then its own delivery comes: queued once.
+    s.state.lock().note_imported(MessageId {
+        node: 2,
+        run: 1,
+        seq: 5,
+    });
+    s.push(numbered(2, 1, 5));
+    s.push(numbered(2, 1, 6));
+    let ids = |s: &Session| -> Vec<u64> {
+        (s.state.lock().queue.iter())
+            .map(|d| d.message.id.get().unwrap().seq)
+            .collect()
+    };
+    assert_eq!(ids(&s), [6]);
+
+    // A journal that logged both: once after a restart.
+    let r = Session::new(Arc::from("r"), 100, Some(1));
+    r.push(numbered(3, 1, 1));
+    r.push(numbered(3, 1, 2));
+    r.push(numbered(3, 1, 1));
+    r.push_in_flight(Outgoing::Published(numbered(3, 1, 3)), 4097);
+    r.push(numbered(3, 1, 3));
+    r.state.lock().drop_copies();
+    assert_eq!(ids(&r), [1, 2]);
 }

@@ -17,7 +17,7 @@ use rumqttc::v5::mqttbytes::v5::{
     ConnAck, Connect, ConnectProperties, ConnectReturnCode, Filter, Packet, PubAck, PubComp,
     PubRec, Subscribe,
 };
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -31,6 +31,11 @@ pub(crate) struct Received {
     pub(crate) node: usize,
     pub(crate) seqs: HashSet<u64>,
     pub(crate) copies: u64,
+    /// Each delivery's first arrival (seconds into the run, node, DUP, packet id), to say
+    /// where a copy's first came from.
+    first: HashMap<u64, Arrival>,
+    /// The first copies: the copy's arrival and the first one's.
+    copied: Vec<(u64, Arrival, Arrival)>,
     /// The longest gap between two deliveries: its length and when it ended (seconds into
     /// the run).
     pub(crate) longest: (f64, f64),
@@ -44,6 +49,13 @@ pub(crate) struct Received {
 }
 
 pub(crate) type Shared = Arc<Mutex<Received>>;
+
+/// When a delivery came (seconds into the run), the node its connection was to, its DUP
+/// flag and packet id.
+type Arrival = (f64, usize, bool, u16);
+
+/// Copies described in the report, per subscriber.
+const COPIES_SHOWN: usize = 5;
 
 /// Starts subscriber `i`; returns once it is subscribed.
 pub(crate) async fn start(
@@ -199,8 +211,15 @@ async fn receive(
                             }
                         }
                         g.last = Some((t, g.at));
-                        if !g.seqs.insert(seq) {
+                        let here = (t, g.at, p.dup, p.pkid);
+                        if g.seqs.insert(seq) {
+                            g.first.insert(seq, here);
+                        } else {
                             g.copies += 1;
+                            if g.copied.len() < COPIES_SHOWN {
+                                let first = g.first.get(&seq).copied().unwrap_or_default();
+                                g.copied.push((seq, here, first));
+                            }
                         }
                     }
                     let ack = match p.qos {
@@ -273,6 +292,15 @@ pub(crate) async fn report(subs: &[Shared], acked: &HashSet<u64>, within: Durati
             g.longest.0,
             g.longest.1
         );
+        let said = |(t, node, dup, pkid): Arrival| {
+            format!(
+                "at {t:.2} s on node {} (DUP {dup}, packet id {pkid})",
+                node + 1
+            )
+        };
+        for (seq, copy, first) in &g.copied {
+            println!("  copy of {seq}: {}; first {}", said(*copy), said(*first));
+        }
     }
     left == 0
 }
