@@ -520,7 +520,7 @@ where
                 return Ok(());
             }
             if !client.acked.is_empty() {
-                acknowledged(shared, &client.id, std::mem::take(&mut client.acked));
+                log_done(shared, &client.id, std::mem::take(&mut client.acked));
             }
             if sending.is_none() && std::mem::take(&mut woken) {
                 resend_given(&mut outbound, &mut client.out);
@@ -637,7 +637,7 @@ where
     .await;
     let still_ours = session.detach(conn);
     if !client.acked.is_empty() {
-        acknowledged(shared, &client.id, std::mem::take(&mut client.acked));
+        log_done(shared, &client.id, std::mem::take(&mut client.acked));
     }
     let lasting = session.state.lock().expiry_secs;
     if still_ours && shared.db.journals() && (lasting > 0 || expiry > 0) {
@@ -677,16 +677,20 @@ where
     result
 }
 
-/// Logs that the client acknowledged the messages at `lsns`, without waiting: a record
-/// lost in a crash means those messages are sent again (QoS 1 allows it; a QoS 2 message's
-/// PUBREC was logged before its PUBREL was sent).
-fn acknowledged(shared: &BrokerState, client: &Arc<str>, lsns: Vec<u64>) {
+/// Logs the messages at `lsns` as done for session `client` (its client acknowledged
+/// them, or they were copies not queued after all), without waiting: a record lost in a
+/// crash means those messages are sent again (QoS 1 allows it; a QoS 2 message's PUBREC
+/// was logged before its PUBREL was sent).
+pub(crate) fn log_done(shared: &BrokerState, client: &Arc<str>, lsns: Vec<u64>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
     let record = Record::Acked {
         client: client.clone(),
         lsns,
     };
     let (db, entry) = (shared.db.clone(), journal::entry(&record, None));
-    tokio::spawn(async move {
+    runtime.spawn(async move {
         if let Err(e) = db.journal(vec![entry], true).await {
             tracing::debug!(error = %e, "acknowledgements not logged");
         }

@@ -286,7 +286,10 @@ pub(crate) async fn plan(
         drop(retaining);
         for (s, mut d) in queued {
             d.lsn = lsn;
-            s.push(d);
+            // One it took from another node already: logged as done here.
+            if !s.push_routed(d) {
+                crate::connection::log_done(&state, &s.client_id, vec![lsn]);
+            }
         }
         if let Some((c, pkid)) = incoming
             && let Some(s) = state.router.session(&c)

@@ -128,7 +128,7 @@ impl Broker {
         let clustered = relay.is_some();
         let router = Router::new(config.mqtt.max_queued_messages, relay.clone());
         let store = persist::Store::new(&config.data_dir);
-        let wills = replay(&router, &store, db.as_ref());
+        let (wills, copies) = replay(&router, &store, db.as_ref());
         router.forget_retained(|t| mapper.retains_latest(t));
         let shared = Arc::new(BrokerState {
             config: config.mqtt.clone(),
@@ -155,6 +155,9 @@ impl Broker {
             }
         }
         connection::publish_replayed_wills(&shared, wills);
+        for (client, lsns) in copies {
+            connection::log_done(&shared, &client, lsns);
+        }
         // In a cluster: sessions whose clients went elsewhere while this node was down.
         tokio::spawn(takeover::give_back(shared.clone()));
         let bridges = Arc::new(Bridges::new(shared.clone(), &config.data_dir));
@@ -436,12 +439,13 @@ impl Broker {
 }
 
 /// Loads the snapshot into `router` and applies the journal records after it; returns the
-/// wills still to be published (their connection ended with the server).
+/// wills still to be published (their connection ended with the server), and the copies
+/// it dropped (to be logged as done).
 fn replay(
     router: &Router,
     store: &persist::Store,
     db: &dyn IngestPort,
-) -> Vec<(Arc<str>, Arc<session::Message>, u32)> {
+) -> (Vec<router::replay::Will>, Vec<router::replay::Copies>) {
     let lsn = store.load(router);
     let (mut applied, mut unknown) = (0u64, 0u64);
     for (at, bytes) in db.take_journal() {
@@ -459,7 +463,7 @@ fn replay(
             }
         }
     }
-    let wills = router.replayed();
+    let (wills, copies) = router.replayed();
     db.keep_journal_from(lsn + 1);
     if applied + unknown > 0 {
         tracing::info!(
@@ -469,7 +473,7 @@ fn replay(
             "broker journal replayed"
         );
     }
-    wills
+    (wills, copies)
 }
 
 /// The MQTT over TLS acceptor: `certs` served, client certificates verified against

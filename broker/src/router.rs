@@ -2,7 +2,7 @@
 //! fan-out of one message to every session whose subscriptions match it.
 
 pub(crate) mod remote;
-mod replay;
+pub(crate) mod replay;
 
 use crate::persist;
 use crate::session::{Delivery, Message, Outgoing, Session, SubOptions};

@@ -111,7 +111,7 @@ impl Installed {
         let Some(until) = self.until else {
             return;
         };
-        if Instant::now() >= until || self.late.len() >= LATE_MAX {
+        if !self.pending && (Instant::now() >= until || self.late.len() >= LATE_MAX) {
             self.until = None;
         } else if let Some(id) = message.id.get()
             && !self.by_numbers(message, id)
@@ -206,6 +206,8 @@ pub(crate) struct State {
     /// [`IMPORTED_FOR`] more deliveries: the same message routed here later (its own
     /// delivery was on its way meanwhile) is not queued twice.
     pub(crate) imported: Option<Box<Imported>>,
+    /// Deliveries queued so far (to tell which of the queue came after a moment).
+    pub(crate) pushed: u64,
 }
 
 /// See [`State::imported`].
@@ -213,11 +215,14 @@ pub(crate) struct State {
 pub(crate) struct Imported {
     ids: HashSet<MessageId>,
     left: u32,
+    until: Option<Instant>,
 }
 
 /// Deliveries to a session for which the ids of messages it took from another node are
-/// kept (see [`State::imported`]).
+/// kept (see [`State::imported`]), and for how long at most (a message's own delivery is
+/// late by what its logging and relaying take: seconds).
 const IMPORTED_FOR: u32 = 200_000;
+const IMPORTED_SECS: u64 = 60;
 
 impl State {
     /// A copy of what a snapshot keeps (messages are shared, not copied).
@@ -235,6 +240,7 @@ impl State {
             installed: None,
             resend: Vec::new(),
             imported: None,
+            pushed: 0,
         }
     }
 
@@ -254,27 +260,60 @@ impl State {
         !shared && subscribed && installed.routed(message, now)
     }
 
-    /// The ids of the messages the session holds (queued or in flight).
-    pub(crate) fn held_ids(&self) -> HashSet<MessageId> {
-        let sent = self.inflight.values().filter_map(|o| match o {
-            Outgoing::Published(d) => Some(d),
-            Outgoing::Released(_) => None,
-        });
-        (self.queue.iter().chain(sent))
+    /// The ids of the messages in flight, and of those queued.
+    pub(crate) fn held_split(&self) -> (HashSet<MessageId>, HashSet<MessageId>) {
+        let flying = (self.inflight.values())
+            .filter_map(|o| match o {
+                Outgoing::Published(d) => d.message.id.get().copied(),
+                Outgoing::Released(_) => None,
+            })
+            .collect();
+        let queued = (self.queue.iter())
             .filter_map(|d| d.message.id.get().copied())
-            .collect()
+            .collect();
+        (flying, queued)
     }
 
-    /// Drops the queued copies of messages held already (in flight, or queued before).
-    pub(crate) fn drop_copies(&mut self) {
+    /// Whether message `id` is in flight, or among what was queued since `pushed` deliveries
+    /// had been ([`State::pushed`]).
+    pub(crate) fn holds_since(&self, pushed: u64, id: &MessageId) -> bool {
+        let new = usize::try_from(self.pushed - pushed).unwrap_or(usize::MAX);
+        let in_flight = (self.inflight.values())
+            .any(|o| matches!(o, Outgoing::Published(d) if d.message.id.get() == Some(id)));
+        in_flight || (self.queue.iter().rev().take(new)).any(|d| d.message.id.get() == Some(id))
+    }
+
+    /// Drops the queued copies of messages held already (in flight, or queued before);
+    /// returns their LSNs.
+    pub(crate) fn drop_copies(&mut self) -> Vec<u64> {
         let mut seen: HashSet<MessageId> = (self.inflight.values())
             .filter_map(|o| match o {
                 Outgoing::Published(d) => d.message.id.get().copied(),
                 Outgoing::Released(_) => None,
             })
             .collect();
-        self.queue
-            .retain(|d| d.message.id.get().is_none_or(|id| seen.insert(*id)));
+        let mut dropped = Vec::new();
+        self.queue.retain(|d| {
+            let once = d.message.id.get().is_none_or(|id| seen.insert(*id));
+            if !once {
+                dropped.push(d.lsn);
+            }
+            once
+        });
+        dropped
+    }
+
+    /// Whether message `id` reached the session here while what another node held was
+    /// being logged ([`Installed::late`]).
+    pub(crate) fn came_late(&self, id: &MessageId) -> bool {
+        self.installed.as_ref().is_some_and(|i| i.late.contains(id))
+    }
+
+    /// Takes `id` out of the queue (where it waits, not yet sent); whether it was there.
+    pub(crate) fn unqueue(&mut self, id: &MessageId) -> bool {
+        let before = self.queue.len();
+        self.queue.retain(|d| d.message.id.get() != Some(id));
+        self.queue.len() < before
     }
 
     /// `id` was queued (or put in flight) here from what another node handed over or gave.
@@ -282,6 +321,12 @@ impl State {
         let i = self.imported.get_or_insert_with(Default::default);
         i.ids.insert(id);
         i.left = IMPORTED_FOR;
+        i.until = Some(Instant::now() + std::time::Duration::from_secs(IMPORTED_SECS));
+    }
+
+    /// Whether message `id` came from another node already (handed over or given).
+    pub(crate) fn was_imported(&self, id: &MessageId) -> bool {
+        self.imported.as_ref().is_some_and(|i| i.ids.contains(id))
     }
 
     /// Whether a delivery of `message` routed here now is one taken from another node
@@ -294,7 +339,7 @@ impl State {
             return true;
         }
         i.left = i.left.saturating_sub(1);
-        if i.left == 0 {
+        if i.left == 0 || i.until.is_none_or(|u| Instant::now() >= u) {
             self.imported = None;
         }
         false
@@ -519,13 +564,26 @@ impl Session {
         }
     }
 
+    /// Queues `d`, a message routed to the session here, unless it is one the session took
+    /// from another node already ([`State::imported`]): false then (the caller logs its
+    /// LSN as done, so that a replay does not queue it either).
+    pub(crate) fn push_routed(&self, d: Delivery) -> bool {
+        let mut st = self.state.lock();
+        if st.imported_already(&d.message) {
+            return false;
+        }
+        self.push_locked(st, d);
+        true
+    }
+
     /// Queues `d` at once: past the limit when online (the publisher waited for room
     /// before), dropping the oldest (counted) when offline and full.
     pub(crate) fn push(&self, d: Delivery) {
-        let mut st = self.state.lock();
-        if st.imported_already(&d.message) {
-            return;
-        }
+        self.push_locked(self.state.lock(), d);
+    }
+
+    fn push_locked(&self, mut st: parking_lot::MutexGuard<'_, State>, d: Delivery) {
+        st.pushed += 1;
         if let Some(installed) = st.installed.as_mut() {
             installed.routed_late(&d.message);
         }

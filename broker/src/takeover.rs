@@ -22,7 +22,7 @@ use bytes::{Buf, Bytes};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 /// On the node a client connects to: the other nodes end their session of `client` and,
 /// unless `clean`, hand over what it held; returns those records.
@@ -109,21 +109,35 @@ pub(crate) async fn import(
     // was withdrawn (its client came back before the node it went to gave it back).
     let client = records.iter().find_map(record_client).cloned();
     let session = client.as_ref().and_then(|c| shared.router.session(c));
-    let records: Vec<Record> = match &session {
+    let (records, mark) = match &session {
         Some(s) => {
             let received = (shared.router.remote())
                 .map(|r| r.received_now())
                 .unwrap_or_default();
             let st = s.state.lock();
-            let held = st.held_ids();
-            let copy = |m: &Message| {
-                m.id.get().is_some_and(|id| held.contains(id)) || st.routed_here(m, &received)
+            let (flying, queued) = st.held_split();
+            // One queued here that the other node had sent under a packet id: that one is
+            // kept (its client may hold the id), and the one queued here goes.
+            let copy = |m: &Message, sent: &Option<u16>| match m.id.get() {
+                Some(id) if queued.contains(id) && sent.is_some() => false,
+                // Or one it took from another node already (a copy that node gives back).
+                Some(id) if flying.contains(id) || queued.contains(id) || st.was_imported(id) => {
+                    true
+                }
+                _ => st.routed_here(m, &received),
             };
-            (records.into_iter())
-                .filter(|r| !matches!(r, Record::Queued { message, .. } if copy(message)))
-                .collect()
+            let records: Vec<Record> = (records.into_iter())
+                .filter(
+                    |r| !matches!(r, Record::Queued { message, sent, .. } if copy(message, sent)),
+                )
+                .collect();
+            let mark = Mark {
+                flying,
+                pushed: st.pushed,
+            };
+            (records, Some(Arc::new(mark)))
         }
-        None => records,
+        None => (records, None),
     };
     if records.len() < n {
         let copies = n - records.len();
@@ -142,55 +156,85 @@ pub(crate) async fn import(
     if let (Some(s), Some(r)) = (&session, shared.router.remote()) {
         s.install_pending(r.installed());
     }
-    // What its session holds when they are applied (its own delivery of a message may have
-    // come meanwhile): computed at the first, and the records of one call are applied
-    // together.
-    let held: Arc<Mutex<Option<HashSet<MessageId>>>> = Arc::default();
-    let skipped = Arc::new(AtomicUsize::new(0));
+    let skipped: Arc<Mutex<Vec<u64>>> = Arc::default();
     let entries = records
         .into_iter()
         .map(|r| {
             let (state, record) = (shared.clone(), r.clone());
-            let (held, skipped) = (held.clone(), skipped.clone());
+            let (mark, skipped) = (mark.clone(), skipped.clone());
             let then: sluice_engine::Then = Box::new(move |lsn| {
-                if let Record::Queued {
-                    client, message, ..
-                } = &record
-                    && let Some(id) = message.id.get().copied()
-                    && let Some(s) = state.router.session(client)
+                if let Some(mark) = mark
+                    && !applies(&state, &mark, &record)
                 {
-                    let mut held = held.lock();
-                    let held = held.get_or_insert_with(|| s.state.lock().held_ids());
-                    if !held.insert(id) {
-                        skipped.fetch_add(1, Ordering::Relaxed);
-                        return;
-                    }
-                    state.router.replay(lsn, record, state.db.as_ref());
-                    s.state.lock().note_imported(id);
+                    skipped.lock().push(lsn);
                     return;
                 }
-                state.router.replay(lsn, record, state.db.as_ref())
+                let id = match &record {
+                    Record::Queued {
+                        client, message, ..
+                    } => message.id.get().map(|id| (client.clone(), *id)),
+                    _ => None,
+                };
+                state.router.replay(lsn, record, state.db.as_ref());
+                if let Some((client, id)) = id
+                    && let Some(s) = state.router.session(&client)
+                {
+                    s.state.lock().note_imported(id);
+                }
             });
             journal::entry(&r, Some(then))
         })
         .collect();
-    shared.db.journal(entries, true).await?;
-    let skipped = skipped.load(Ordering::Relaxed);
-    if skipped > 0 {
+    let logged = shared.db.journal(entries, true).await;
+    // Its subscriptions are in place (or the records were not logged): what reaches it
+    // here from now on.
+    if let (Some(s), Some(r)) = (&session, shared.router.remote()) {
+        s.install(r.installed());
+    }
+    logged?;
+    let skipped = std::mem::take(&mut *skipped.lock());
+    if let (Some(c), false) = (&client, skipped.is_empty()) {
         tracing::info!(
-            skipped,
+            skipped = skipped.len(),
             "messages handed over that reached the session here while they were logged; left out"
         );
+        // Logged as done: a replay leaves them out too.
+        crate::connection::log_done(shared, c, skipped);
     }
     // What came from standby copies is here now: they are dropped.
     for (node, client) in took {
         crate::standby::forgotten(shared, node, &client);
     }
-    // Its subscriptions are in place: what reaches it here from now on.
-    if let (Some(s), Some(r)) = (session, shared.router.remote()) {
-        s.install(r.installed());
-    }
     Ok(())
+}
+
+/// What an import's session held when its records were chosen: the messages in flight,
+/// and how many deliveries had been queued.
+struct Mark {
+    flying: HashSet<MessageId>,
+    pushed: u64,
+}
+
+/// Whether a handed-over `record` is applied as it is logged: not a message that reached
+/// the session here since its records were chosen (its own delivery was on its way), unless
+/// it waits in the queue here and the other node had sent it under a packet id (then the
+/// one queued here goes instead).
+fn applies(shared: &BrokerState, mark: &Mark, record: &Record) -> bool {
+    let Record::Queued {
+        client,
+        message,
+        sent,
+        ..
+    } = record
+    else {
+        return true;
+    };
+    let (Some(id), Some(s)) = (message.id.get(), shared.router.session(client)) else {
+        return true;
+    };
+    let mut st = s.state.lock();
+    let here = mark.flying.contains(id) || st.came_late(id) || st.holds_since(mark.pushed, id);
+    !here || (sent.is_some() && st.unqueue(id))
 }
 
 /// On the node that has session `client`: ends it (its connection is told it was taken

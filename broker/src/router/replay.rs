@@ -9,6 +9,12 @@ use sluice_engine::Logins;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// A session's queued copies a replay dropped: its client, and their LSNs.
+pub(crate) type Copies = (Arc<str>, Vec<u64>);
+
+/// A will still to be published after a replay: its client, the message and its delay.
+pub(crate) type Will = (Arc<str>, Arc<Message>, u32);
+
 impl Router {
     /// Applies the journal record at `lsn`.
     pub(crate) fn replay(&self, lsn: u64, record: Record, auth: &dyn Logins) {
@@ -88,7 +94,7 @@ impl Router {
                 for (s, mut d) in targets {
                     if d.qos != QoS::AtMostOnce && s.lasting() {
                         d.lsn = lsn;
-                        s.push(d);
+                        s.push_routed(d);
                     }
                 }
             }
@@ -150,9 +156,9 @@ impl Router {
     /// it was logged is in the journal too), and hold at most `mqtt.max_queued_messages` (the oldest beyond it dropped and
     /// counted, as for any offline session). Returns the wills still to be published (the
     /// connection ended with the server, or their delay had not run out), by client id.
-    pub(crate) fn replayed(&self) -> Vec<(Arc<str>, Arc<Message>, u32)> {
+    pub(crate) fn replayed(&self) -> (Vec<Will>, Vec<Copies>) {
         let now = Instant::now();
-        let mut wills = Vec::new();
+        let (mut wills, mut copies) = (Vec::new(), Vec::new());
         for s in self.sessions() {
             if let Some((m, delay)) = s.will.lock().clone() {
                 wills.push((s.client_id.clone(), m, delay));
@@ -161,7 +167,10 @@ impl Router {
             if st.disconnected_at.is_none() {
                 st.disconnected_at = Some(now);
             }
-            st.drop_copies();
+            let dropped = st.drop_copies();
+            if !dropped.is_empty() {
+                copies.push((s.client_id.clone(), dropped));
+            }
             let over = st.queue.len().saturating_sub(self.max_queued);
             if over > 0 {
                 st.queue.drain(..over);
@@ -169,7 +178,7 @@ impl Router {
                 tracing::warn!(client_id = %s.client_id, dropped = over, "offline session's queue over mqtt.max_queued_messages after the restart: its oldest messages dropped");
             }
         }
-        wills
+        (wills, copies)
     }
 
     fn with_state(&self, client: &str, f: impl FnOnce(&mut crate::session::State)) {

@@ -123,9 +123,9 @@ fn copies_given_back_are_known_by_their_numbers() {
     s.push(numbered(5, 1, 8));
     s.push_in_flight(Outgoing::Published(numbered(5, 1, 9)), 4097);
     s.push_in_flight(Outgoing::Published(numbered(5, 1, 10)), 4097);
-    let held = s.state.lock().held_ids();
-    assert_eq!(held.len(), 3);
-    assert!(held.contains(&MessageId {
+    let (flying, queued) = s.state.lock().held_split();
+    assert_eq!((flying.len(), queued.len()), (1, 2));
+    assert!(flying.contains(&MessageId {
         node: 5,
         run: 1,
         seq: 9
@@ -252,14 +252,16 @@ fn a_message_taken_from_another_node_is_held_once() {
         run: 1,
         seq: 5,
     });
+    assert!(!s.push_routed(numbered(2, 1, 5)));
+    assert!(s.push_routed(numbered(2, 1, 6)));
+    // A retained message sent on a new subscription is no routed copy: queued.
     s.push(numbered(2, 1, 5));
-    s.push(numbered(2, 1, 6));
     let ids = |s: &Session| -> Vec<u64> {
         (s.state.lock().queue.iter())
             .map(|d| d.message.id.get().unwrap().seq)
             .collect()
     };
-    assert_eq!(ids(&s), [6]);
+    assert_eq!(ids(&s), [6, 5]);
 
     // A journal that logged both: once after a restart.
     let r = Session::new(Arc::from("r"), 100, Some(1));
@@ -268,6 +270,18 @@ fn a_message_taken_from_another_node_is_held_once() {
     r.push(numbered(3, 1, 1));
     r.push_in_flight(Outgoing::Published(numbered(3, 1, 3)), 4097);
     r.push(numbered(3, 1, 3));
-    r.state.lock().drop_copies();
+    assert_eq!(r.state.lock().drop_copies(), [1, 3]);
     assert_eq!(ids(&r), [1, 2]);
+    // What came since a moment: in flight, or queued after it.
+    let st = r.state.lock();
+    let id = |seq| MessageId {
+        node: 3,
+        run: 1,
+        seq,
+    };
+    assert!(st.holds_since(st.pushed, &id(3)) && !st.holds_since(st.pushed, &id(2)));
+    assert!(st.holds_since(st.pushed - 1, &id(2)) || st.holds_since(st.pushed - 3, &id(2)));
+    drop(st);
+    // One queued here goes for one the other node had sent under a packet id.
+    assert!(r.state.lock().unqueue(&id(2)) && !r.state.lock().unqueue(&id(2)));
 }
