@@ -165,8 +165,7 @@ fn node_config(id: u64, port: u16, shared: &Path, peers: &str, extra: &str) -> S
     format!(
         "[buffer]\nmax_age = \"1s\"\n[compaction]\nmin_files = 3\ninterval = \"2s\"\n\
          [retention]\ninterval = \"1s\"\norphan_grace = \"2s\"\n[query]\nsplit_min_rows = 0\n\
-         [cluster]\nnode_id = {id}\nlisten = \"127.0.0.1:{port}\"\nmeta_snapshot_entries = 10\n\
-         standby_copy = true\n{extra}\
+         [cluster]\nnode_id = {id}\nlisten = \"127.0.0.1:{port}\"\nmeta_snapshot_entries = 10\n{extra}\
          shared_store = \"file://{}\"\npeers = {{ {peers} }}\n",
         shared.display(),
     )

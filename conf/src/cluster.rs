@@ -37,10 +37,15 @@ pub struct ClusterConfig {
     pub meta_snapshot_entries: u64,
     /// Keep a standby copy of this node's lasting MQTT sessions on another node (its
     /// journal shipped there before each write returns), so that a client whose node died
-    /// resumes elsewhere with what was queued for it. Off by default while a freeze of a
-    /// node can still bring a QoS 2 subscriber copies (docs/benchmarks.md, stop 46).
-    #[serde(default)]
+    /// resumes elsewhere with what was queued for it. On by default; off saves the copy's
+    /// cost (fan-out through the cluster about 0.75x, docs/benchmarks.md, stop 47), and a
+    /// session whose node never comes back then resumes with its subscriptions only.
+    #[serde(default = "yes")]
     pub standby_copy: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn three() -> usize {

@@ -31,11 +31,8 @@ fn sent_to(d: Delivery, to: &[u64]) -> Delivery {
     d
 }
 
-/// What a session came to this node with tells which copies another node gives back
-/// are left out: this node's messages numbered after, others' sent here and numbered
-/// above what had come from their run.
-#[test]
-fn copies_given_back_are_known_by_their_numbers() {
+/// Session `c` on node 1, subscribed to `t` (with these options).
+fn subscribed() -> (Arc<Session>, SubOptions) {
     let s = Session::new(Arc::from("c"), 100, Some(1));
     let sub = SubOptions {
         qos: QoS::AtLeastOnce,
@@ -44,6 +41,15 @@ fn copies_given_back_are_known_by_their_numbers() {
         id: None,
     };
     s.state.lock().subscriptions.insert("t".into(), sub.clone());
+    (s, sub)
+}
+
+/// What a session came to this node with tells which copies another node gives back
+/// are left out: this node's messages numbered after, others' sent here and numbered
+/// above what had come from their run.
+#[test]
+fn copies_given_back_are_known_by_their_numbers() {
+    let (s, sub) = subscribed();
     // Received here so far: node 2's run 7 up to 100, run 8 up to 1, node 3's run 1
     // up to 1, node 4's up to 9.
     let now = Arrivals {
@@ -213,14 +219,7 @@ fn an_ack_takes_one_copy() {
 /// journal holding both gives it once after a restart.
 #[test]
 fn a_message_taken_from_another_node_is_held_once() {
-    let s = Session::new(Arc::from("c"), 100, Some(1));
-    let sub = SubOptions {
-        qos: QoS::AtLeastOnce,
-        no_local: false,
-        retain_as_published: false,
-        id: None,
-    };
-    s.state.lock().subscriptions.insert("t".into(), sub);
+    let (s, _) = subscribed();
     let installed = |next| Installed {
         node: 1,
         run: 50,
