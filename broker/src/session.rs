@@ -277,7 +277,7 @@ impl State {
     /// Whether message `id` is in flight, or among what was queued since `pushed` deliveries
     /// had been ([`State::pushed`]).
     pub(crate) fn holds_since(&self, pushed: u64, id: &MessageId) -> bool {
-        let new = usize::try_from(self.pushed - pushed).unwrap_or(usize::MAX);
+        let new = usize::try_from(self.pushed.saturating_sub(pushed)).unwrap_or(usize::MAX);
         let in_flight = (self.inflight.values())
             .any(|o| matches!(o, Outgoing::Published(d) if d.message.id.get() == Some(id)));
         in_flight || (self.queue.iter().rev().take(new)).any(|d| d.message.id.get() == Some(id))
@@ -286,15 +286,20 @@ impl State {
     /// Drops the queued copies of messages held already (in flight, or queued before);
     /// returns their LSNs.
     pub(crate) fn drop_copies(&mut self) -> Vec<u64> {
-        let mut seen: HashSet<MessageId> = (self.inflight.values())
+        // A copy under the same LSN is another delivery of the same record (a retained
+        // message sent on a subscription, beside its routed one): kept.
+        let mut seen: HashMap<MessageId, u64> = (self.inflight.values())
             .filter_map(|o| match o {
-                Outgoing::Published(d) => d.message.id.get().copied(),
+                Outgoing::Published(d) => d.message.id.get().map(|id| (*id, d.lsn)),
                 Outgoing::Released(_) => None,
             })
             .collect();
         let mut dropped = Vec::new();
         self.queue.retain(|d| {
-            let once = d.message.id.get().is_none_or(|id| seen.insert(*id));
+            let Some(id) = d.message.id.get() else {
+                return true;
+            };
+            let once = *seen.entry(*id).or_insert(d.lsn) == d.lsn;
             if !once {
                 dropped.push(d.lsn);
             }
@@ -309,11 +314,17 @@ impl State {
         self.installed.as_ref().is_some_and(|i| i.late.contains(id))
     }
 
-    /// Takes `id` out of the queue (where it waits, not yet sent); whether it was there.
-    pub(crate) fn unqueue(&mut self, id: &MessageId) -> bool {
-        let before = self.queue.len();
-        self.queue.retain(|d| d.message.id.get() != Some(id));
-        self.queue.len() < before
+    /// Takes `id` out of the queue (where it waits, not yet sent); the LSNs taken.
+    pub(crate) fn unqueue(&mut self, id: &MessageId) -> Vec<u64> {
+        let mut taken = Vec::new();
+        self.queue.retain(|d| {
+            let keep = d.message.id.get() != Some(id);
+            if !keep {
+                taken.push(d.lsn);
+            }
+            keep
+        });
+        taken
     }
 
     /// `id` was queued (or put in flight) here from what another node handed over or gave.
@@ -324,9 +335,11 @@ impl State {
         i.until = Some(Instant::now() + std::time::Duration::from_secs(IMPORTED_SECS));
     }
 
-    /// Whether message `id` came from another node already (handed over or given).
+    /// Whether message `id` came from another node already (handed over or given), within
+    /// [`IMPORTED_SECS`].
     pub(crate) fn was_imported(&self, id: &MessageId) -> bool {
-        self.imported.as_ref().is_some_and(|i| i.ids.contains(id))
+        (self.imported.as_ref())
+            .is_some_and(|i| i.ids.contains(id) && i.until.is_some_and(|u| Instant::now() < u))
     }
 
     /// Whether a delivery of `message` routed here now is one taken from another node
@@ -584,7 +597,10 @@ impl Session {
 
     fn push_locked(&self, mut st: parking_lot::MutexGuard<'_, State>, d: Delivery) {
         st.pushed += 1;
-        if let Some(installed) = st.installed.as_mut() {
+        // A QoS 0 delivery is no copy of a lasting one another node holds.
+        if let Some(installed) = st.installed.as_mut()
+            && d.qos != QoS::AtMostOnce
+        {
             installed.routed_late(&d.message);
         }
         if st.queue.len() >= self.max_queued && st.disconnected_at.is_some() {

@@ -132,6 +132,7 @@ pub(crate) async fn import(
                 )
                 .collect();
             let mark = Mark {
+                session: s.clone(),
                 flying,
                 pushed: st.pushed,
             };
@@ -163,11 +164,12 @@ pub(crate) async fn import(
             let (state, record) = (shared.clone(), r.clone());
             let (mark, skipped) = (mark.clone(), skipped.clone());
             let then: sluice_engine::Then = Box::new(move |lsn| {
-                if let Some(mark) = mark
-                    && !applies(&state, &mark, &record)
-                {
-                    skipped.lock().push(lsn);
-                    return;
+                if let Some(mark) = mark {
+                    let mut skipped = skipped.lock();
+                    if !applies(&state, &mark, &record, &mut skipped) {
+                        skipped.push(lsn);
+                        return;
+                    }
                 }
                 let id = match &record {
                     Record::Queued {
@@ -211,6 +213,7 @@ pub(crate) async fn import(
 /// What an import's session held when its records were chosen: the messages in flight,
 /// and how many deliveries had been queued.
 struct Mark {
+    session: Arc<Session>,
     flying: HashSet<MessageId>,
     pushed: u64,
 }
@@ -218,8 +221,8 @@ struct Mark {
 /// Whether a handed-over `record` is applied as it is logged: not a message that reached
 /// the session here since its records were chosen (its own delivery was on its way), unless
 /// it waits in the queue here and the other node had sent it under a packet id (then the
-/// one queued here goes instead).
-fn applies(shared: &BrokerState, mark: &Mark, record: &Record) -> bool {
+/// one queued here goes instead, its LSN added to `gone`).
+fn applies(shared: &BrokerState, mark: &Mark, record: &Record, gone: &mut Vec<u64>) -> bool {
     let Record::Queued {
         client,
         message,
@@ -232,9 +235,19 @@ fn applies(shared: &BrokerState, mark: &Mark, record: &Record) -> bool {
     let (Some(id), Some(s)) = (message.id.get(), shared.router.session(client)) else {
         return true;
     };
+    // Another session of the client meanwhile (it started clean): nothing to tell.
+    if !Arc::ptr_eq(&s, &mark.session) {
+        return true;
+    }
     let mut st = s.state.lock();
-    let here = mark.flying.contains(id) || st.came_late(id) || st.holds_since(mark.pushed, id);
-    !here || (sent.is_some() && st.unqueue(id))
+    if sent.is_some() {
+        let unqueued = st.unqueue(id);
+        if !unqueued.is_empty() {
+            gone.extend(unqueued);
+            return true;
+        }
+    }
+    !(mark.flying.contains(id) || st.came_late(id) || st.holds_since(mark.pushed, id))
 }
 
 /// On the node that has session `client`: ends it (its connection is told it was taken

@@ -20,7 +20,13 @@ pub(crate) fn apply(
         let name = rest.to_ascii_lowercase();
         let slot = find(&mut tree, &name).ok_or_else(|| Error::Env {
             var: var.clone(),
-            reason: "names no configuration key".into(),
+            // The one optional section: absent, its keys are not in the tree.
+            reason: match name.starts_with("cluster_") && config.cluster.is_none() {
+                true => "names a key of [cluster], which this configuration has not \
+                         (a single node: set [cluster] node_id, listen and peers first)"
+                    .into(),
+                false => "names no configuration key".into(),
+            },
         })?;
         *slot = typed(slot, &raw).ok_or_else(|| Error::Env {
             var: var.clone(),

@@ -40,6 +40,14 @@ fn bad_env_is_named() {
         .apply_env([("SLUICE_HTTP_LISTNE".to_string(), "x".to_string())])
         .unwrap_err();
     assert!(err.to_string().contains("SLUICE_HTTP_LISTNE"), "{err}");
+    // A key of the optional [cluster] section on a single node says what is missing.
+    let err = c
+        .apply_env([(
+            "SLUICE_CLUSTER_STANDBY_COPY".to_string(),
+            "false".to_string(),
+        )])
+        .unwrap_err();
+    assert!(err.to_string().contains("[cluster]"), "{err}");
     let err = c
         .apply_env([(
             "SLUICE_BUFFER_PARTITION_MAX_ROWS".to_string(),
