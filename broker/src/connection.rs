@@ -683,18 +683,30 @@ where
 /// was logged before its PUBREL was sent).
 pub(crate) fn log_done(shared: &BrokerState, client: &Arc<str>, lsns: Vec<u64>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(%client, ?lsns, "messages done not logged: no runtime to log them on");
         return;
     };
+    let (db, client) = (shared.db.clone(), client.clone());
+    runtime.spawn(async move {
+        if let Err(e) = journal_done(db.as_ref(), &client, lsns).await {
+            tracing::debug!(error = %e, "acknowledgements not logged");
+        }
+    });
+}
+
+/// Logs the messages at `lsns` as done for session `client`; returns once durable.
+pub(crate) async fn journal_done(
+    db: &dyn sluice_engine::IngestPort,
+    client: &Arc<str>,
+    lsns: Vec<u64>,
+) -> sluice_engine::Result<()> {
     let record = Record::Acked {
         client: client.clone(),
         lsns,
     };
-    let (db, entry) = (shared.db.clone(), journal::entry(&record, None));
-    runtime.spawn(async move {
-        if let Err(e) = db.journal(vec![entry], true).await {
-            tracing::debug!(error = %e, "acknowledgements not logged");
-        }
-    });
+    db.journal(vec![journal::entry(&record, None)], true)
+        .await
+        .map(|_| ())
 }
 
 /// Writes some of `out` (returns how much), or when it is empty flushes the socket (returns

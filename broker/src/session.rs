@@ -211,11 +211,11 @@ pub(crate) struct State {
 }
 
 /// See [`State::imported`].
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Imported {
     ids: HashSet<MessageId>,
     left: u32,
-    until: Option<Instant>,
+    until: Instant,
 }
 
 /// Deliveries to a session for which the ids of messages it took from another node are
@@ -294,18 +294,25 @@ impl State {
                 Outgoing::Released(_) => None,
             })
             .collect();
-        let mut dropped = Vec::new();
+        self.unqueue_where(|d| {
+            d.message
+                .id
+                .get()
+                .is_some_and(|id| *seen.entry(*id).or_insert(d.lsn) != d.lsn)
+        })
+    }
+
+    /// Takes the queued deliveries `gone` picks out of the queue; their LSNs.
+    fn unqueue_where(&mut self, mut gone: impl FnMut(&Delivery) -> bool) -> Vec<u64> {
+        let mut taken = Vec::new();
         self.queue.retain(|d| {
-            let Some(id) = d.message.id.get() else {
-                return true;
-            };
-            let once = *seen.entry(*id).or_insert(d.lsn) == d.lsn;
-            if !once {
-                dropped.push(d.lsn);
+            let go = gone(d);
+            if go {
+                taken.push(d.lsn);
             }
-            once
+            !go
         });
-        dropped
+        taken
     }
 
     /// Whether message `id` reached the session here while what another node held was
@@ -316,30 +323,27 @@ impl State {
 
     /// Takes `id` out of the queue (where it waits, not yet sent); the LSNs taken.
     pub(crate) fn unqueue(&mut self, id: &MessageId) -> Vec<u64> {
-        let mut taken = Vec::new();
-        self.queue.retain(|d| {
-            let keep = d.message.id.get() != Some(id);
-            if !keep {
-                taken.push(d.lsn);
-            }
-            keep
-        });
-        taken
+        self.unqueue_where(|d| d.message.id.get() == Some(id))
     }
 
     /// `id` was queued (or put in flight) here from what another node handed over or gave.
     pub(crate) fn note_imported(&mut self, id: MessageId) {
-        let i = self.imported.get_or_insert_with(Default::default);
+        let until = Instant::now() + std::time::Duration::from_secs(IMPORTED_SECS);
+        let i = self.imported.get_or_insert_with(|| {
+            Box::new(Imported {
+                ids: HashSet::new(),
+                left: IMPORTED_FOR,
+                until,
+            })
+        });
         i.ids.insert(id);
-        i.left = IMPORTED_FOR;
-        i.until = Some(Instant::now() + std::time::Duration::from_secs(IMPORTED_SECS));
+        (i.left, i.until) = (IMPORTED_FOR, until);
     }
 
     /// Whether message `id` came from another node already (handed over or given), within
     /// [`IMPORTED_SECS`].
     pub(crate) fn was_imported(&self, id: &MessageId) -> bool {
-        (self.imported.as_ref())
-            .is_some_and(|i| i.ids.contains(id) && i.until.is_some_and(|u| Instant::now() < u))
+        (self.imported.as_ref()).is_some_and(|i| i.ids.contains(id) && Instant::now() < i.until)
     }
 
     /// Whether a delivery of `message` routed here now is one taken from another node
@@ -352,7 +356,7 @@ impl State {
             return true;
         }
         i.left = i.left.saturating_sub(1);
-        if i.left == 0 || i.until.is_none_or(|u| Instant::now() >= u) {
+        if i.left == 0 || Instant::now() >= i.until {
             self.imported = None;
         }
         false

@@ -424,11 +424,7 @@ async fn done_here(shared: &BrokerState, s: &Session, lsns: Vec<u64>) {
         }
         st.forget_acked(&lsns);
     }
-    let record = Record::Acked {
-        client: s.client_id.clone(),
-        lsns,
-    };
-    let logged = shared.db.journal(vec![journal::entry(&record, None)], true);
+    let logged = crate::connection::journal_done(shared.db.as_ref(), &s.client_id, lsns);
     if let Err(e) = logged.await {
         tracing::warn!(client = %s.client_id, error = %e, "messages given to another node not logged as done");
     }

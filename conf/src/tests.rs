@@ -36,25 +36,18 @@ fn env_overrides_file() {
 #[test]
 fn bad_env_is_named() {
     let mut c = Config::default();
-    let err = c
-        .apply_env([("SLUICE_HTTP_LISTNE".to_string(), "x".to_string())])
-        .unwrap_err();
-    assert!(err.to_string().contains("SLUICE_HTTP_LISTNE"), "{err}");
+    let mut err = |var: &str, value: &str| {
+        (c.apply_env([(var.to_string(), value.to_string())])
+            .unwrap_err())
+        .to_string()
+    };
+    let e = err("SLUICE_HTTP_LISTNE", "x");
+    assert!(e.contains("SLUICE_HTTP_LISTNE"), "{e}");
     // A key of the optional [cluster] section on a single node says what is missing.
-    let err = c
-        .apply_env([(
-            "SLUICE_CLUSTER_STANDBY_COPY".to_string(),
-            "false".to_string(),
-        )])
-        .unwrap_err();
-    assert!(err.to_string().contains("[cluster]"), "{err}");
-    let err = c
-        .apply_env([(
-            "SLUICE_BUFFER_PARTITION_MAX_ROWS".to_string(),
-            "many".to_string(),
-        )])
-        .unwrap_err();
-    assert!(err.to_string().contains("many"), "{err}");
+    let e = err("SLUICE_CLUSTER_STANDBY_COPY", "false");
+    assert!(e.contains("[cluster]"), "{e}");
+    let e = err("SLUICE_BUFFER_PARTITION_MAX_ROWS", "many");
+    assert!(e.contains("many"), "{e}");
 }
 
 #[test]

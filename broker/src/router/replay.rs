@@ -153,8 +153,9 @@ impl Router {
 
     /// After the replay: sessions whose connection the stop ended are offline from now,
     /// hold each message once (a copy handed over that its own delivery had reached while
-    /// it was logged is in the journal too), and hold at most `mqtt.max_queued_messages` (the oldest beyond it dropped and
-    /// counted, as for any offline session). Returns the wills still to be published (the
+    /// it was logged is in the journal too: dropped, returned to be logged as done), and
+    /// hold at most `mqtt.max_queued_messages` (the oldest beyond it dropped and counted,
+    /// as for any offline session). Returns the wills still to be published (the
     /// connection ended with the server, or their delay had not run out), by client id.
     pub(crate) fn replayed(&self) -> (Vec<Will>, Vec<Copies>) {
         let now = Instant::now();
