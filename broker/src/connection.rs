@@ -355,7 +355,7 @@ where
         let imported = async {
             logged.await?;
             match expiry > 0 && !handed.is_empty() {
-                true => crate::takeover::import(shared, handed).await,
+                true => crate::takeover::resume(shared, &session, handed).await,
                 false => Ok(()),
             }
         };

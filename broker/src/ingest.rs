@@ -136,6 +136,17 @@ impl RelaySink for Inbox {
         })
     }
 
+    fn matching(&self, filters: &[String], messages: Vec<bytes::Bytes>) -> Vec<bytes::Bytes> {
+        let plain: Vec<&str> = (filters.iter())
+            .map(|f| crate::topic::parse_shared(f).map_or(f.as_str(), |(_, plain)| plain))
+            .collect();
+        let matches = |b: &bytes::Bytes| {
+            journal::read_relayed(b)
+                .is_some_and(|(m, _)| plain.iter().any(|f| crate::topic::matches(f, &m.topic)))
+        };
+        messages.into_iter().filter(matches).collect()
+    }
+
     fn hand_over(&self, client: String, clean: bool) -> BoxFuture<'static, Option<bytes::Bytes>> {
         let shared = self.0.upgrade();
         Box::pin(async move { crate::takeover::hand_over(shared?, client, clean).await })

@@ -1,6 +1,7 @@
 //! Sessions: what outlives a connection (subscriptions, queued and unacknowledged messages,
 //! QoS 2 packet ids) and the queue between the router and a connection's writer.
 
+mod pulled;
 #[cfg(test)]
 mod tests;
 
@@ -208,6 +209,9 @@ pub(crate) struct State {
     pub(crate) imported: Option<Box<Imported>>,
     /// Deliveries queued so far (to tell which of the queue came after a moment).
     pub(crate) pushed: u64,
+    /// Per other node's run, the highest number of the messages taken from what the nodes
+    /// kept for a node that did not answer ([`State::note_pulled`]).
+    pulled: HashMap<(u64, u64), u64>,
 }
 
 /// See [`State::imported`].
@@ -241,6 +245,7 @@ impl State {
             resend: Vec::new(),
             imported: None,
             pushed: 0,
+            pulled: HashMap::new(),
         }
     }
 

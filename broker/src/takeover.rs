@@ -20,7 +20,7 @@ use crate::session::MessageId;
 use crate::session::{Message, Outgoing, Session};
 use bytes::{Buf, Bytes};
 use parking_lot::Mutex;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -97,12 +97,32 @@ fn record_client(r: &Record) -> Option<&Arc<str>> {
     }
 }
 
-/// Logs `records` (handed over from another node) for this node's session, each applied to
-/// the router as it is logged; a message already routed to the session here is left out (a
-/// copy the other node kept while the client was here: [`crate::session::State::routed_here`]).
+/// A connecting client's session takes what other nodes handed over ([`take_over`]): when
+/// it came from a standby copy, also what the nodes kept for that node ([`pull`]).
+pub(crate) async fn resume(
+    shared: &Arc<BrokerState>,
+    session: &Arc<Session>,
+    records: Vec<Record>,
+) -> sluice_engine::Result<()> {
+    let copied = records.iter().find_map(|r| match r {
+        Record::Standby { node, .. } => Some(*node),
+        _ => None,
+    });
+    import(shared, records, false).await?;
+    if let Some(node) = copied {
+        pull(shared, session, node).await;
+    }
+    Ok(())
+}
+
+/// Logs `records` (handed over from another node; `pulled`: the [`pull`]ed messages) for
+/// this node's session, each applied to the router as it is logged; a message already
+/// routed to the session here is left out (a copy the other node kept while the client was
+/// here: [`crate::session::State::routed_here`]).
 pub(crate) async fn import(
     shared: &Arc<BrokerState>,
     records: Vec<Record>,
+    pulled: bool,
 ) -> sluice_engine::Result<()> {
     let n = records.len();
     // What the session here holds already: a copy of it routed here before the session
@@ -121,7 +141,12 @@ pub(crate) async fn import(
             let copy = |m: &Message, sent: &Option<u16>| match m.id.get() {
                 Some(id) if queued.contains(id) && sent.is_some() => false,
                 // Or one it took from another node already (a copy that node gives back).
-                Some(id) if flying.contains(id) || queued.contains(id) || st.was_imported(id) => {
+                Some(id)
+                    if flying.contains(id)
+                        || queued.contains(id)
+                        || st.was_imported(id)
+                        || st.was_pulled(id) =>
+                {
                     true
                 }
                 _ => st.routed_here(m, &received),
@@ -154,7 +179,7 @@ pub(crate) async fn import(
         })
         .collect();
     // Until its subscriptions are in place, what is routed to it here is noted as come.
-    if let (Some(s), Some(r)) = (&session, shared.router.remote()) {
+    if !pulled && let (Some(s), Some(r)) = (&session, shared.router.remote()) {
         s.install_pending(r.installed());
     }
     let skipped: Arc<Mutex<Vec<u64>>> = Arc::default();
@@ -177,7 +202,27 @@ pub(crate) async fn import(
                     } => message.id.get().map(|id| (client.clone(), *id)),
                     _ => None,
                 };
-                state.router.replay(lsn, record, state.db.as_ref());
+                match record {
+                    Record::Queued {
+                        client,
+                        qos,
+                        retain,
+                        ids,
+                        message,
+                        sent: None,
+                    } if pulled => {
+                        if let Some(s) = state.router.session(&client) {
+                            s.push_in_order(crate::session::Delivery {
+                                message,
+                                qos,
+                                retain,
+                                subscription_ids: ids,
+                                lsn,
+                            });
+                        }
+                    }
+                    record => state.router.replay(lsn, record, state.db.as_ref()),
+                }
                 if let Some((client, id)) = id
                     && let Some(s) = state.router.session(&client)
                 {
@@ -190,7 +235,7 @@ pub(crate) async fn import(
     let logged = shared.db.journal(entries, true).await;
     // Its subscriptions are in place (or the records were not logged): what reaches it
     // here from now on.
-    if let (Some(s), Some(r)) = (&session, shared.router.remote()) {
+    if !pulled && let (Some(s), Some(r)) = (&session, shared.router.remote()) {
         s.install(r.installed());
     }
     logged?;
@@ -248,6 +293,67 @@ fn applies(shared: &BrokerState, mark: &Mark, record: &Record, gone: &mut Vec<u6
         }
     }
     !(mark.flying.contains(id) || st.came_late(id) || st.holds_since(mark.pushed, id))
+}
+
+/// Session `session` came from node `node`'s standby copy (`node` does not answer): what the
+/// nodes that answer still keep for `node` and the session subscribes (relayed to it after
+/// it died, before they knew the session is here) joins the session here, each message
+/// before what came here directly from its node's run since. Else it would wait for `node`
+/// to come back, and be lost if it never does. The numbers taken are noted
+/// (`State::note_pulled`): when `node` comes back and gives what it received meanwhile,
+/// those are left out.
+async fn pull(shared: &Arc<BrokerState>, session: &Arc<Session>, node: u64) {
+    let (Some(relay), Some(remote)) = (shared.db.relay(), shared.router.remote()) else {
+        return;
+    };
+    // Once the others send here what the session subscribes, what they keep for `node` is
+    // all it misses.
+    remote.known().await;
+    let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
+    if filters.is_empty() {
+        return;
+    }
+    let (mut records, mut marks) = (Vec::new(), HashMap::new());
+    for b in relay.pull(node, filters).await {
+        let Some((message, groups)) = journal::read_relayed(&b) else {
+            continue;
+        };
+        let Some(id) = message.id.get().copied() else {
+            continue;
+        };
+        let mark = marks.entry((id.node, id.run)).or_insert(0);
+        *mark = id.seq.max(*mark);
+        let serves = crate::router::remote::Groups::Only(&groups);
+        let (targets, _) =
+            (shared.router).targets_among(&message, shared.db.as_ref(), None, serves);
+        for (_, d) in targets.into_iter().filter(|(s, _)| Arc::ptr_eq(s, session)) {
+            if d.qos != rumqttc::v5::mqttbytes::QoS::AtMostOnce {
+                records.push(Record::Queued {
+                    client: session.client_id.clone(),
+                    qos: d.qos,
+                    retain: d.retain,
+                    ids: d.subscription_ids,
+                    message: d.message,
+                    sent: None,
+                });
+            }
+        }
+    }
+    let n = records.len();
+    let logged = match n {
+        0 => Ok(()),
+        _ => import(shared, records, true).await,
+    };
+    match logged {
+        Ok(()) => {
+            session.state.lock().note_pulled(marks);
+            let client = &session.client_id;
+            tracing::info!(%client, node, messages = n, "took what the nodes kept for the node a session came from");
+        }
+        Err(e) => {
+            tracing::warn!(client = %session.client_id, node, error = %e, "what the nodes kept for a session's node not logged here; it waits for that node");
+        }
+    }
 }
 
 /// On the node that has session `client`: ends it (its connection is told it was taken
@@ -397,7 +503,7 @@ pub(crate) async fn take_given(shared: Arc<BrokerState>, client: String, held: B
         .filter(|r| matches!(r, Record::Queued { .. } | Record::Releasing { .. }))
         .collect();
     let n = queued.len();
-    match import(&shared, queued).await {
+    match import(&shared, queued, false).await {
         // Handed over to a third node meanwhile: given again there.
         Ok(()) if !shared.router.is_current(&session) => false,
         Ok(()) => {

@@ -31,9 +31,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use net::{FLUSH, GIVE, PING, RELAY, ROUTES, STANDBY, TAKE, WILLS};
+pub(crate) use net::{FLUSH, GIVE, PING, PULL, RELAY, ROUTES, STANDBY, TAKE, WILLS};
 
 mod batch;
+mod pull;
 mod standby;
 mod wills;
 
@@ -163,12 +164,19 @@ struct Slot {
     queued: tokio::time::Instant,
 }
 
+/// What a peer's queue carries: a message, or a [`PULL`]'s request for what it holds once
+/// everything queued before it is released.
+enum Item {
+    Message(Slot),
+    Pull(oneshot::Sender<Vec<Bytes>>),
+}
+
 /// Publishers waiting for a peer to take their messages: number, answer, when queued.
 type Waiters = Vec<(u64, oneshot::Sender<()>, tokio::time::Instant)>;
 
 /// One other node: its queue and what it knows of the routes.
 struct Peer {
-    queue: mpsc::UnboundedSender<Slot>,
+    queue: mpsc::UnboundedSender<Item>,
     known: watch::Sender<Known>,
     /// The peer started again: it needs the whole set.
     resync: tokio::sync::Notify,
@@ -370,7 +378,7 @@ impl Relay {
     }
 
     /// Sends peer `id` its queue, in order (see the module docs).
-    async fn forward(self: Arc<Self>, id: u64, mut rx: mpsc::UnboundedReceiver<Slot>) {
+    async fn forward(self: Arc<Self>, id: u64, mut rx: mpsc::UnboundedReceiver<Item>) {
         // Released messages not yet taken, numbered; and who waits for them.
         let mut waiting: VecDeque<(u64, Bytes)> = VecDeque::new();
         let mut waiters: Waiters = Vec::new();
@@ -383,6 +391,9 @@ impl Relay {
                     s = rx.recv() => match s { Some(s) => s, None => return },
                 };
                 self.take(slot, &mut next, &mut waiting, &mut waiters).await;
+                if waiting.is_empty() {
+                    continue;
+                }
             }
             while waiting.len() < BATCH
                 && let Ok(slot) = rx.try_recv()
@@ -449,14 +460,22 @@ impl Relay {
         }
     }
 
-    /// Waits for `slot`'s release; a released message joins `waiting`.
+    /// Waits for `item`'s release; a released message joins `waiting`. A pull is answered
+    /// with what `waiting` holds (all queued before it is released or withdrawn by now).
     async fn take(
         &self,
-        slot: Slot,
+        item: Item,
         next: &mut u64,
         waiting: &mut VecDeque<(u64, Bytes)>,
         waiters: &mut Waiters,
     ) {
+        let slot = match item {
+            Item::Message(slot) => slot,
+            Item::Pull(answer) => {
+                let _ = answer.send(waiting.iter().map(|(_, b)| b.clone()).collect());
+                return;
+            }
+        };
         if slot.go.await == Ok(true) {
             waiting.push_back((*next, slot.bytes));
             waiters.push((*next, slot.accepted, slot.queued));
@@ -514,6 +533,7 @@ impl Relay {
                 }
             }
             STANDBY => self.serve_standby(body).await,
+            PULL => self.serve_pull(body).await,
             WILLS => {
                 let (from, incarnation): (u64, u64) =
                     crate::from_cbor(&body).map_err(|e| e.to_string())?;
@@ -674,7 +694,7 @@ impl RelayPort for Relay {
                 accepted,
                 queued,
             };
-            if self.peer(*id).queue.send(slot).is_ok() {
+            if self.peer(*id).queue.send(Item::Message(slot)).is_ok() {
                 out.join(r);
             }
         }
@@ -756,6 +776,10 @@ impl RelayPort for Relay {
 
     fn set_will(&self, client: &str, will: Option<(Bytes, u32)>) {
         self.share_will(client, will.map(|(b, d)| (d, b)));
+    }
+
+    fn pull(&self, node: u64, filters: Vec<String>) -> BoxFuture<'static, Vec<Bytes>> {
+        self.pull_from_all(node, filters)
     }
 
     fn claim_wills(&self) -> BoxFuture<'static, sluice_engine::ClaimedWills> {

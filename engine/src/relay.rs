@@ -98,6 +98,12 @@ pub trait Relay: Send + Sync + 'static {
         node: u64,
         call: bytes::Bytes,
     ) -> BoxFuture<'static, Option<bytes::Bytes>>;
+    /// What the nodes that answer (this one too) still keep for node `node`, which does not
+    /// answer: the messages queued for it (released, not yet taken by it; the broker's
+    /// encoding) whose topics match one of `filters` ([`RelaySink::matching`]). Each node's
+    /// in the order it numbered them. A session that came here from `node`'s standby copy
+    /// takes them, else they would wait for `node` to come back.
+    fn pull(&self, node: u64, filters: Vec<String>) -> BoxFuture<'static, Vec<bytes::Bytes>>;
     /// At start: what the other nodes did with the wills of this node's previous run. The
     /// clients whose will one of them published, and the wills none published yet (handed
     /// over to this node, with their delays: they are this node's to publish now).
@@ -142,6 +148,10 @@ pub trait RelaySink: Send + Sync + 'static {
     /// Another node gives what its session `client` held (the client came here while that
     /// node was down); true once taken into this node's session of it.
     fn take_given(&self, client: String, held: bytes::Bytes) -> BoxFuture<'static, bool>;
+
+    /// Of `messages` (queued for another node), those whose topic matches one of
+    /// `filters`, in order ([`Relay::pull`]).
+    fn matching(&self, filters: &[String], messages: Vec<bytes::Bytes>) -> Vec<bytes::Bytes>;
 
     /// Answers another node's [`Relay::standby_call`] (the broker's encoding both ways).
     fn standby(&self, call: bytes::Bytes) -> BoxFuture<'static, Result<Vec<u8>, String>>;

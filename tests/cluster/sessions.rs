@@ -172,10 +172,12 @@ pub(crate) async fn wills_outlive_their_node(c: &mut Cluster) {
 
 /// A lasting session whose node is killed resumes on another node, with what its node had
 /// queued for it: from the standby copy of that node's journal on another node, before the
-/// killed node is back (it might never be). What is published meanwhile goes to it there
-/// and is also kept for the killed node; once back, that node gives what its copy held to
-/// the session's new node (only what it logged after the standby copy's point), which
-/// takes only what it had not delivered: at QoS 2, each message once.
+/// killed node is back (it might never be); and with what the other nodes relayed to the
+/// killed node after it died, before the session moved (their queues for it: pulled). What
+/// is published next goes to it there and is also kept for the killed node; once back, that
+/// node gives what it received to the session's new node (only what it logged after the
+/// standby copy's point), which takes only what it had not delivered: at QoS 2, each message
+/// once.
 pub(crate) async fn given_back_once(c: &mut Cluster) {
     const N: u64 = 20;
     let ids: Vec<u64> = c.nodes.keys().copied().collect();
@@ -188,13 +190,19 @@ pub(crate) async fn given_back_once(c: &mut Cluster) {
     // Queued on the session's node, which is then killed.
     publish_at(port(c, first), "before", &topic, N, false, q).await;
     c.nodes.remove(&node).unwrap().kill9();
+    // Relayed to the killed node (queued for it on the first node and on the middle one).
+    publish_at(port(c, first), "down", &topic, N, false, q).await;
+    publish_at(port(c, middle), "down-here", &topic, N, false, q).await;
     let (_s, mut got) = subscriber_at(port(c, middle), "roamer", false, &[], q).await;
     let queued = "a session resumed from the standby copy of its node, which is down";
-    let queued = take(&mut got, N as usize, queued).await;
-    for (_, body) in &queued {
-        let v: serde_json::Value = serde_json::from_slice(body).unwrap();
-        assert_eq!(v["device"], "before", "{v}");
-    }
+    let queued = take(&mut got, 3 * N as usize, queued).await;
+    let devices: Vec<String> = (queued.iter())
+        .map(|(_, body)| serde_json::from_slice::<serde_json::Value>(body).unwrap())
+        .map(|v| v["device"].as_str().unwrap().to_string())
+        .collect();
+    let (copied, kept) = devices.split_at(N as usize);
+    assert!(copied.iter().all(|d| d == "before"), "{devices:?}");
+    assert!(kept.iter().all(|d| d.starts_with("down")), "{devices:?}");
     publish_at(port(c, first), "meanwhile", &topic, N, false, q).await;
     publish_at(port(c, middle), "local", &topic, N, false, q).await;
     // Delivered there (from the second node at once; from the first, once it knows the

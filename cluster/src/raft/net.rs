@@ -82,6 +82,9 @@ pub(crate) const SHARD_ROWS: u8 = 25;
 pub(crate) const PING: u8 = 26;
 /// About the standby copies of the nodes' broker journals (`crate::relay`).
 pub(crate) const STANDBY: u8 = 27;
+/// The messages queued for a node that does not answer, for a session that came from its
+/// standby copy (`crate::relay`).
+pub(crate) const PULL: u8 = 28;
 
 const PIPELINE: usize = 64;
 /// Largest frame accepted (a snapshot is one frame).

@@ -650,6 +650,7 @@ impl Handler for Node {
             | net::FLUSH
             | net::WILLS
             | net::STANDBY
+            | net::PULL
             | net::SHARD_ROWS => match self.relay.get().and_then(|r| r.upgrade()) {
                 Some(relay) => relay.handle(kind, body).await,
                 None => Err(format!("node {} relays nothing yet", self.id)),

@@ -1,0 +1,46 @@
+//! Messages a session took from what the nodes kept for a node that does not answer (it
+//! came from that node's standby copy: `takeover::pull`).
+
+use super::{Delivery, MessageId, Session, State};
+
+impl State {
+    /// The session took, of what the nodes kept for a node that did not answer, the
+    /// messages it subscribes of each node's run up to these numbers: when that node comes
+    /// back and gives what it received meanwhile, those are left out ([`Self::was_pulled`]).
+    /// A node's queue for another holds its messages in the order numbered, so each one
+    /// numbered up to the mark that the node received later came through that queue.
+    pub(crate) fn note_pulled(&mut self, marks: impl IntoIterator<Item = ((u64, u64), u64)>) {
+        for (run, seq) in marks {
+            let mark = self.pulled.entry(run).or_default();
+            *mark = (*mark).max(seq);
+        }
+    }
+
+    /// Whether message `id` is one [`Self::note_pulled`] covers.
+    pub(crate) fn was_pulled(&self, id: &MessageId) -> bool {
+        (self.pulled.get(&(id.node, id.run))).is_some_and(|mark| id.seq <= *mark)
+    }
+}
+
+impl Session {
+    /// Queues `d` (taken from what the nodes kept for a node that does not answer) before
+    /// the first queued message of the same node's run numbered after it (it came here
+    /// directly meanwhile), else last: in the order its publisher sent them.
+    pub(crate) fn push_in_order(&self, d: Delivery) {
+        let mut st = self.state.lock();
+        let at = d.message.id.get().and_then(|id| {
+            st.queue.iter().position(|q| {
+                q.message
+                    .id
+                    .get()
+                    .is_some_and(|q| (q.node, q.run) == (id.node, id.run) && q.seq > id.seq)
+            })
+        });
+        match at {
+            Some(at) => st.queue.insert(at, d),
+            None => st.queue.push_back(d),
+        }
+        drop(st);
+        self.wake_writer.notify_one();
+    }
+}
