@@ -1,9 +1,13 @@
 //! The messages a node relays to another, in numbered batches ([`RELAY`]).
 
-use super::{PING, RELAY, Relay};
+use super::{BATCH, Item, MAX_WAITING, PING, RELAY, RETRY, Relay, Waiters};
 use crate::raft::net::{CallError, Frame};
 use bytes::{Buf, Bytes};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
+use tokio::sync::mpsc;
 
 /// How long a batch's oldest publisher waits before the peer is asked whether it still
 /// answers at all ([`PING`]); and how often again after that while the batch is not
@@ -17,6 +21,111 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
 const BATCH_TIMEOUT: Duration = Duration::from_secs(15);
 
 impl Relay {
+    /// Sends peer `id` its queue, in order (see the module docs).
+    pub(super) async fn forward(self: Arc<Self>, id: u64, mut rx: mpsc::UnboundedReceiver<Item>) {
+        // Released messages not yet taken, numbered; and who waits for them.
+        let mut waiting: VecDeque<(u64, Bytes)> = VecDeque::new();
+        let mut waiters: Waiters = Vec::new();
+        let mut next = 1u64;
+        let mut down = false;
+        loop {
+            if waiting.is_empty() {
+                let slot = tokio::select! {
+                    _ = self.cancel.cancelled() => return,
+                    s = rx.recv() => match s { Some(s) => s, None => return },
+                };
+                self.take(slot, &mut next, &mut waiting, &mut waiters).await;
+                if waiting.is_empty() {
+                    continue;
+                }
+            }
+            while waiting.len() < BATCH
+                && let Ok(slot) = rx.try_recv()
+            {
+                self.take(slot, &mut next, &mut waiting, &mut waiters).await;
+            }
+            if down {
+                waiters.clear();
+            }
+            let n = waiting.len().min(BATCH);
+            let last = waiting.get(n.saturating_sub(1)).map_or(0, |w| w.0);
+            let frame = batch_frame(self.node.id(), self.incarnation, waiting.iter().take(n));
+            // While the peer is down, publishers do not wait for it, not even during a call
+            // to a frozen peer: what they queue meanwhile is taken.
+            let oldest = waiters.first().map(|w| w.2);
+            let call = self.send_batch(id, frame, oldest);
+            tokio::pin!(call);
+            let answer = loop {
+                tokio::select! {
+                    biased;
+                    a = &mut call => break a,
+                    s = rx.recv(), if down => match s {
+                        Some(s) => {
+                            self.take(s, &mut next, &mut waiting, &mut waiters).await;
+                            waiters.clear();
+                        }
+                        None => return,
+                    },
+                }
+            };
+            match answer {
+                Ok(_) => {
+                    if down {
+                        tracing::info!(peer = id, "a node answers again; its messages are sent");
+                    }
+                    down = false;
+                    waiting.drain(..n);
+                    waiters.retain(|(seq, ..)| *seq > last);
+                }
+                Err(e) => {
+                    if !down {
+                        tracing::warn!(peer = id, error = %e, "messages for a node wait until it answers");
+                    }
+                    down = true;
+                    waiters.clear();
+                    let until = tokio::time::Instant::now() + RETRY;
+                    loop {
+                        let slot = tokio::select! {
+                            _ = self.cancel.cancelled() => return,
+                            _ = tokio::time::sleep_until(until) => break,
+                            s = rx.recv() => match s { Some(s) => s, None => return },
+                        };
+                        self.take(slot, &mut next, &mut waiting, &mut waiters).await;
+                        waiters.clear();
+                    }
+                }
+            }
+            if waiting.len() > MAX_WAITING {
+                let over = waiting.len() - MAX_WAITING;
+                waiting.drain(..over);
+                self.dropped.fetch_add(over as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Waits for `item`'s release; a released message joins `waiting`. A pull is answered
+    /// with what `waiting` holds (all queued before it is released or withdrawn by now).
+    async fn take(
+        &self,
+        item: Item,
+        next: &mut u64,
+        waiting: &mut VecDeque<(u64, Bytes)>,
+        waiters: &mut Waiters,
+    ) {
+        let slot = match item {
+            Item::Message(slot) => slot,
+            Item::Pull(answer) => {
+                let _ = answer.send(waiting.iter().map(|(_, b)| b.clone()).collect());
+                return;
+            }
+        };
+        if slot.go.await == Ok(true) {
+            waiting.push_back((*next, slot.bytes));
+            waiters.push((*next, slot.accepted, slot.queued));
+            *next += 1;
+        }
+    }
+
     /// Sends a batch to peer `to` and waits for its answer, as long as the peer answers
     /// probes ([`PROBE_AFTER`]): publishers' acknowledgements wait meanwhile, and with one
     /// fixed timeout a frozen peer held every publisher of the cluster for all of it (2 s,
