@@ -209,9 +209,10 @@ pub(crate) struct State {
     pub(crate) imported: Option<Box<Imported>>,
     /// Deliveries queued so far (to tell which of the queue came after a moment).
     pub(crate) pushed: u64,
-    /// Per other node's run, the highest number of the messages taken from what the nodes
-    /// kept for a node that did not answer ([`State::note_pulled`]).
-    pulled: HashMap<(u64, u64), u64>,
+    /// Per node that did not answer and other node's run (dead node, node, run), the
+    /// highest number of the messages taken from what the nodes kept for the dead node
+    /// ([`State::note_pulled`]).
+    pulled: HashMap<(u64, u64, u64), u64>,
 }
 
 /// See [`State::imported`].

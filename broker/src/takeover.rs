@@ -24,12 +24,17 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+/// What the other nodes handed over to a connecting client's session: the records, and
+/// the node whose standby copy they came from (it does not answer), if they did.
+pub(crate) type Handed = (Vec<Record>, Option<u64>);
+
 /// On the node a client connects to: the other nodes end their session of `client` and,
 /// unless `clean`, hand over what it held; returns those records.
-pub(crate) async fn take_over(shared: &BrokerState, client: &Arc<str>, clean: bool) -> Vec<Record> {
+pub(crate) async fn take_over(shared: &BrokerState, client: &Arc<str>, clean: bool) -> Handed {
     let Some(relay) = shared.db.relay() else {
-        return Vec::new();
+        return (Vec::new(), None);
     };
+    let mut from_copy = None;
     let mut out = Vec::new();
     for b in relay.take_session(client, clean).await {
         out.extend(records(b, client));
@@ -47,6 +52,7 @@ pub(crate) async fn take_over(shared: &BrokerState, client: &Arc<str>, clean: bo
         };
         match copied {
             Some((held, lsn)) => {
+                from_copy = Some(node);
                 // First: the subscriptions' share then tells that node what came here.
                 out.push(Record::Standby {
                     client: client.clone(),
@@ -61,7 +67,7 @@ pub(crate) async fn take_over(shared: &BrokerState, client: &Arc<str>, clean: bo
             }
         }
     }
-    out
+    (out, from_copy)
 }
 
 /// The records of a hand-over that belong to `client`, and only those one carries.
@@ -98,16 +104,14 @@ fn record_client(r: &Record) -> Option<&Arc<str>> {
 }
 
 /// A connecting client's session takes what other nodes handed over ([`take_over`]): when
-/// it came from a standby copy, also what the nodes kept for that node ([`pull`]).
+/// it came from a standby copy just now, also what the nodes kept for that node ([`pull`]).
+/// (A session handed over by a live node carries the `Standby` records of copies it took
+/// earlier: those nodes may answer again, and what they took since is no longer theirs.)
 pub(crate) async fn resume(
     shared: &Arc<BrokerState>,
     session: &Arc<Session>,
-    records: Vec<Record>,
+    (records, copied): Handed,
 ) -> sluice_engine::Result<()> {
-    let copied = records.iter().find_map(|r| match r {
-        Record::Standby { node, .. } => Some(*node),
-        _ => None,
-    });
     import(shared, records, false).await?;
     if let Some(node) = copied {
         pull(shared, session, node).await;
@@ -145,7 +149,7 @@ pub(crate) async fn import(
                     if flying.contains(id)
                         || queued.contains(id)
                         || st.was_imported(id)
-                        || st.was_pulled(id) =>
+                        || st.was_pulled(m) =>
                 {
                     true
                 }
@@ -303,12 +307,9 @@ fn applies(shared: &BrokerState, mark: &Mark, record: &Record, gone: &mut Vec<u6
 /// (`State::note_pulled`): when `node` comes back and gives what it received meanwhile,
 /// those are left out.
 async fn pull(shared: &Arc<BrokerState>, session: &Arc<Session>, node: u64) {
-    let (Some(relay), Some(remote)) = (shared.db.relay(), shared.router.remote()) else {
+    let Some(relay) = shared.db.relay() else {
         return;
     };
-    // Once the others send here what the session subscribes, what they keep for `node` is
-    // all it misses.
-    remote.known().await;
     let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
     if filters.is_empty() {
         return;
@@ -346,7 +347,7 @@ async fn pull(shared: &Arc<BrokerState>, session: &Arc<Session>, node: u64) {
     };
     match logged {
         Ok(()) => {
-            session.state.lock().note_pulled(marks);
+            session.state.lock().note_pulled(node, marks);
             let client = &session.client_id;
             tracing::info!(%client, node, messages = n, "took what the nodes kept for the node a session came from");
         }

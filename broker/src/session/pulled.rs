@@ -1,24 +1,34 @@
 //! Messages a session took from what the nodes kept for a node that does not answer (it
 //! came from that node's standby copy: `takeover::pull`).
 
-use super::{Delivery, MessageId, Session, State};
+use super::{Delivery, Message, Session, State};
 
 impl State {
-    /// The session took, of what the nodes kept for a node that did not answer, the
-    /// messages it subscribes of each node's run up to these numbers: when that node comes
-    /// back and gives what it received meanwhile, those are left out ([`Self::was_pulled`]).
-    /// A node's queue for another holds its messages in the order numbered, so each one
-    /// numbered up to the mark that the node received later came through that queue.
-    pub(crate) fn note_pulled(&mut self, marks: impl IntoIterator<Item = ((u64, u64), u64)>) {
-        for (run, seq) in marks {
-            let mark = self.pulled.entry(run).or_default();
+    /// The session took, of what the nodes kept for node `node` (which did not answer), the
+    /// messages it subscribes of each node's run up to these numbers: when `node` comes back
+    /// and gives what it received meanwhile, those are left out ([`Self::was_pulled`]). A
+    /// node's queue for another holds its messages in the order numbered, so each one
+    /// numbered up to the mark that `node` received later came through that queue.
+    pub(crate) fn note_pulled(
+        &mut self,
+        node: u64,
+        marks: impl IntoIterator<Item = ((u64, u64), u64)>,
+    ) {
+        for ((from, run), seq) in marks {
+            let mark = self.pulled.entry((node, from, run)).or_default();
             *mark = (*mark).max(seq);
         }
     }
 
-    /// Whether message `id` is one [`Self::note_pulled`] covers.
-    pub(crate) fn was_pulled(&self, id: &MessageId) -> bool {
-        (self.pulled.get(&(id.node, id.run))).is_some_and(|mark| id.seq <= *mark)
+    /// Whether `message` is one [`Self::note_pulled`] covers: relayed to a node whose queue
+    /// the session took up to its number.
+    pub(crate) fn was_pulled(&self, message: &Message) -> bool {
+        let (Some(id), Some(to)) = (message.id.get(), message.sent_to.get()) else {
+            return false;
+        };
+        (to.iter()).any(|node| {
+            (self.pulled.get(&(*node, id.node, id.run))).is_some_and(|mark| id.seq <= *mark)
+        })
     }
 }
 

@@ -291,3 +291,48 @@ fn a_message_taken_from_another_node_is_held_once() {
     assert_eq!(r.state.lock().unqueue(&id(2)), [2, 2]);
     assert!(r.state.lock().unqueue(&id(2)).is_empty());
 }
+
+/// What a session takes from the nodes' queues for a dead node goes before what came here
+/// directly from the same node's run since (numbered after it), else last; the numbers
+/// taken are known afterwards, per node's run.
+#[test]
+fn pulled_messages_keep_their_publishers_order() {
+    let (s, _) = subscribed();
+    // Came with the standby copy (node 2's 1-2), then directly (node 2's 7-8, node 3's 4).
+    for (node, seq) in [(2, 1), (2, 2), (2, 7), (3, 4), (2, 8)] {
+        s.push(numbered(node, 1, seq));
+    }
+    // Pulled: node 2's 3-6, node 3's 1-2, node 4's 9 (nothing of its run here).
+    for (node, seq) in [(2, 3), (2, 4), (3, 1), (3, 2), (2, 5), (2, 6), (4, 9)] {
+        s.push_in_order(numbered(node, 1, seq));
+    }
+    let order: Vec<(u64, u64)> = (s.state.lock().queue.iter())
+        .map(|d| d.message.id.get().map(|id| (id.node, id.seq)).unwrap())
+        .collect();
+    let want = [
+        (2, 1),
+        (2, 2),
+        (2, 3),
+        (2, 4),
+        (2, 5),
+        (2, 6),
+        (2, 7),
+        (3, 1),
+        (3, 2),
+        (3, 4),
+        (2, 8),
+        (4, 9),
+    ];
+    assert_eq!(order, want);
+    // Taken from the queues for node 5: node 2's run 1 up to 6, node 3's up to 2.
+    let mut st = s.state.lock();
+    st.note_pulled(5, [((2, 1), 6), ((3, 1), 2)]);
+    st.note_pulled(5, [((2, 1), 4)]);
+    // Given back later: only what was relayed to node 5 (and numbered up to the mark) came
+    // through those queues; what went to node 6 only did not.
+    let given = |node, run, seq, to: &[u64]| sent_to(numbered(node, run, seq), to).message;
+    assert!(st.was_pulled(&given(2, 1, 6, &[5])) && st.was_pulled(&given(3, 1, 1, &[6, 5])));
+    assert!(!st.was_pulled(&given(2, 1, 6, &[6])) && !st.was_pulled(&numbered(2, 1, 1).message));
+    assert!(!st.was_pulled(&given(2, 1, 7, &[5])) && !st.was_pulled(&given(2, 2, 1, &[5])));
+    assert!(!st.was_pulled(&given(3, 1, 3, &[5])) && !st.was_pulled(&given(4, 1, 9, &[5])));
+}

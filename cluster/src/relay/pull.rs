@@ -2,7 +2,7 @@
 //! that node's standby copy ([`PULL`]): each node's queue for it (messages relayed after it
 //! died, before they knew the session had moved), else they would wait for it to come back.
 
-use super::{Item, PULL, Relay};
+use super::{Item, PULL, ROUTES_WAIT, Relay};
 use crate::raft::net::Frame;
 use bytes::{Buf, Bytes};
 use futures::future::BoxFuture;
@@ -10,9 +10,11 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 /// How long a node's queue may take to reach the request (its messages queued before are
-/// released as their publishers store them), and how long a call may take.
-const QUEUE_TIMEOUT: Duration = Duration::from_millis(1500);
-const PULL_TIMEOUT: Duration = Duration::from_secs(2);
+/// released as their publishers store them: a write waits while a shard of the dead node
+/// elects a new leader), and how long a call may take. The session's CONNACK waits for
+/// them; a node that does not answer in time keeps its messages for the dead node.
+const QUEUE_TIMEOUT: Duration = Duration::from_secs(2);
+const PULL_TIMEOUT: Duration = Duration::from_millis(2500);
 
 impl Relay {
     /// This node's queue for `node` (released, not yet taken by it; everything queued
@@ -49,7 +51,9 @@ impl Relay {
         Ok(framed(&self.queued_for(node, &filters).await))
     }
 
-    /// [`sluice_engine::Relay::pull`]: from this node and every other that answers.
+    /// [`sluice_engine::Relay::pull`]: from this node and every other that answers, each
+    /// asked once it knows this node's routes as they are now (so that what it numbers
+    /// after its answer comes here too, if the session subscribes it).
     pub(super) fn pull_from_all(
         &self,
         node: u64,
@@ -58,7 +62,7 @@ impl Relay {
         let others: Vec<u64> = (self.peer_ids().into_iter())
             .filter(|id| *id != node && self.answering(*id))
             .collect();
-        let me = self.me.clone();
+        let (me, seq) = (self.me.clone(), *self.changed.borrow());
         Box::pin(async move {
             let Some(me) = me.upgrade() else {
                 return Vec::new();
@@ -66,6 +70,9 @@ impl Relay {
             let calls = others.into_iter().map(|id| {
                 let (me, filters) = (me.clone(), &filters);
                 async move {
+                    let mut known = me.peer(id).known.subscribe();
+                    let knows = known.wait_for(|k| k.seq >= seq || k.down);
+                    let _ = tokio::time::timeout(ROUTES_WAIT, knows).await;
                     let Ok(frame) = Frame::cbor(PULL, &(node, filters), 64) else {
                         return Vec::new();
                     };

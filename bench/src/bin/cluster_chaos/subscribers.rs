@@ -42,6 +42,13 @@ pub(crate) struct Received {
     /// Gaps of over 200 ms between two deliveries: (from, to), seconds into the run, and
     /// the node it was connected to when the gap began.
     pub(crate) gaps: Vec<(f64, f64, usize)>,
+    /// First deliveries of a message below one delivered before from the same device (a
+    /// device's messages are numbered in the order it sends them; one sent again on a new
+    /// connection after its first was stored can come late too), and the most late by.
+    pub(crate) reordered: u64,
+    behind: u64,
+    /// Per device, the highest number delivered.
+    highest: HashMap<String, u64>,
     /// The node it is connected to now (with `--roam`, not always its first).
     at: usize,
     /// The last delivery: when, and on which node.
@@ -196,9 +203,10 @@ async fn receive(
                     }
                 }
                 Ok(Packet::Publish(p)) => {
-                    let seq = (std::str::from_utf8(&p.payload).ok())
-                        .and_then(|t| t.rsplit(',').next())
-                        .and_then(|n| n.parse::<u64>().ok());
+                    let text = std::str::from_utf8(&p.payload).ok();
+                    let mut fields = text.map(|t| t.rsplit(',')).into_iter().flatten();
+                    let seq = fields.next().and_then(|n| n.parse::<u64>().ok());
+                    let device = fields.next().unwrap_or_default().to_string();
                     if let Some(seq) = seq {
                         let mut g = got.lock();
                         let t = now();
@@ -214,6 +222,13 @@ async fn receive(
                         let here = (t, g.at, p.dup, p.pkid);
                         if g.seqs.insert(seq) {
                             g.first.insert(seq, here);
+                            let highest = g.highest.entry(device).or_insert(seq);
+                            let behind = highest.saturating_sub(seq);
+                            *highest = seq.max(*highest);
+                            if behind > 0 {
+                                g.reordered += 1;
+                                g.behind = g.behind.max(behind);
+                            }
                         } else {
                             g.copies += 1;
                             if g.copied.len() < COPIES_SHOWN {
@@ -284,13 +299,16 @@ pub(crate) async fn report(subs: &[Shared], acked: &HashSet<u64>, within: Durati
         }
         println!(
             "subscriber {i} (node {}): {} of {} acknowledged messages, {} copies, longest gap \
-             between deliveries {:.2} s (ended at {:.1} s)",
+             between deliveries {:.2} s (ended at {:.1} s), {} after a later one of their \
+             device (by {} at most)",
             g.node + 1,
             acked.len() - missed,
             acked.len(),
             g.copies,
             g.longest.0,
-            g.longest.1
+            g.longest.1,
+            g.reordered,
+            g.behind
         );
         let said = |(t, node, dup, pkid): Arrival| {
             format!(
