@@ -207,25 +207,8 @@ pub(crate) async fn import(
                     _ => None,
                 };
                 match record {
-                    Record::Queued {
-                        client,
-                        qos,
-                        retain,
-                        ids,
-                        message,
-                        sent: None,
-                    } if pulled => {
-                        if let Some(s) = state.router.session(&client) {
-                            s.push_in_order(crate::session::Delivery {
-                                message,
-                                qos,
-                                retain,
-                                subscription_ids: ids,
-                                lsn,
-                            });
-                        }
-                    }
-                    record => state.router.replay(lsn, record, state.db.as_ref()),
+                    r @ Record::Queued { .. } if pulled => state.router.replay_queued(lsn, r, true),
+                    r => state.router.replay(lsn, r, state.db.as_ref()),
                 }
                 if let Some((client, id)) = id
                     && let Some(s) = state.router.session(&client)

@@ -16,6 +16,38 @@ pub(crate) type Copies = (Arc<str>, Vec<u64>);
 pub(crate) type Will = (Arc<str>, Arc<Message>, u32);
 
 impl Router {
+    /// A `Queued` record at `lsn`: its message joins its session, in flight under the
+    /// packet id it was sent under, else queued (`in_order`: before the later messages of
+    /// its node's run, [`Session::push_in_order`]).
+    pub(crate) fn replay_queued(&self, lsn: u64, record: Record, in_order: bool) {
+        let Record::Queued {
+            client,
+            qos,
+            retain,
+            ids,
+            message,
+            sent,
+        } = record
+        else {
+            return;
+        };
+        let Some(s) = self.session(&client) else {
+            return;
+        };
+        let d = crate::session::Delivery {
+            message,
+            qos,
+            retain,
+            subscription_ids: ids,
+            lsn,
+        };
+        match sent {
+            Some(pkid) => s.push_in_flight(Outgoing::Published(d), pkid),
+            None if in_order => s.push_in_order(d),
+            None => s.push(d),
+        }
+    }
+
     /// Applies the journal record at `lsn`.
     pub(crate) fn replay(&self, lsn: u64, record: Record, auth: &dyn Logins) {
         match record {
@@ -116,28 +148,7 @@ impl Router {
                 last,
             } => self.relayed(from, incarnation, last),
             Record::Barrier => {}
-            Record::Queued {
-                client,
-                qos,
-                retain,
-                ids,
-                message,
-                sent,
-            } => {
-                if let Some(s) = self.session(&client) {
-                    let d = crate::session::Delivery {
-                        message,
-                        qos,
-                        retain,
-                        subscription_ids: ids,
-                        lsn,
-                    };
-                    match sent {
-                        Some(pkid) => s.push_in_flight(Outgoing::Published(d), pkid),
-                        None => s.push(d),
-                    }
-                }
-            }
+            r @ Record::Queued { .. } => self.replay_queued(lsn, r, false),
             Record::Releasing { client, pkid } => {
                 if let Some(s) = self.session(&client) {
                     s.push_in_flight(Outgoing::Released(lsn), pkid);
