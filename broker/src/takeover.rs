@@ -12,7 +12,9 @@
 //! another node while its node is down gets its subscriptions there, and what is published
 //! from then on. When its old node is back, that node gives what its copy held (queued
 //! before it died, or relayed to it while it was down) to the node the client went to, and
-//! ends the copy after a grace period ([`give_back`]).
+//! ends the copy after a grace period ([`give_back`]). A session taken from the standby
+//! copy of a node that is down does not wait for that: what the nodes that answer still
+//! queue for that node comes along at once ([`pull`]).
 
 use crate::BrokerState;
 use crate::journal::{self, Record};
