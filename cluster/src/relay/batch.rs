@@ -172,16 +172,9 @@ impl Relay {
         }
         let (from, incarnation, first) = (body.get_u64_le(), body.get_u64_le(), body.get_u64_le());
         let count = body.get_u32_le() as usize;
-        let mut messages = Vec::with_capacity(count);
-        for _ in 0..count {
-            if body.len() < 4 {
-                return Err(bad());
-            }
-            let len = body.get_u32_le() as usize;
-            if body.len() < len {
-                return Err(bad());
-            }
-            messages.push(body.split_to(len));
+        let mut messages = super::pull::unframed(body).ok_or_else(bad)?;
+        if messages.len() != count {
+            return Err(bad());
         }
         let Some(sink) = self.sink.get().cloned() else {
             return Err(format!("node {}'s broker has not started", self.node.id()));

@@ -46,8 +46,8 @@ impl Relay {
 
     /// Answers a [`PULL`]: (node, filters) -> the matching messages queued for it here.
     pub(super) async fn serve_pull(&self, body: Bytes) -> Result<Vec<u8>, String> {
-        let (node, filters): (u64, Vec<String>) =
-            crate::from_cbor(&body).map_err(|e| e.to_string())?;
+        let (node, filters): (u64, Vec<String>) = crate::from_cbor(&body)
+            .map_err(|e| format!("a pull (node, filters) that does not decode: {e}"))?;
         Ok(framed(&self.queued_for(node, &filters).await))
     }
 
@@ -101,7 +101,7 @@ impl Relay {
 }
 
 /// Messages as one body: each a u32 length (little-endian) and its bytes.
-pub(super) fn framed(messages: &[Bytes]) -> Vec<u8> {
+fn framed(messages: &[Bytes]) -> Vec<u8> {
     let mut out = Vec::with_capacity(messages.iter().map(|m| 4 + m.len()).sum());
     for m in messages {
         out.extend_from_slice(&(m.len() as u32).to_le_bytes());

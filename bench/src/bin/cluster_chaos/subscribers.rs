@@ -206,7 +206,7 @@ async fn receive(
                     let text = std::str::from_utf8(&p.payload).ok();
                     let mut fields = text.map(|t| t.rsplit(',')).into_iter().flatten();
                     let seq = fields.next().and_then(|n| n.parse::<u64>().ok());
-                    let device = fields.next().unwrap_or_default().to_string();
+                    let device = fields.next().unwrap_or_default();
                     if let Some(seq) = seq {
                         let mut g = got.lock();
                         let t = now();
@@ -222,7 +222,10 @@ async fn receive(
                         let here = (t, g.at, p.dup, p.pkid);
                         if g.seqs.insert(seq) {
                             g.first.insert(seq, here);
-                            let highest = g.highest.entry(device).or_insert(seq);
+                            if !g.highest.contains_key(device) {
+                                g.highest.insert(device.to_string(), seq);
+                            }
+                            let highest = g.highest.get_mut(device).expect("inserted");
                             let behind = highest.saturating_sub(seq);
                             *highest = seq.max(*highest);
                             if behind > 0 {
