@@ -554,9 +554,12 @@ add_prefix = "/iot/"
     // rumqttd 0.20 sends what was not acknowledged again under new packet ids and without
     // DUP, so a redelivery cannot be told from a new message: every message arrives, and
     // those stored but unacknowledged at the kill may arrive twice.
-    eventually("every message arrives", 120, || async {
-        counts(&s).await.1 == 10_000
-    })
+    eventually_eq(
+        "every message arrives (distinct seqs)",
+        120,
+        &10_000,
+        || async { counts(&s).await.1 },
+    )
     .await;
     let b = bridge_row(&s).await;
     assert_eq!(b["connected"], true, "{b}");
