@@ -164,7 +164,6 @@ impl Router {
                 node,
                 marks,
             } => self.with_state(&client, |st| st.note_pulled(node, marks)),
-            Record::Withdrawn { .. } => {}
         }
     }
 
