@@ -61,6 +61,10 @@ pub(crate) struct SessionState {
     /// What it took from other nodes' standby copies of it: (node, LSN).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) standby: Vec<(u64, u64)>,
+    /// What it took of what the nodes kept for nodes that did not answer: per such node,
+    /// the last number taken of each (node, run) (`session::State::note_pulled`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) pulled: crate::session::PulledMarks,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -580,6 +580,7 @@ impl Router {
                 will: (s.will.lock().as_ref())
                     .map(|(m, delay)| (persist::StoredMessage::from(m), *delay)),
                 standby: s.standby.lock().clone(),
+                pulled: st.pulled_marks(),
             });
         }
         let retained = (copy.retained.iter())
@@ -608,6 +609,9 @@ impl Router {
                 let mut st = s.state.lock();
                 st.expiry_secs = saved.expiry_secs;
                 st.disconnected_at = Some(Instant::now());
+                for (node, marks) in saved.pulled {
+                    st.note_pulled(node, marks);
+                }
                 st.queue = (saved.queue.into_iter())
                     .filter_map(|d| d.into_delivery(&messages))
                     .collect();

@@ -2,6 +2,8 @@
 //! QoS 2 packet ids) and the queue between the router and a connection's writer.
 
 mod pulled;
+
+pub(crate) use pulled::PulledMarks;
 #[cfg(test)]
 mod tests;
 
@@ -246,7 +248,7 @@ impl State {
             resend: Vec::new(),
             imported: None,
             pushed: 0,
-            pulled: HashMap::new(),
+            pulled: self.pulled.clone(),
         }
     }
 

@@ -85,7 +85,8 @@ fn records(mut b: Bytes, client: &Arc<str>) -> Vec<Record> {
                 r @ (Record::Subscribe { .. }
                 | Record::Queued { .. }
                 | Record::Releasing { .. }
-                | Record::Standby { .. }),
+                | Record::Standby { .. }
+                | Record::Pulled { .. }),
             ) if record_client(&r) == Some(client) => out.push(r),
             _ => {
                 tracing::warn!(%client, "a handed-over session record that does not decode; skipped")
@@ -100,7 +101,8 @@ fn record_client(r: &Record) -> Option<&Arc<str>> {
         Record::Subscribe { client, .. }
         | Record::Queued { client, .. }
         | Record::Releasing { client, .. }
-        | Record::Standby { client, .. } => Some(client),
+        | Record::Standby { client, .. }
+        | Record::Pulled { client, .. } => Some(client),
         _ => None,
     }
 }
@@ -332,9 +334,21 @@ async fn pull(shared: &Arc<BrokerState>, session: &Arc<Session>, node: u64) {
     };
     match logged {
         Ok(()) => {
-            session.state.lock().note_pulled(node, marks);
             let client = &session.client_id;
             tracing::info!(%client, node, messages = n, "took what the nodes kept for the node a session came from");
+            // Kept with the session: in its journal (so in a snapshot and the standby copy)
+            // and in what it hands over.
+            let marks: Vec<_> = marks.into_iter().collect();
+            session.state.lock().note_pulled(node, marks.clone());
+            let record = Record::Pulled {
+                client: client.clone(),
+                node,
+                marks,
+            };
+            let logged = (shared.db).journal(vec![journal::entry(&record, None)], true);
+            if let Err(e) = logged.await {
+                tracing::warn!(%client, node, error = %e, "what a session pulled not logged");
+            }
         }
         Err(e) => {
             tracing::warn!(client = %session.client_id, node, error = %e, "what the nodes kept for a session's node not logged here; it waits for that node");
@@ -404,13 +418,18 @@ pub(crate) fn subscriptions(session: &Session) -> Option<Bytes> {
         })
         .collect();
     let st = session.state.lock();
+    let pulled = (st.pulled_marks().into_iter()).map(|(node, marks)| Record::Pulled {
+        client: client.clone(),
+        node,
+        marks,
+    });
     let all = (st.subscriptions.iter()).map(|(filter, options)| Record::Subscribe {
         client: client.clone(),
         filter: filter.clone(),
         options: options.clone(),
         retained: false,
     });
-    Some(framed(took.into_iter().chain(all)))
+    Some(framed(took.into_iter().chain(pulled).chain(all)))
 }
 
 fn framed(records: impl Iterator<Item = Record>) -> Bytes {

@@ -159,6 +159,11 @@ impl Router {
                     crate::standby::note(&s, node, lsn);
                 }
             }
+            Record::Pulled {
+                client,
+                node,
+                marks,
+            } => self.with_state(&client, |st| st.note_pulled(node, marks)),
         }
     }
 

@@ -3,6 +3,10 @@
 
 use super::{Delivery, Message, Session, State};
 
+/// Per node that did not answer, the last number the session took of each (node, run) of
+/// what the nodes kept for it.
+pub(crate) type PulledMarks = Vec<(u64, Vec<((u64, u64), u64)>)>;
+
 impl State {
     /// The session took, of what the nodes kept for node `node` (which did not answer), the
     /// messages it subscribes of each node's run up to these numbers: when `node` comes back
@@ -18,6 +22,23 @@ impl State {
             let mark = self.pulled.entry((node, from, run)).or_default();
             *mark = (*mark).max(seq);
         }
+    }
+
+    /// What [`Self::note_pulled`] noted, per node that did not answer (for a snapshot, a
+    /// hand-over and the standby copy).
+    pub(crate) fn pulled_marks(&self) -> PulledMarks {
+        let mut out: PulledMarks = Vec::new();
+        for (&(node, from, run), &seq) in &self.pulled {
+            match out.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, marks)) => marks.push(((from, run), seq)),
+                None => out.push((node, vec![((from, run), seq)])),
+            }
+        }
+        out.sort_unstable_by_key(|(n, _)| *n);
+        for (_, marks) in &mut out {
+            marks.sort_unstable();
+        }
+        out
     }
 
     /// Whether `message` is one [`Self::note_pulled`] covers: relayed to a node whose queue

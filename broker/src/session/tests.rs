@@ -335,4 +335,14 @@ fn pulled_messages_keep_their_publishers_order() {
     assert!(!st.was_pulled(&given(2, 1, 6, &[6])) && !st.was_pulled(&numbered(2, 1, 1).message));
     assert!(!st.was_pulled(&given(2, 1, 7, &[5])) && !st.was_pulled(&given(2, 2, 1, &[5])));
     assert!(!st.was_pulled(&given(3, 1, 3, &[5])) && !st.was_pulled(&given(4, 1, 9, &[5])));
+    // The marks go with the session: in its snapshot (a restart, the standby copy) and in
+    // what it hands over (`Record::Pulled`).
+    let marks = st.copy().pulled_marks();
+    assert_eq!(marks, vec![(5, vec![((2, 1), 6), ((3, 1), 2)])]);
+    let (t, _) = subscribed();
+    let mut moved = t.state.lock();
+    for (node, marks) in marks {
+        moved.note_pulled(node, marks);
+    }
+    assert!(moved.was_pulled(&given(2, 1, 6, &[5])) && !moved.was_pulled(&given(2, 1, 7, &[5])));
 }
