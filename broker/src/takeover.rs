@@ -161,6 +161,7 @@ pub(crate) async fn resume(
     // After what the session took from its node, its copy and the others' queues (the
     // messages it took are known by then, [`import`] leaves them out).
     if !withdrawn.is_empty() {
+        tracing::info!(client = %session.client_id, records = withdrawn.len(), "a copy the client had left answered; its messages join after the session's");
         import(shared, withdrawn, false).await?;
     }
     Ok(())
