@@ -321,10 +321,10 @@ where
     // In a cluster, a session of this client on another node moves here.
     let mut handed = match cfg.shared_client_ids {
         false => crate::takeover::take_over(shared, &key, connect.clean_start).await,
-        true => (Vec::new(), None),
+        true => Default::default(),
     };
     // What was handed over makes the session present (it is logged below).
-    let took = expiry > 0 && !handed.0.is_empty() && shared.db.journals();
+    let took = expiry > 0 && !handed.is_empty() && shared.db.journals();
     let cancel = shared.shutdown.child_token();
     let was_lasting = (shared.router.session(&key)).is_some_and(|s| s.lasting());
     let (session, present, generation) = shared.router.attach(
@@ -354,7 +354,7 @@ where
         let handed = std::mem::take(&mut handed);
         let imported = async {
             logged.await?;
-            match expiry > 0 && !handed.0.is_empty() {
+            match expiry > 0 && !handed.is_empty() {
                 true => crate::takeover::resume(shared, &session, handed).await,
                 false => Ok(()),
             }

@@ -262,6 +262,7 @@ pub(crate) async fn plan(
     will_of: Option<Arc<str>>,
     serves: Groups<'_>,
 ) -> (Option<sluice_engine::Journal>, Vec<Target>) {
+    let changes = shared.router.changes();
     let (targets, direct) =
         (shared.router).targets_among(message, shared.db.as_ref(), None, serves);
     let lasting = |(s, d): &Target| d.qos != rumqttc::v5::mqttbytes::QoS::AtMostOnce && s.lasting();
@@ -272,7 +273,7 @@ pub(crate) async fn plan(
     if !logged {
         return (None, targets);
     }
-    let chosen = targets[direct..]
+    let chosen: Vec<Arc<str>> = targets[direct..]
         .iter()
         .map(|(s, _)| s.client_id.clone())
         .collect();
@@ -284,7 +285,7 @@ pub(crate) async fn plan(
     }
     let record = Record::Message {
         message: message.clone(),
-        chosen,
+        chosen: chosen.clone(),
         incoming: incoming.clone(),
         will_of: will_of.clone(),
     };
@@ -295,6 +296,13 @@ pub(crate) async fn plan(
             state.router.retain(&m, lsn);
         }
         drop(retaining);
+        // Subscriptions logged since it was planned (a session taken over, its records
+        // logged meanwhile): planned again, as a replay of the journal (and the standby
+        // copy) plans it, else the copy queues what the session here never gets.
+        let queued = match state.router.changes() == changes {
+            true => queued,
+            false => (state.router).lasting_targets(&m, state.db.as_ref(), &chosen),
+        };
         for (s, mut d) in queued {
             d.lsn = lsn;
             // One it took from another node already: logged as done here.

@@ -135,6 +135,11 @@ pub(crate) enum Record {
         node: u64,
         marks: Vec<((u64, u64), u64)>,
     },
+    /// Only in a hand-over, first: the session handed over was a restarted node's copy
+    /// that its client had left (withdrawn, in its grace period), not where it lives.
+    Withdrawn {
+        client: Arc<str>,
+    },
 }
 
 impl Record {
@@ -296,6 +301,10 @@ impl Record {
                     o.u64(*seq);
                 }
             }
+            Record::Withdrawn { client } => {
+                o.u8(17);
+                o.str(client);
+            }
         }
         o.0
     }
@@ -424,6 +433,7 @@ impl Record {
                     marks,
                 }
             }
+            17 => Record::Withdrawn { client: i.arc()? },
             _ => return None,
         };
         i.0.is_empty().then_some(r)

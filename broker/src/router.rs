@@ -66,6 +66,8 @@ pub(crate) struct Router {
     relayed: Mutex<std::collections::BTreeMap<u64, (u64, u64)>>,
     /// Retained messages in the log's queue, not yet kept (see [`Router::retaining`]).
     retaining: Arc<AtomicUsize>,
+    /// Changes to the subscriptions so far (see [`Router::changes`]).
+    changes: std::sync::atomic::AtomicU64,
 }
 
 /// Counts a retained message from its journal entry's making until it is kept (or the
@@ -88,10 +90,32 @@ impl Router {
             retained: RwLock::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             next_shared: AtomicUsize::new(0),
+            changes: Default::default(),
             max_queued,
             relayed: Mutex::new(std::collections::BTreeMap::new()),
             retaining: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// How many times the subscriptions changed so far: a message planned for the sessions
+    /// of one count and logged after a change plans again as it is logged (as a replay of
+    /// the journal would: a subscription takes effect as it is logged).
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// The lasting sessions (and their deliveries) a journal replay queues `message` for:
+    /// as [`crate::router::replay`]'s `Record::Message` does.
+    pub(crate) fn lasting_targets(
+        &self,
+        message: &Arc<Message>,
+        auth: &dyn sluice_engine::Logins,
+        chosen: &[Arc<str>],
+    ) -> Vec<(Arc<Session>, Delivery)> {
+        let (targets, _) = self.targets_among(message, auth, Some(chosen), remote::Groups::All);
+        (targets.into_iter())
+            .filter(|(s, d)| d.qos != QoS::AtMostOnce && s.lasting())
+            .collect()
     }
 
     /// Counts a retained message being logged until the guard is dropped.
@@ -269,6 +293,7 @@ impl Router {
             options,
         };
         let replaced = self.tree.write().insert(plain, key, entry).is_some();
+        self.changes.fetch_add(1, Ordering::AcqRel);
         if let Some(r) = &self.remote
             && !session.withdrawn.load(Ordering::Acquire)
         {
@@ -320,6 +345,7 @@ impl Router {
             group,
         };
         let removed = self.tree.write().remove(plain, &key).is_some();
+        self.changes.fetch_add(1, Ordering::AcqRel);
         if let Some(r) = &self.remote
             && !session.withdrawn.load(Ordering::Acquire)
         {

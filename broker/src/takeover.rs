@@ -26,24 +26,44 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-/// What the other nodes handed over to a connecting client's session: the records, and
-/// the node whose standby copy they came from (it does not answer), if they did.
-pub(crate) type Handed = (Vec<Record>, Option<u64>);
+/// What the other nodes handed over to a connecting client's session.
+#[derive(Default)]
+pub(crate) struct Handed {
+    /// The session's records: from its node, else from that node's standby copy, else the
+    /// subscriptions it shared.
+    records: Vec<Record>,
+    /// The node whose standby copy they came from (it does not answer), if they did.
+    from_copy: Option<u64>,
+    /// What restarted nodes' withdrawn copies of the session held (the client had left
+    /// them): their messages join after the session's own.
+    withdrawn: Vec<Record>,
+}
+
+impl Handed {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.records.is_empty() && self.withdrawn.is_empty()
+    }
+}
 
 /// On the node a client connects to: the other nodes end their session of `client` and,
 /// unless `clean`, hand over what it held; returns those records.
 pub(crate) async fn take_over(shared: &BrokerState, client: &Arc<str>, clean: bool) -> Handed {
+    let mut handed = Handed::default();
     let Some(relay) = shared.db.relay() else {
-        return (Vec::new(), None);
+        return handed;
     };
-    let mut from_copy = None;
-    let mut out = Vec::new();
     for b in relay.take_session(client, clean).await {
-        out.extend(records(b, client));
+        match records(b, client) {
+            // A copy the client had left: where it went holds the session.
+            r if matches!(r.first(), Some(Record::Withdrawn { .. })) => {
+                handed.withdrawn.extend(r.into_iter().skip(1));
+            }
+            r => handed.records.extend(r),
+        }
     }
     // Its node did not answer (it is down): what the standby copy of it held, else the
     // subscriptions it shared.
-    if out.is_empty()
+    if handed.records.is_empty()
         && !clean
         && let Some((node, _, b)) = relay.session_elsewhere(client)
     {
@@ -54,22 +74,22 @@ pub(crate) async fn take_over(shared: &BrokerState, client: &Arc<str>, clean: bo
         };
         match copied {
             Some((held, lsn)) => {
-                from_copy = Some(node);
+                handed.from_copy = Some(node);
                 // First: the subscriptions' share then tells that node what came here.
-                out.push(Record::Standby {
+                handed.records.push(Record::Standby {
                     client: client.clone(),
                     node,
                     lsn,
                 });
-                out.extend(records(held, client));
+                handed.records.extend(records(held, client));
             }
             None => {
                 tracing::info!(%client, node, "session's node does not answer; its subscriptions resume here");
-                out.extend(records(b, client));
+                handed.records.extend(records(b, client));
             }
         }
     }
-    (out, from_copy)
+    handed
 }
 
 /// The records of a hand-over that belong to `client`, and only those one carries.
@@ -86,7 +106,8 @@ fn records(mut b: Bytes, client: &Arc<str>) -> Vec<Record> {
                 | Record::Queued { .. }
                 | Record::Releasing { .. }
                 | Record::Standby { .. }
-                | Record::Pulled { .. }),
+                | Record::Pulled { .. }
+                | Record::Withdrawn { .. }),
             ) if record_client(&r) == Some(client) => out.push(r),
             _ => {
                 tracing::warn!(%client, "a handed-over session record that does not decode; skipped")
@@ -102,7 +123,8 @@ fn record_client(r: &Record) -> Option<&Arc<str>> {
         | Record::Queued { client, .. }
         | Record::Releasing { client, .. }
         | Record::Standby { client, .. }
-        | Record::Pulled { client, .. } => Some(client),
+        | Record::Pulled { client, .. }
+        | Record::Withdrawn { client } => Some(client),
         _ => None,
     }
 }
@@ -114,11 +136,33 @@ fn record_client(r: &Record) -> Option<&Arc<str>> {
 pub(crate) async fn resume(
     shared: &Arc<BrokerState>,
     session: &Arc<Session>,
-    (records, copied): Handed,
+    handed: Handed,
 ) -> sluice_engine::Result<()> {
+    let Handed {
+        mut records,
+        from_copy,
+        mut withdrawn,
+    } = handed;
+    // No node had more than a copy the client had left: that is the session. Else only
+    // its messages join (the client may have changed its subscriptions since).
+    match records.is_empty() {
+        true => records = std::mem::take(&mut withdrawn),
+        false => withdrawn.retain(|r| {
+            matches!(
+                r,
+                Record::Queued { .. } | Record::Releasing { .. } | Record::Pulled { .. }
+            )
+        }),
+    }
     import(shared, records, false).await?;
-    if let Some(node) = copied {
+    if let Some(node) = from_copy {
         pull(shared, session, node).await;
+    }
+    // After what the session took from its node, its copy and the others' queues (the
+    // messages it took are known by then, [`import`] leaves them out).
+    if !withdrawn.is_empty() {
+        tracing::info!(client = %session.client_id, records = withdrawn.len(), "a copy the client had left answered; its messages join after the session's");
+        import(shared, withdrawn, false).await?;
     }
     Ok(())
 }
@@ -375,7 +419,18 @@ pub(crate) async fn hand_over(
         token.cancel();
     }
     let lasting = session.lasting();
-    let held = (!clean && lasting).then(|| export(&session));
+    let withdrawn = session.withdrawn.load(Ordering::Acquire);
+    let held = (!clean && lasting).then(|| match withdrawn {
+        true => {
+            let marker = Record::Withdrawn {
+                client: session.client_id.clone(),
+            };
+            [framed(std::iter::once(marker)), export(&session)]
+                .concat()
+                .into()
+        }
+        false => export(&session),
+    });
     shared.router.discard(&session);
     if lasting && shared.db.journals() {
         let record = Record::End {

@@ -235,6 +235,47 @@ pub(crate) async fn given_back_once(c: &mut Cluster) {
         "{who}: copies came after all: {before:?}"
     );
     once_in_order(&all, who);
+    // The restarted node keeps its copy of the session (withdrawn: the client left it) for
+    // its grace period. Now the session's node dies, holding messages for it: the client,
+    // back on the first node, finds that copy answering and still gets what the dead node
+    // held (from its standby copy) and what was relayed to it (pulled), each once.
+    // (Once the marker's QoS 2 exchange is over: a PUBREL still due would go to the next
+    // client, which as a new rumqttc client does not know the packet id.)
+    let q_done = "SELECT inflight FROM system.sessions WHERE client_id = 'roamer'";
+    eventually("the marker's PUBCOMP", 30, || async {
+        c.node(middle)
+            .rows(q_done)
+            .await
+            .first()
+            .is_some_and(|r| r["inflight"] == 0)
+    })
+    .await;
+    _s.disconnect().await.unwrap();
+    while got.recv().await.is_some() {}
+    publish_at(port(c, first), "held", &topic, N, false, q).await;
+    c.nodes.remove(&middle).unwrap().kill9();
+    publish_at(port(c, node), "held-down", &topic, N, false, q).await;
+    let (_s, mut got) = subscriber_at(port(c, first), "roamer", false, &[], q).await;
+    let who = "a session whose node died, with a copy left on a restarted node";
+    let held = take(&mut got, 2 * N as usize, who).await;
+    assert!(
+        (c.node(node).log_text()).contains("session taken over by another node"),
+        "{who}: the restarted node's copy did not answer"
+    );
+    // The dead node comes back and gives what it kept (what was relayed to it while it was
+    // down came to it too): nothing comes twice.
+    c.restart(middle);
+    c.node(middle).login(Some(("root", "r")));
+    c.settled().await;
+    eventually("the node that came back gives what it held", 30, || async {
+        (c.node(middle).log_text()).contains("gave what a moved session held")
+    })
+    .await;
+    publish_at(port(c, node), "marker", &topic, 1, false, q).await;
+    let after = take(&mut got, 1, who).await;
+    let v: serde_json::Value = serde_json::from_slice(&after[0].1).unwrap();
+    assert_eq!(v["device"], "marker", "{who}: {after:?}");
+    once_in_order(&held, who);
 }
 
 /// QoS 2 messages a client got and did not acknowledge on one node are sent again by the

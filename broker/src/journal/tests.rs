@@ -92,6 +92,7 @@ fn records_roundtrip() {
             node: 2,
             marks: vec![((1, 7), 1 << 33), ((3, 1), 0)],
         },
+        Record::Withdrawn { client: c.clone() },
         // As written before message ids: no id, no packet id.
         Record::Queued {
             client: c.clone(),

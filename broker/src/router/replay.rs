@@ -4,7 +4,6 @@
 use super::Router;
 use crate::journal::Record;
 use crate::session::{Message, Outgoing, Session};
-use rumqttc::v5::mqttbytes::QoS;
 use sluice_engine::Logins;
 use std::sync::Arc;
 use std::time::Instant;
@@ -121,13 +120,9 @@ impl Router {
                 {
                     s.state.lock().incoming_qos2.insert(pkid);
                 }
-                let (targets, _) =
-                    self.targets_among(&message, auth, Some(&chosen), super::remote::Groups::All);
-                for (s, mut d) in targets {
-                    if d.qos != QoS::AtMostOnce && s.lasting() {
-                        d.lsn = lsn;
-                        s.push_routed(d);
-                    }
+                for (s, mut d) in self.lasting_targets(&message, auth, &chosen) {
+                    d.lsn = lsn;
+                    s.push_routed(d);
                 }
             }
             Record::Sent { client, items } => self.with_state(&client, |st| {
@@ -164,6 +159,7 @@ impl Router {
                 node,
                 marks,
             } => self.with_state(&client, |st| st.note_pulled(node, marks)),
+            Record::Withdrawn { .. } => {}
         }
     }
 
