@@ -69,7 +69,11 @@ impl Mosquitto {
                 let log = std::fs::read_to_string(&log).unwrap_or_default();
                 format!("mosquitto did not start: {log}")
             },
-            || std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok(),
+            || {
+                let pid = self.child.as_ref().map_or(0, |c| c.id());
+                std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+                    && common::listens(pid, self.port)
+            },
         );
     }
 
@@ -464,41 +468,48 @@ async fn bridges_are_added_restarted_and_removed_at_run_time() {
 /// An in-process rumqttd (MQTT 3.1.1) on a free loopback port; it runs until the test
 /// process ends (rumqttd has no stop).
 fn start_rumqttd() -> u16 {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config: rumqttd::Config = serde_json::from_value(serde_json::json!({
-        "id": 0,
-        "router": {
-            "max_connections": 100,
-            "max_outgoing_packet_count": 200,
-            "max_segment_size": 104857600,
-            "max_segment_count": 10
-        },
-        "v4": {"1": {
-            "name": "v4-1",
-            "listen": format!("127.0.0.1:{port}"),
-            "next_connection_delay_ms": 1,
-            "connections": {
-                "connection_timeout_ms": 60000,
-                "max_payload_size": 20480,
-                "max_inflight_count": 100,
-                "dynamic_filters": true
-            }
-        }}
-    }))
-    .unwrap();
-    std::thread::spawn(move || {
-        let _ = rumqttd::Broker::new(config).start();
-    });
-    common::wait_until(
-        20,
-        || "rumqttd did not start".into(),
-        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
-    );
-    port
+    // Another test's server may take the port chosen before rumqttd binds it (rumqttd then
+    // fails in a thread of its own): a port it does not hold is given up for another.
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let config: rumqttd::Config = serde_json::from_value(serde_json::json!({
+            "id": 0,
+            "router": {
+                "max_connections": 100,
+                "max_outgoing_packet_count": 200,
+                "max_segment_size": 104857600,
+                "max_segment_count": 10
+            },
+            "v4": {"1": {
+                "name": "v4-1",
+                "listen": format!("127.0.0.1:{port}"),
+                "next_connection_delay_ms": 1,
+                "connections": {
+                    "connection_timeout_ms": 60000,
+                    "max_payload_size": 20480,
+                    "max_inflight_count": 100,
+                    "dynamic_filters": true
+                }
+            }}
+        }))
+        .unwrap();
+        std::thread::spawn(move || {
+            let _ = rumqttd::Broker::new(config).start();
+        });
+        common::wait_until(
+            20,
+            || "rumqttd did not start".into(),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        );
+        if common::listens(std::process::id(), port) {
+            return port;
+        }
+    }
+    panic!("rumqttd did not get a port of its own in 5 tries");
 }
 
 /// Publishes `{"seq": i}` for i in `range` to `plant/readings` at QoS 1 (each PUBACKed).

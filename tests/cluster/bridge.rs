@@ -44,7 +44,10 @@ impl Mosquitto {
         crate::common::wait_until(
             10,
             || "mosquitto did not start".into(),
-            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+            || {
+                std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+                    && crate::common::listens(child.id(), port)
+            },
         );
         Mosquitto { child, port }
     }

@@ -474,6 +474,25 @@ pub fn wait_until(secs: u64, what: impl Fn() -> String, mut ready: impl FnMut() 
     }
 }
 
+/// Whether process `pid` holds the socket listening on 127.0.0.1:`port` (from `/proc`): a
+/// port chosen free may be taken by another test's server before the program meant for it
+/// binds it, and a connect alone would not tell.
+pub fn listens(pid: u32, port: u16) -> bool {
+    let local = format!("0100007F:{port:04X}");
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let inodes: Vec<String> = (table.lines().skip(1))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() > 9 && f[1] == local && f[3] == "0A")
+        .map(|f| format!("socket:[{}]", f[9]))
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    (fds.flatten())
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .any(|link| inodes.iter().any(|i| link.as_os_str() == i.as_str()))
+}
+
 /// An argon2 hash of `password`, made by `sluice hash-password` as a user would.
 pub fn password_hash(password: &str) -> String {
     use std::io::Write;
