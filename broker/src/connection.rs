@@ -200,7 +200,14 @@ struct Client {
     problem_info: bool,
     /// LSNs of messages the client acknowledged since the last journal record of them.
     acked: Vec<u64>,
+    /// Since when none of its publishes is in flight (see [`PATIENT_AFTER`]).
+    quiet_since: std::time::Instant,
 }
+
+/// A publish that comes this long after the client's last one was answered, none being in
+/// flight, is stored *patiently* ([`sluice_engine::patiently`]): its sender is not waiting
+/// to send the next.
+const PATIENT_AFTER: Duration = Duration::from_millis(100);
 
 impl Client {
     /// Queues a control packet (ack, SUBACK, PINGRESP, ...) for the client.
@@ -425,6 +432,7 @@ where
         unacked: 0,
         problem_info,
         acked: Vec::new(),
+        quiet_since: std::time::Instant::now(),
     };
     if present {
         resend(&mut outbound, &mut client.out);
@@ -564,6 +572,9 @@ where
                             client.unacked = client.unacked.saturating_sub(1);
                         }
                         client.send(p);
+                    }
+                    if pending.is_empty() {
+                        client.quiet_since = std::time::Instant::now();
                     }
                     if let Some((m, targets, logged)) = routed {
                         if crate::ingest::kept_retained(shared, &m) && !logged {

@@ -24,6 +24,11 @@ pub struct WalConfig {
     pub segment_bytes: u64,
     /// Most bytes one group commit writes before syncing; appends beyond wait for the next.
     pub max_group_bytes: usize,
+    /// The longest a group commit waits for more records before its sync when records come
+    /// one at a time with the log idle in between (a fleet of devices each publishing now
+    /// and then): one sync then stores several. Only for a patient record (a device's
+    /// message long after its last was acknowledged). `"0"`: never wait.
+    pub max_commit_delay: String,
 }
 
 impl Default for WalConfig {
@@ -32,6 +37,7 @@ impl Default for WalConfig {
             durability: Durability::Fsync,
             segment_bytes: 64 * 1024 * 1024,
             max_group_bytes: 8 * 1024 * 1024,
+            max_commit_delay: "2ms".into(),
         }
     }
 }

@@ -213,6 +213,7 @@ impl Config {
             ("retention.orphan_grace", &self.retention.orphan_grace),
             ("mqtt.max_session_expiry", &self.mqtt.max_session_expiry),
             ("query.timeout", &self.query.timeout),
+            ("wal.max_commit_delay", &self.wal.max_commit_delay),
         ] {
             parse_duration(value).map_err(|reason| Error::Invalid {
                 key: key.into(),

@@ -42,7 +42,7 @@ pub use ingest::origin::Origin;
 pub use ingest::sparkplug;
 pub use log::WriteLog;
 pub use log::wal::record::{WriteRecord, encode_record};
-pub use log::wal::{Journal, JournalTap, Then};
+pub use log::wal::{Journal, JournalTap, Then, patiently};
 pub use ports::{
     ClusterAdmin, DeadLetter, Described, Health, IngestPort, LatestRows, LeaderMoveError,
     LineProtocolWrite, Logins, NodeChangeError, Publication, QueryOptions, QueryOutput, QueryPort,

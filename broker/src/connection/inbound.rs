@@ -305,9 +305,14 @@ pub(super) fn on_publish(
     let user = client.user.clone();
     // Queued for other nodes now, so in the order this client sent it.
     let (relaying, elsewhere) = crate::ingest::relay(&shared, &message);
+    // A client with nothing in flight that last heard from us long ago (a device publishing
+    // now and then, not one sending as soon as it is acknowledged) is in no hurry: its
+    // message's group commit may wait a little for others' (`wal.max_commit_delay`).
+    let patient = pending.is_empty()
+        && started.saturating_duration_since(client.quiet_since) >= super::PATIENT_AFTER;
     // Its future is boxed for the pending queue: rare paths inside it are boxed in turn
     // (Sparkplug, refusals, line protocol), so that this one stays small (680 bytes).
-    pending.push_back(Box::pin(async move {
+    let stored = async move {
         // A lasting session's QoS 2 packet id is kept in the journal until its PUBREL.
         let incoming = (qos == QoS::ExactlyOnce && session.lasting())
             .then(|| (session.client_id.clone(), pkid));
@@ -350,7 +355,11 @@ pub(super) fn on_publish(
             }
         };
         (ack, (!failed).then_some((message, targets, logged)))
-    }));
+    };
+    match patient {
+        true => pending.push_back(Box::pin(sluice_engine::patiently(stored))),
+        false => pending.push_back(Box::pin(stored)),
+    }
     Ok(())
 }
 

@@ -76,6 +76,10 @@ pub(crate) struct LogMetrics {
     sync_seconds: Histogram,
     /// Seconds to apply a group to the buffers (after its sync, before its acknowledgements).
     apply_seconds: Histogram,
+    /// Seconds a leader waited for more records before its sync (see the log's pace).
+    wait_seconds: Histogram,
+    /// Records that joined a group while its leader waited.
+    gathered: AtomicU64,
 }
 
 impl Default for LogMetrics {
@@ -86,6 +90,8 @@ impl Default for LogMetrics {
             group_records: Histogram::new(GROUP_RECORDS),
             sync_seconds: Histogram::new(LATENCY_SECONDS),
             apply_seconds: Histogram::new(LATENCY_SECONDS),
+            wait_seconds: Histogram::new(LATENCY_SECONDS),
+            gathered: AtomicU64::new(0),
         }
     }
 }
@@ -107,16 +113,27 @@ impl LogMetrics {
         self.apply_seconds.observe(took.as_secs_f64());
     }
 
+    /// A leader waited `took` for more records before its sync, and `gathered` joined.
+    pub(crate) fn waited(&self, took: Duration, gathered: usize) {
+        self.wait_seconds.observe(took.as_secs_f64());
+        self.gathered.fetch_add(gathered as u64, Ordering::Relaxed);
+    }
+
     /// Appends the figures in Prometheus text format.
     pub(crate) fn render(&self, out: &mut String) {
         let appends = self.appends.load(Ordering::Relaxed);
         let bytes = self.bytes.load(Ordering::Relaxed);
+        let gathered = self.gathered.load(Ordering::Relaxed);
         let _ = writeln!(
             out,
             "# HELP sluice_wal_appends_total Records made durable in the write-ahead log.\n\
              # TYPE sluice_wal_appends_total counter\nsluice_wal_appends_total {appends}\n\
              # HELP sluice_wal_bytes_total Bytes of records written to the write-ahead log.\n\
-             # TYPE sluice_wal_bytes_total counter\nsluice_wal_bytes_total {bytes}"
+             # TYPE sluice_wal_bytes_total counter\nsluice_wal_bytes_total {bytes}\n\
+             # HELP sluice_wal_wait_gathered_total Records that joined a group commit while \
+             its leader waited for more before the sync.\n\
+             # TYPE sluice_wal_wait_gathered_total counter\n\
+             sluice_wal_wait_gathered_total {gathered}"
         );
         self.group_records.render(
             out,
@@ -133,6 +150,12 @@ impl LogMetrics {
             "sluice_wal_apply_seconds",
             "Seconds to apply a durable group to the in-memory buffers and complete its appends.",
         );
+        self.wait_seconds.render(
+            out,
+            "sluice_wal_wait_seconds",
+            "Seconds a group commit's leader waited for more records before its fdatasync \
+             (records came one at a time with the log idle in between).",
+        );
     }
 }
 
@@ -147,6 +170,7 @@ mod tests {
         m.committed(40, 4000, Some(Duration::from_millis(3)));
         m.committed(2, 10, None);
         m.applied(Duration::from_micros(30));
+        m.waited(Duration::from_micros(900), 3);
         let mut text = String::new();
         m.render(&mut text);
         assert!(text.contains("sluice_wal_appends_total 43\n"), "{text}");
@@ -195,6 +219,14 @@ mod tests {
         );
         assert!(
             text.contains("sluice_wal_apply_seconds_count 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sluice_wal_wait_seconds_bucket{le=\"0.001\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sluice_wal_wait_gathered_total 3\n"),
             "{text}"
         );
     }

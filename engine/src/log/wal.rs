@@ -17,7 +17,9 @@
 //! deletes whole segments once every record in them is persisted as Parquet
 //! ([`Wal::truncate_before`]).
 
+mod pace;
 pub(crate) mod record;
+pub use pace::patiently;
 mod replay;
 
 use crate::error::{Error, Result};
@@ -96,6 +98,8 @@ struct Pending {
     first: (Vec<u8>, Entry),
     more: Vec<(Vec<u8>, Entry)>,
     done: oneshot::Sender<Turn>,
+    /// Its sender is in no hurry ([`patiently`]): its group may wait for more records.
+    patient: bool,
 }
 
 impl Pending {
@@ -146,13 +150,17 @@ impl Drop for Leadership {
 }
 
 /// Appends waiting for the next group commit.
-#[derive(Default)]
 struct Queue {
     waiting: std::collections::VecDeque<Pending>,
     /// Whether an appender leads (or has been handed the next group): true whenever
     /// `waiting` is not empty.
     leading: bool,
     closed: bool,
+    /// How records come, and whether a leader waits for more ([`pace`]).
+    pace: pace::Pace,
+    /// While a leader waits for more records: how many queued end its wait (0: none waits;
+    /// an impatient record ends it too).
+    wake_at: usize,
 }
 
 /// The log's state shared by its appenders.
@@ -167,6 +175,8 @@ struct Shared {
     metrics: Arc<LogMetrics>,
     /// Where journal records also go ([`Wal::set_tap`]).
     tap: std::sync::OnceLock<Arc<dyn JournalTap>>,
+    /// Ends a leader's wait for more records once enough are queued.
+    gathered: tokio::sync::Notify,
 }
 
 /// Before leading: lets the tasks ready to run queue their records first. One yield: the
@@ -178,6 +188,36 @@ async fn gather() {
 }
 
 impl Shared {
+    /// Before leading a group of one patient record: waits for more when records come
+    /// sparsely but more are expected soon ([`pace`]), until [`pace::GATHER`] are queued, an
+    /// impatient one is, or the wait ends.
+    async fn linger(&self) {
+        let gathered = self.gathered.notified();
+        tokio::pin!(gathered);
+        let wait = {
+            let mut q = self.queue.lock();
+            if q.waiting.len() != 1 || !q.waiting[0].patient {
+                return;
+            }
+            let Some(wait) = q.pace.wait() else {
+                return;
+            };
+            gathered.as_mut().enable();
+            q.wake_at = pace::GATHER;
+            wait
+        };
+        let started = std::time::Instant::now();
+        let _ = tokio::time::timeout(wait, gathered).await;
+        let gained = {
+            let mut q = self.queue.lock();
+            q.wake_at = 0;
+            let gained = q.waiting.len().saturating_sub(1);
+            q.pace.waited(gained);
+            gained
+        };
+        self.metrics.waited(started.elapsed(), gained);
+    }
+
     /// Commits the waiting records, one group, then hands the next group to the first
     /// appender still waiting (or commits it too if that appender is gone).
     fn lead(self: &Arc<Self>) {
@@ -205,6 +245,9 @@ impl Shared {
         let mut writer = self.writer.lock();
         let mut group: Vec<Pending> = {
             let mut q = self.queue.lock();
+            if let Some(took) = writer.took.take() {
+                q.pace.committed(took);
+            }
             let mut bytes = 0;
             let mut n = 0;
             for p in &q.waiting {
@@ -229,7 +272,10 @@ impl Shared {
             }
             return;
         }
-        match writer.commit(&group) {
+        let started = std::time::Instant::now();
+        let committed = writer.commit(&group);
+        writer.took = Some(started.elapsed());
+        match committed {
             Ok(first) => {
                 let started = std::time::Instant::now();
                 let mut lsn = first;
@@ -348,15 +394,29 @@ impl Wal {
             metrics: metrics.clone(),
             buf: Vec::with_capacity(64 << 10),
             closed: false,
+            took: None,
         };
         let shared = Arc::new(Shared {
-            queue: parking_lot::Mutex::new(Queue::default()),
+            queue: parking_lot::Mutex::new(Queue {
+                waiting: Default::default(),
+                leading: false,
+                closed: false,
+                pace: pace::Pace::new(match config.durability {
+                    Durability::Fsync => {
+                        sluice_conf::parse_duration(&config.max_commit_delay).unwrap_or_default()
+                    }
+                    // Nothing to save: a commit without a sync costs next to nothing.
+                    Durability::None => std::time::Duration::ZERO,
+                }),
+                wake_at: 0,
+            }),
             writer: parking_lot::Mutex::new(writer),
             sink,
             room: tokio::sync::Semaphore::new(capacity),
             applied: AtomicU64::new(next_lsn - 1),
             metrics,
             tap: std::sync::OnceLock::new(),
+            gathered: tokio::sync::Notify::new(),
         });
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -475,23 +535,34 @@ impl Wal {
             })?
         };
         let (done, mut answer) = oneshot::channel();
-        let lead = {
+        let (lead, gathered) = {
             let mut q = s.queue.lock();
             if q.closed {
                 return Err(Error::ShuttingDown);
             }
             // The leader gives the permit back when it takes the records.
             permit.forget();
+            let patient = pace::patient();
             q.waiting.push_back(Pending {
                 first: (payload, record),
                 more,
                 done,
+                patient,
             });
-            !std::mem::replace(&mut q.leading, true)
+            q.pace.arrived(std::time::Instant::now());
+            let gathered = q.wake_at != 0 && (q.waiting.len() >= q.wake_at || !patient);
+            if gathered {
+                q.wake_at = 0;
+            }
+            (!std::mem::replace(&mut q.leading, true), gathered)
         };
+        if gathered {
+            s.gathered.notify_waiters();
+        }
         if lead {
             // Dropped while gathering, the leadership is carried out by its drop.
             let lead = Leadership(Some(s.clone()));
+            s.linger().await;
             gather().await;
             lead.lead();
         }
@@ -499,6 +570,7 @@ impl Wal {
             match answer.await.map_err(|_| Error::ShuttingDown)? {
                 Turn::Done(r) => return r,
                 Turn::Lead(lead, next) => {
+                    s.linger().await;
                     gather().await;
                     lead.lead();
                     answer = next;
@@ -609,6 +681,8 @@ struct Writer {
     buf: Vec<u8>,
     /// The segment was closed: the log is shut.
     closed: bool,
+    /// How long the last group's commit took (for [`pace::Pace::committed`]).
+    took: Option<std::time::Duration>,
 }
 
 /// Zeros written at a time ahead of the records (see [`Writer::zero_ahead`]).

@@ -236,6 +236,124 @@ async fn abandoned_appends_do_not_stall_the_log() {
     assert_eq!(lsns, (1..=last).collect::<Vec<_>>());
 }
 
+/// A log whose records came 10 s apart so far: a patient leader waits up to 30 s for more
+/// (the longest wait being 60 s).
+fn sparse_log(dir: &Path) -> Arc<Wal> {
+    let wal = Wal::start(dir, &config(1 << 20), 1, 64, Arc::new(Collect::default())).unwrap();
+    wal.shared.queue.lock().pace = pace::Pace::sparse(
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(10),
+    );
+    Arc::new(wal)
+}
+
+/// Appends record `i` on a task of its own, patiently or not.
+fn spawn_append(wal: &Arc<Wal>, i: i64, patient: bool) -> tokio::task::JoinHandle<u64> {
+    let w = wal.clone();
+    tokio::spawn(async move {
+        match patient {
+            true => patiently(w.append(rec(i))).await.unwrap(),
+            false => w.append(rec(i)).await.unwrap(),
+        }
+    })
+}
+
+/// Waits (10 s at most) until a leader waits for more records, having synced nothing past
+/// `applied`.
+async fn until_a_leader_waits(wal: &Wal, applied: u64) {
+    let waiting = async {
+        while wal.shared.queue.lock().wake_at == 0 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+        .await
+        .expect("the leader did not wait");
+    assert_eq!(
+        wal.applied_lsn(),
+        applied,
+        "the leader synced without waiting"
+    );
+}
+
+/// The log's `/metrics` text.
+fn metrics_text(wal: &Wal) -> String {
+    let mut text = String::new();
+    wal.render_metrics(&mut text);
+    text
+}
+
+/// A patient leader that waits for more records (they came sparsely) syncs as soon as
+/// `pace::GATHER` are queued, not at the end of its wait: one group of them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_leader_syncs_once_enough_records_are_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = sparse_log(dir.path());
+    let started = std::time::Instant::now();
+    let first = spawn_append(&wal, 0, true);
+    until_a_leader_waits(&wal, 0).await;
+    let rest: Vec<_> = (1..pace::GATHER as i64)
+        .map(|i| spawn_append(&wal, i, true))
+        .collect();
+    let mut lsns = vec![first.await.unwrap()];
+    for t in rest {
+        lsns.push(t.await.unwrap());
+    }
+    lsns.sort();
+    assert_eq!(lsns, (1..=pace::GATHER as u64).collect::<Vec<_>>());
+    let took = started.elapsed();
+    assert!(
+        took.as_secs() < 20,
+        "the leader waited its whole wait: {took:?}"
+    );
+    let text = metrics_text(&wal);
+    assert!(
+        text.contains("sluice_wal_group_records_count 1\n"),
+        "{text}"
+    );
+    let gathered = format!("sluice_wal_wait_gathered_total {}\n", pace::GATHER - 1);
+    assert!(text.contains(&gathered), "{text}");
+}
+
+/// A record whose sender waits for it (not patient) neither waits when it leads nor lets a
+/// waiting leader wait on: it joins, and the group is synced at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_impatient_record_ends_a_wait_and_never_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = sparse_log(dir.path());
+    let started = std::time::Instant::now();
+    // Alone and impatient: synced without a wait.
+    assert_eq!(spawn_append(&wal, 0, false).await.unwrap(), 1);
+    let text = metrics_text(&wal);
+    assert!(text.contains("sluice_wal_wait_seconds_count 0\n"), "{text}");
+    // The log still looks sparse (a record every 10 s): a patient leader waits, and an
+    // impatient record ends its wait.
+    wal.shared.queue.lock().pace = pace::Pace::sparse(
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(10),
+    );
+    let patient = spawn_append(&wal, 1, true);
+    until_a_leader_waits(&wal, 1).await;
+    let hurried = spawn_append(&wal, 2, false);
+    let mut lsns = vec![patient.await.unwrap(), hurried.await.unwrap()];
+    lsns.sort();
+    assert_eq!(lsns, vec![2, 3]);
+    let took = started.elapsed();
+    assert!(
+        took.as_secs() < 20,
+        "the leader waited its whole wait: {took:?}"
+    );
+    let text = metrics_text(&wal);
+    assert!(
+        text.contains("sluice_wal_group_records_count 2\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("sluice_wal_wait_gathered_total 1\n"),
+        "{text}"
+    );
+}
+
 /// Journal records go in the same group as the writes, in order; their `then` runs with
 /// their LSN before the append returns, and replay hands their bytes back.
 #[tokio::test]
