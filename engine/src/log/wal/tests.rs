@@ -240,11 +240,16 @@ async fn abandoned_appends_do_not_stall_the_log() {
 /// (the longest wait being 60 s).
 fn sparse_log(dir: &Path) -> Arc<Wal> {
     let wal = Wal::start(dir, &config(1 << 20), 1, 64, Arc::new(Collect::default())).unwrap();
-    wal.shared.queue.lock().pace = pace::Pace::sparse(
+    wal.shared.queue.lock().pace = sparse_pace();
+    Arc::new(wal)
+}
+
+/// Records 10 s apart so far, the longest wait 60 s.
+fn sparse_pace() -> pace::Pace {
+    pace::Pace::sparse(
         std::time::Duration::from_secs(60),
         std::time::Duration::from_secs(10),
-    );
-    Arc::new(wal)
+    )
 }
 
 /// Appends record `i` on a task of its own, patiently or not.
@@ -283,6 +288,21 @@ fn metrics_text(wal: &Wal) -> String {
     text
 }
 
+/// Checks that the last wait (of 30 s) ended early, with `groups` group commits since the log
+/// started and `gathered` records gathered by waits.
+fn waited_less_than_its_wait(wal: &Wal, started: std::time::Instant, groups: u64, gathered: usize) {
+    let took = started.elapsed();
+    assert!(
+        took.as_secs() < 20,
+        "the leader waited its whole wait: {took:?}"
+    );
+    let text = metrics_text(wal);
+    let count = format!("sluice_wal_group_records_count {groups}\n");
+    assert!(text.contains(&count), "{text}");
+    let total = format!("sluice_wal_wait_gathered_total {gathered}\n");
+    assert!(text.contains(&total), "{text}");
+}
+
 /// A patient leader that waits for more records (they came sparsely) syncs as soon as
 /// `pace::GATHER` are queued, not at the end of its wait: one group of them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,18 +321,7 @@ async fn a_waiting_leader_syncs_once_enough_records_are_queued() {
     }
     lsns.sort();
     assert_eq!(lsns, (1..=pace::GATHER as u64).collect::<Vec<_>>());
-    let took = started.elapsed();
-    assert!(
-        took.as_secs() < 20,
-        "the leader waited its whole wait: {took:?}"
-    );
-    let text = metrics_text(&wal);
-    assert!(
-        text.contains("sluice_wal_group_records_count 1\n"),
-        "{text}"
-    );
-    let gathered = format!("sluice_wal_wait_gathered_total {}\n", pace::GATHER - 1);
-    assert!(text.contains(&gathered), "{text}");
+    waited_less_than_its_wait(&wal, started, 1, pace::GATHER - 1);
 }
 
 /// A record whose sender waits for it (not patient) neither waits when it leads nor lets a
@@ -328,30 +337,14 @@ async fn an_impatient_record_ends_a_wait_and_never_waits() {
     assert!(text.contains("sluice_wal_wait_seconds_count 0\n"), "{text}");
     // The log still looks sparse (a record every 10 s): a patient leader waits, and an
     // impatient record ends its wait.
-    wal.shared.queue.lock().pace = pace::Pace::sparse(
-        std::time::Duration::from_secs(60),
-        std::time::Duration::from_secs(10),
-    );
+    wal.shared.queue.lock().pace = sparse_pace();
     let patient = spawn_append(&wal, 1, true);
     until_a_leader_waits(&wal, 1).await;
     let hurried = spawn_append(&wal, 2, false);
     let mut lsns = vec![patient.await.unwrap(), hurried.await.unwrap()];
     lsns.sort();
     assert_eq!(lsns, vec![2, 3]);
-    let took = started.elapsed();
-    assert!(
-        took.as_secs() < 20,
-        "the leader waited its whole wait: {took:?}"
-    );
-    let text = metrics_text(&wal);
-    assert!(
-        text.contains("sluice_wal_group_records_count 2\n"),
-        "{text}"
-    );
-    assert!(
-        text.contains("sluice_wal_wait_gathered_total 1\n"),
-        "{text}"
-    );
+    waited_less_than_its_wait(&wal, started, 2, 1);
 }
 
 /// Journal records go in the same group as the writes, in order; their `then` runs with
