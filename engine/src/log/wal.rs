@@ -188,36 +188,6 @@ async fn gather() {
 }
 
 impl Shared {
-    /// Before leading a group of one patient record: waits for more when records come
-    /// sparsely but more are expected soon ([`pace`]), until [`pace::GATHER`] are queued, an
-    /// impatient one is, or the wait ends.
-    async fn linger(&self) {
-        let gathered = self.gathered.notified();
-        tokio::pin!(gathered);
-        let wait = {
-            let mut q = self.queue.lock();
-            if q.waiting.len() != 1 || !q.waiting[0].patient {
-                return;
-            }
-            let Some(wait) = q.pace.wait() else {
-                return;
-            };
-            gathered.as_mut().enable();
-            q.wake_at = pace::GATHER;
-            wait
-        };
-        let started = std::time::Instant::now();
-        let _ = tokio::time::timeout(wait, gathered).await;
-        let gained = {
-            let mut q = self.queue.lock();
-            q.wake_at = 0;
-            let gained = q.waiting.len().saturating_sub(1);
-            q.pace.waited(gained);
-            gained
-        };
-        self.metrics.waited(started.elapsed(), gained);
-    }
-
     /// Commits the waiting records, one group, then hands the next group to the first
     /// appender still waiting (or commits it too if that appender is gone).
     fn lead(self: &Arc<Self>) {

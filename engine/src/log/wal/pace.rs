@@ -133,6 +133,38 @@ impl Pace {
     }
 }
 
+impl super::Shared {
+    /// Before leading a group of one patient record: waits for more when records come
+    /// sparsely but more are expected soon (see above), until [`GATHER`] are queued, an
+    /// impatient one is, or the wait ends.
+    pub(super) async fn linger(&self) {
+        let gathered = self.gathered.notified();
+        tokio::pin!(gathered);
+        let wait = {
+            let mut q = self.queue.lock();
+            if q.waiting.len() != 1 || !q.waiting[0].patient {
+                return;
+            }
+            let Some(wait) = q.pace.wait() else {
+                return;
+            };
+            gathered.as_mut().enable();
+            q.wake_at = GATHER;
+            wait
+        };
+        let started = std::time::Instant::now();
+        let _ = tokio::time::timeout(wait, gathered).await;
+        let gained = {
+            let mut q = self.queue.lock();
+            q.wake_at = 0;
+            let gained = q.waiting.len().saturating_sub(1);
+            q.pace.waited(gained);
+            gained
+        };
+        self.metrics.waited(started.elapsed(), gained);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
