@@ -158,9 +158,9 @@ struct Queue {
     closed: bool,
     /// How records come, and whether a leader waits for more ([`pace`]).
     pace: pace::Pace,
-    /// While a leader waits for more records: how many queued end its wait (0: none waits;
-    /// an impatient record ends it too).
-    wake_at: usize,
+    /// A leader waits for more records: [`pace::GATHER`] queued, or an impatient one, end
+    /// its wait.
+    lingering: bool,
 }
 
 /// The log's state shared by its appenders.
@@ -378,7 +378,7 @@ impl Wal {
                     // Nothing to save: a commit without a sync costs next to nothing.
                     Durability::None => std::time::Duration::ZERO,
                 }),
-                wake_at: 0,
+                lingering: false,
             }),
             writer: parking_lot::Mutex::new(writer),
             sink,
@@ -519,10 +519,10 @@ impl Wal {
                 done,
                 patient,
             });
-            q.pace.arrived(std::time::Instant::now());
-            let gathered = q.wake_at != 0 && (q.waiting.len() >= q.wake_at || !patient);
+            q.pace.arrived_now();
+            let gathered = q.lingering && (q.waiting.len() >= pace::GATHER || !patient);
             if gathered {
-                q.wake_at = 0;
+                q.lingering = false;
             }
             (!std::mem::replace(&mut q.leading, true), gathered)
         };

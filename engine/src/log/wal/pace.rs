@@ -85,11 +85,16 @@ impl Pace {
         }
     }
 
-    /// A record came (called as it is queued).
-    pub(super) fn arrived(&mut self, now: Instant) {
-        if self.most.is_zero() {
-            return;
+    /// A record came now (called as it is queued); the clock is read only when the log may
+    /// wait at all.
+    pub(super) fn arrived_now(&mut self) {
+        if !self.most.is_zero() {
+            self.arrived(Instant::now());
         }
+    }
+
+    /// A record came at `now`.
+    fn arrived(&mut self, now: Instant) {
         if let Some(last) = self.last.replace(now) {
             let gap = now.saturating_duration_since(last).as_secs_f64();
             self.gap = Some(match self.gap {
@@ -149,14 +154,14 @@ impl super::Shared {
                 return;
             };
             gathered.as_mut().enable();
-            q.wake_at = GATHER;
+            q.lingering = true;
             wait
         };
         let started = std::time::Instant::now();
         let _ = tokio::time::timeout(wait, gathered).await;
         let gained = {
             let mut q = self.queue.lock();
-            q.wake_at = 0;
+            q.lingering = false;
             let gained = q.waiting.len().saturating_sub(1);
             q.pace.waited(gained);
             gained
@@ -194,8 +199,8 @@ mod tests {
         assert_eq!(paced(5_000, 100).wait(), None);
         // Never, when the longest wait is zero.
         let mut off = Pace::new(Duration::ZERO);
-        off.arrived(Instant::now());
-        off.arrived(Instant::now());
+        off.arrived_now();
+        off.arrived_now();
         assert_eq!(off.wait(), None);
     }
 

@@ -267,7 +267,7 @@ fn spawn_append(wal: &Arc<Wal>, i: i64, patient: bool) -> tokio::task::JoinHandl
 /// `applied`.
 async fn until_a_leader_waits(wal: &Wal, applied: u64) {
     let waiting = async {
-        while wal.shared.queue.lock().wake_at == 0 {
+        while !wal.shared.queue.lock().lingering {
             tokio::task::yield_now().await;
         }
     };
