@@ -227,8 +227,31 @@ async fn users_made_with_sql_get_only_what_is_granted() {
     s.sql_ok("ALTER USER viewer WITH PASSWORD 'v2'").await;
     s.login(Some(("viewer", "v2")));
     refused(&s, "ALTER USER root WITH PASSWORD 'x'").await;
+    // system.queries: a plain user sees its own statements only, with passwords masked,
+    // each with how it ended (this query itself still running).
+    let q = "SELECT user, query, state, error, result_rows FROM system.queries ORDER BY query_id";
+    let mine = s.rows(q).await;
+    let has = |query: &str, state: &str| {
+        (mine.iter()).any(|r| r["query"] == query && r["state"] == state && r["user"] == "viewer")
+    };
+    assert!(mine.iter().all(|r| r["user"] == "viewer"), "{mine:?}");
+    assert!(
+        has("ALTER USER viewer WITH PASSWORD '***'", "finished"),
+        "{mine:?}"
+    );
+    assert!(
+        has("ALTER USER root WITH PASSWORD '***'", "failed"),
+        "{mine:?}"
+    );
+    assert!(has(q, "running"), "{mine:?}");
+    let counted = (mine.iter()).find(|r| r["query"] == "SELECT count(*) FROM plant.t");
+    assert_eq!(counted.unwrap()["result_rows"], 1, "{mine:?}");
+    assert!(!format!("{mine:?}").contains("v2"), "{mine:?}");
     // Revoked: refused at once, the kept plan of the same query included.
     s.login(Some(("root", "r")));
+    // An administrator sees everyone's (those before the first user was made: no user).
+    let users = "SELECT count(DISTINCT user) FROM system.queries WHERE kind = 'query'";
+    assert_eq!(s.count(users).await, 2);
     s.sql_ok("REVOKE SELECT ON DATABASE plant FROM viewer")
         .await;
     s.login(Some(("viewer", "v2")));

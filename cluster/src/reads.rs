@@ -62,20 +62,7 @@ impl Cluster {
         let group = GroupId::Shard(request.shard);
         (self.node.read_barrier(group).await).map_err(|e| e.to_string())?;
         let engine = self.engine.upgrade().ok_or("the node is stopping")?;
-        if request.partial.is_some() {
-            return engine
-                .serve_partial(request)
-                .await
-                .map_err(|e| e.to_string());
-        }
-        let answer = tokio::task::spawn_blocking(move || match request.summary.is_some() {
-            true => engine.serve_summary(&request),
-            false => engine.shard_rows(&request),
-        });
-        match answer.await {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        }
+        (engine.serve_shard(request).await).map_err(|e| e.to_string())
     }
 
     /// The other nodes holding `shard`, in the order to ask them: the leader it prefers
@@ -106,6 +93,11 @@ impl Cluster {
     ) -> sluice_engine::Result<T> {
         let shard = request.shard;
         let holders = self.holders_to_ask(shard);
+        // The replica lists the part it runs as asked by this node (`system.queries`).
+        let request = &RowsRequest {
+            asked_by: Some(self.node.id()),
+            ..request.clone()
+        };
         let mut failures = Vec::new();
         let last = holders.len().saturating_sub(1);
         for (i, node) in holders.into_iter().enumerate() {

@@ -220,6 +220,7 @@ impl Engine {
             reader: Default::default(),
             remote_rows: Default::default(),
             remote_aggregated: Default::default(),
+            queries: Default::default(),
         });
         let alerts = Arc::new(Alerts::open(&dir));
         alerts.sync(cat.alerts.values());

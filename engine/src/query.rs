@@ -14,6 +14,7 @@ pub(crate) mod groups;
 pub(crate) mod kept;
 pub(crate) mod keyed_sort;
 pub(crate) mod latest;
+pub(crate) mod log;
 pub(crate) mod made_once;
 pub(crate) mod optimizer;
 pub(crate) mod parts;

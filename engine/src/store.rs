@@ -44,6 +44,8 @@ pub(crate) struct Store {
     /// Rows other nodes' replicas aggregated for queries here (`crate::query::split`,
     /// `crate::query::summaries`).
     pub(crate) remote_aggregated: std::sync::atomic::AtomicU64,
+    /// The statements run here and the parts of other nodes' queries (`system.queries`).
+    pub(crate) queries: Arc<crate::query::log::QueryLog>,
 }
 
 impl Store {

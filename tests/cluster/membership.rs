@@ -160,6 +160,30 @@ pub(super) async fn add_and_remove_a_node(c: &mut Cluster, root: &Path) {
     }
     // Again: the replicas run the partial aggregates they kept from the first time.
     assert_eq!(c.node(4).rows(&q).await, on_4, "node 4, kept plans");
+    // Each node lists its part in system.queries: node 4 the query, with the partial
+    // aggregates other nodes ran for it; those nodes each part, asked by node 4 for it.
+    let ran = c
+        .node(4)
+        .rows(&format!(
+            "SELECT query_id, remote_partials FROM system.queries WHERE kind = 'query' \
+             AND state = 'finished' AND query = '{q}' ORDER BY query_id DESC LIMIT 1"
+        ))
+        .await;
+    let (id, partials) = (
+        ran[0]["query_id"].as_u64(),
+        ran[0]["remote_partials"].as_u64(),
+    );
+    assert!(partials >= Some(1), "{ran:?}");
+    let mut parts = 0;
+    for n in 1..=3 {
+        let q = format!(
+            "SELECT count(*) FROM system.queries WHERE kind = 'partial' AND asked_by = 4 \
+             AND asker_query_id = {} AND state = 'finished'",
+            id.unwrap()
+        );
+        parts += c.node(n).count(&q).await;
+    }
+    assert!(Some(parts) >= partials, "{parts} parts for {ran:?}");
     let plan = c.node(4).rows(&format!("EXPLAIN ANALYZE {q}")).await;
     let plan = format!("{plan:?}");
     assert!(

@@ -71,11 +71,32 @@ impl Logins for Engine {
 #[async_trait]
 impl QueryPort for Engine {
     async fn query(&self, sql: &str, options: &QueryOptions) -> Result<QueryOutput> {
-        if let Some(log) = self.log.get() {
-            // Every write acknowledged anywhere before this query is applied here first.
-            log.read_barrier().await?;
+        // Logged in `system.queries` until its result is read or dropped.
+        let running = self.store.queries.begin(crate::query::log::Begin {
+            // Only alerts run `small` queries.
+            kind: if options.small { "alert" } else { "query" },
+            asked_by: None,
+            user: options.user.as_deref(),
+            database: (options.database.as_deref()).unwrap_or(crate::DEFAULT_DATABASE),
+            text: sql,
+        });
+        let run = async {
+            if let Some(log) = self.log.get() {
+                // Every write acknowledged anywhere before this query is applied here first.
+                log.read_barrier().await?;
+            }
+            Engine::query(self, sql, options).await
+        };
+        match crate::query::log::within(running.clone(), run).await {
+            Ok(out) => Ok(QueryOutput {
+                stream: crate::query::log::recorded(out.stream, running),
+                schema: out.schema,
+            }),
+            Err(e) => {
+                running.end(Err(e.to_string()));
+                Err(e)
+            }
         }
-        Engine::query(self, sql, options).await
     }
 
     async fn describe(&self, sql: &str, options: &QueryOptions) -> Result<Described> {

@@ -538,6 +538,9 @@ impl Engine {
                 physical
             }
         };
+        if let Some(running) = crate::query::log::current() {
+            running.set_plan(physical.clone());
+        }
         if self.store.reader().is_some() {
             let query =
                 || (options.params.is_empty()).then(|| PartialQuery::new(database, sql, now));

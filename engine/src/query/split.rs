@@ -479,6 +479,13 @@ impl Engine {
             .data()?;
         let lease = session.lease(self.config.query.max_memory_bytes);
         let states = datafusion::physical_plan::collect(over_rows, lease.task()).await?;
+        if let Some(running) = crate::query::log::current() {
+            running.note(crate::query::log::Work {
+                files_read: query.files.len() as u64,
+                memory_rows: input.rows,
+                ..Default::default()
+            });
+        }
         PartialAnswer {
             manifest_index,
             flushed: input.flushed,

@@ -1,6 +1,6 @@
-//! `system.tables`, `system.partitions`, `system.files`, `system.rollups` and
-//! `system.dead_letters`: the
-//! catalog, storage state and refused messages as SQL tables, built fresh for each query;
+//! `system.tables`, `system.partitions`, `system.files`, `system.rollups`,
+//! `system.dead_letters` and `system.queries` (`crate::query::log`): the catalog, storage
+//! state, refused messages and statements as SQL tables, built fresh for each query;
 //! plus tables other layers serve through [`crate::IngestPort::add_system_table`].
 
 use crate::query::provider::mem_table;
@@ -16,7 +16,14 @@ use datafusion::datasource::TableProvider;
 use datafusion::error::Result as DfResult;
 use std::sync::Arc;
 
-const NAMES: [&str; 5] = ["tables", "partitions", "files", "rollups", "dead_letters"];
+const NAMES: [&str; 6] = [
+    "tables",
+    "partitions",
+    "files",
+    "rollups",
+    "dead_letters",
+    "queries",
+];
 
 /// The `system` schema.
 #[derive(Debug)]
@@ -113,6 +120,10 @@ impl SystemSchema {
     fn build(&self, name: &str) -> DfResult<RecordBatch> {
         if let Some(rows) = self.store.extra_system.read().get(name).cloned() {
             return Ok((rows.0)());
+        }
+        if name == "queries" {
+            let node = self.store.reader().map_or(0, |r| r.me());
+            return self.store.queries.table(node);
         }
         let parts = self.partitions();
         match name {

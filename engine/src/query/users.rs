@@ -17,14 +17,16 @@ use datafusion::logical_expr::{Expr, Filter, LogicalPlan, lit};
 use std::sync::Arc;
 
 /// The `system` tables a plain user may read, each showing only its rows: tables,
-/// partitions and files of the databases it may read, its own sessions and alerts.
-pub(crate) const SHOWN_TO_USERS: [&str; 6] = [
+/// partitions and files of the databases it may read, its own sessions, alerts and
+/// statements.
+pub(crate) const SHOWN_TO_USERS: [&str; 7] = [
     "tables",
     "partitions",
     "files",
     "rollups",
     "sessions",
     "alerts",
+    "queries",
 ];
 
 impl Engine {
@@ -61,6 +63,7 @@ impl Engine {
             let keep = match scan.table_name.table() {
                 "sessions" => column("user").eq(lit(user)),
                 "alerts" => column("owner").eq(lit(user)),
+                "queries" => column("user").eq(lit(user)),
                 _ if readable.is_empty() => lit(false),
                 _ => column("database_name").in_list(readable.clone(), false),
             };

@@ -50,6 +50,9 @@ pub struct RowsRequest {
     /// ([`SummaryAnswer`]).
     #[serde(default)]
     pub summary: Option<SummaryQuery>,
+    /// The node asking (`system.queries` there lists the part it runs).
+    #[serde(default)]
+    pub asked_by: Option<u64>,
 }
 
 /// What a query answered from synopses needs of a shard's buffered rows
@@ -98,6 +101,9 @@ pub struct PartialQuery {
     /// ([`PartialAnswer::files_read`] says it did).
     #[serde(default)]
     pub files: Vec<(String, u64)>,
+    /// The query's id in the asking node's `system.queries`.
+    #[serde(default)]
+    pub query_id: Option<u64>,
 }
 
 impl PartialQuery {
@@ -108,6 +114,7 @@ impl PartialQuery {
             sql: sql.to_string(),
             now_nanos: now.timestamp_nanos_opt().unwrap_or(i64::MAX),
             files: Vec::new(),
+            query_id: crate::query::log::current().map(|r| r.id()),
         }
     }
 }
@@ -144,6 +151,7 @@ impl RowsRequest {
             latest: false,
             partial: None,
             summary: None,
+            asked_by: None,
         }
     }
 

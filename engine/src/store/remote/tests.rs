@@ -137,6 +137,7 @@ fn contradictory_partition_bounds_from_another_node_name_no_rows() {
         latest: false,
         partial: None,
         summary: None,
+        asked_by: None,
     };
     let answer = serve(&table, &request, || 7).unwrap();
     assert!(answer.parts.is_empty());
