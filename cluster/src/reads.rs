@@ -22,8 +22,9 @@ use std::time::Duration;
 /// How long this node waits for its metadata group to install the file changes a replica's
 /// rows were cut by.
 const MANIFEST_WAIT: Duration = Duration::from_secs(10);
-/// How long a replica has to answer before the next one is asked (the last one asked gets
-/// the whole write deadline: its read barrier may wait out an election).
+/// How long a replica that answers probes has to answer before the next one is asked (the
+/// last one asked gets the whole write deadline: its read barrier may wait out an
+/// election).
 const TRY_NEXT_AFTER: Duration = Duration::from_secs(4);
 
 impl Cluster {
@@ -66,7 +67,8 @@ impl Cluster {
     }
 
     /// The other nodes holding `shard`, in the order to ask them: the leader it prefers
-    /// first (it leads unless it failed), then the others.
+    /// first (it leads unless it failed), then the others; a node that lately failed a
+    /// probe last.
     fn holders_to_ask(&self, shard: u32) -> Vec<u64> {
         let t = self.topology();
         let me = self.node.id();
@@ -75,7 +77,7 @@ impl Cluster {
             .get(shard as usize)
             .map(|p| self.preferred_leader(p));
         let mut holders: Vec<u64> = t.holders(shard).into_iter().filter(|n| *n != me).collect();
-        holders.sort_by_key(|n| Some(*n) != preferred);
+        holders.sort_by_key(|n| (self.node.silent_lately(*n), Some(*n) != preferred));
         holders
     }
 
@@ -106,7 +108,14 @@ impl Cluster {
                 true => crate::WRITE_DEADLINE + Duration::from_secs(5),
                 false => TRY_NEXT_AFTER,
             };
-            match self.node.call(node, frame, timeout).await {
+            // A frozen or cut-off replica is passed over once it fails a probe (about 0.9 s),
+            // not after the whole `timeout`.
+            let probe_at = tokio::time::Instant::now() + crate::raft::node::PROBE_AFTER;
+            match (self
+                .node
+                .call_while_answering(node, frame, timeout, probe_at))
+            .await
+            {
                 Ok(bytes) => {
                     let (index, answer) = decode(&bytes)?;
                     self.installed(index).await?;

@@ -31,7 +31,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use net::{FLUSH, GIVE, PING, PULL, RELAY, ROUTES, STANDBY, TAKE, WILLS};
+pub(crate) use net::{FLUSH, GIVE, PULL, RELAY, ROUTES, STANDBY, TAKE, WILLS};
 
 mod batch;
 mod pull;

@@ -103,6 +103,9 @@ pub struct Node {
     /// The node that last took a write for a group this node has no replica of: where
     /// the next one goes first.
     led_by: Mutex<HashMap<GroupId, u64>>,
+    /// When each node last failed a probe ([`Node::call_while_answering`]), until it answers
+    /// a call again: asked last while [`SILENT_FOR`] has not passed.
+    silent: Mutex<HashMap<u64, tokio::time::Instant>>,
 }
 
 /// A replication stream from a leader: its requests go to the group's raft in order, and
@@ -172,6 +175,13 @@ pub const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// How long a write forwarded to another node may take before it is sent again (to the
 /// leader known then; a copy that was committed after all is dropped by the state machine, by its write id).
+/// How long a call waits before its peer is asked whether it still answers at all, and how
+/// often again after that ([`Node::call_while_answering`]).
+pub(crate) const PROBE_AFTER: Duration = Duration::from_millis(500);
+/// How long the peer has to answer that: a frozen or dead peer counts as down then.
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
+/// How long a node that failed a probe is asked last by reads ([`Node::silent_lately`]).
+const SILENT_FOR: Duration = Duration::from_secs(10);
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Why [`Node::write`] failed.
@@ -235,6 +245,7 @@ impl Node {
             streams: Mutex::new(HashMap::new()),
             relay: std::sync::OnceLock::new(),
             led_by: Mutex::new(HashMap::new()),
+            silent: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -254,6 +265,60 @@ impl Node {
             net::CallError::Unreachable(format!("node {to}"), "no address".into())
         })?;
         self.pool.call(&addr, frame, timeout).await
+    }
+
+    /// [`Self::call`], waiting up to `limit` for the answer as long as `to` answers a probe
+    /// ([`net::PING`]) first sent at `probe_at`, then every [`PROBE_AFTER`]: a frozen or
+    /// cut-off node fails the call about [`PROBE_TIMEOUT`] after a probe, while a slow one
+    /// (a query's part waiting out an election, a batch held by a full queue) is waited
+    /// for. The answer is taken while a probe is on its way too.
+    pub(crate) async fn call_while_answering(
+        &self,
+        to: u64,
+        frame: Frame,
+        limit: Duration,
+        mut probe_at: tokio::time::Instant,
+    ) -> Result<Bytes, net::CallError> {
+        let call = self.call(to, frame, limit);
+        tokio::pin!(call);
+        loop {
+            let probe = async {
+                tokio::time::sleep_until(probe_at).await;
+                let ping = Frame::cbor(net::PING, &(), 0).map_err(|e| {
+                    net::CallError::Unreachable(format!("node {to}"), e.to_string())
+                })?;
+                match self.call(to, ping, PROBE_TIMEOUT).await {
+                    // Any answer, an older node's refusal of the kind included.
+                    Ok(_) | Err(net::CallError::Remote(..)) => Ok(()),
+                    Err(e) => Err(net::CallError::Unreachable(
+                        format!("node {to}"),
+                        format!("does not answer: {e}"),
+                    )),
+                }
+            };
+            tokio::select! {
+                biased;
+                a = &mut call => {
+                    if a.is_ok() {
+                        self.silent.lock().remove(&to);
+                    }
+                    return a;
+                }
+                p = probe => {
+                    if let Err(e) = p {
+                        self.silent.lock().insert(to, tokio::time::Instant::now());
+                        return Err(e);
+                    }
+                }
+            }
+            probe_at = tokio::time::Instant::now() + PROBE_AFTER;
+        }
+    }
+
+    /// Whether `node` failed a probe within [`SILENT_FOR`] and has answered no call since:
+    /// a read asks it only after the others.
+    pub(crate) fn silent_lately(&self, node: u64) -> bool {
+        (self.silent.lock().get(&node)).is_some_and(|at| at.elapsed() < SILENT_FOR)
     }
 
     /// Sets the node-to-node address of every node (this one included).
@@ -420,14 +485,17 @@ impl Node {
     }
 
     async fn forward_read(&self, to: u64, group: GroupId) -> ReadAnswer {
-        let Some(addr) = self.peers.read().get(&to).cloned() else {
+        if !self.peers.read().contains_key(&to) {
             return ReadAnswer::NotLeader;
-        };
+        }
         let message = ToGroup { group, message: () };
         let Ok(frame) = Frame::cbor(net::READ_INDEX, &message, 0) else {
             return ReadAnswer::Failed("encoding a read request".into());
         };
-        match (self.pool.call(&addr, frame, FORWARD_TIMEOUT)).await {
+        // A frozen leader fails a probe (about 0.9 s) before the call's time is out: the
+        // barrier asks again, the new leader once one is elected.
+        let probe_at = tokio::time::Instant::now() + PROBE_AFTER;
+        match (self.call_while_answering(to, frame, FORWARD_TIMEOUT, probe_at)).await {
             Ok(b) => from_cbor(&b).unwrap_or_else(|e| ReadAnswer::Failed(e.to_string())),
             Err(e) => ReadAnswer::Failed(e.to_string()),
         }

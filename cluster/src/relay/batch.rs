@@ -1,7 +1,8 @@
 //! The messages a node relays to another, in numbered batches ([`RELAY`]).
 
-use super::{BATCH, Item, MAX_WAITING, PING, RELAY, RETRY, Relay, Waiters};
-use crate::raft::net::{CallError, Frame};
+use super::{BATCH, Item, MAX_WAITING, RELAY, RETRY, Relay, Waiters};
+use crate::raft::net::Frame;
+use crate::raft::node::PROBE_AFTER;
 use bytes::{Buf, Bytes};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -9,12 +10,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// How long a batch's oldest publisher waits before the peer is asked whether it still
-/// answers at all ([`PING`]); and how often again after that while the batch is not
-/// answered.
-const PROBE_AFTER: Duration = Duration::from_millis(500);
-/// How long the peer has to answer that: a frozen or dead peer counts as down then.
-const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
 /// The longest a batch's call waits for a peer that answers otherwise: its broker may hold
 /// the batch while a slow subscriber's queue has no room (`MAX_WAIT`, 10 s), which slows
 /// the publishers here as it would there.
@@ -138,30 +133,15 @@ impl Relay {
         frame: Frame,
         oldest: Option<tokio::time::Instant>,
     ) -> Result<Bytes, String> {
-        let call = self.node.call(to, frame, BATCH_TIMEOUT);
-        tokio::pin!(call);
-        let mut probe_at = match oldest {
+        let probe_at = match oldest {
             Some(at) => (at + PROBE_AFTER).max(tokio::time::Instant::now()),
             None => tokio::time::Instant::now() + PROBE_AFTER,
         };
-        loop {
-            // The batch's answer is taken while a probe is on its way too.
-            let probe = async {
-                tokio::time::sleep_until(probe_at).await;
-                let ping = Frame::cbor(PING, &(), 0).map_err(|e| e.to_string())?;
-                match self.node.call(to, ping, PROBE_TIMEOUT).await {
-                    // Any answer, an older node's refusal of the kind included.
-                    Ok(_) | Err(CallError::Remote(..)) => Ok(()),
-                    Err(e) => Err(format!("does not answer: {e}")),
-                }
-            };
-            tokio::select! {
-                biased;
-                a = &mut call => return a.map_err(|e| e.to_string()),
-                p = probe => p?,
-            }
-            probe_at = tokio::time::Instant::now() + PROBE_AFTER;
-        }
+        (self
+            .node
+            .call_while_answering(to, frame, BATCH_TIMEOUT, probe_at)
+            .await)
+            .map_err(|e| e.to_string())
     }
 
     /// Delivers a peer's batch, once.
