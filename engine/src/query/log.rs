@@ -30,6 +30,8 @@ use std::time::Instant;
 
 /// Entries that ended kept per node, the oldest dropped first.
 pub(crate) const KEPT: usize = 1_000;
+/// Bytes of a statement's text kept (a long `INSERT ... VALUES` is cut, with `...` after).
+const TEXT_BYTES: usize = 4_096;
 
 /// What a statement read and what other nodes did for it, from its plan's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -115,7 +117,7 @@ impl QueryLog {
             asker_query: b.asked_by.and_then(|(_, q)| q),
             user: b.user.map(str::to_string),
             database: b.database.to_string(),
-            text: masked(b.text),
+            text: cut(masked(b.text)),
             started_micros: chrono::Utc::now().timestamp_micros(),
             started: Instant::now(),
             duration_ms: None,
@@ -397,6 +399,16 @@ pub(crate) fn current() -> Option<Arc<Running>> {
     CURRENT.try_with(Arc::clone).ok()
 }
 
+/// `text` cut to [`TEXT_BYTES`] at a character's boundary, with `...` after when cut.
+fn cut(mut text: String) -> String {
+    if text.len() > TEXT_BYTES {
+        let at = (0..=TEXT_BYTES).rev().find(|i| text.is_char_boundary(*i));
+        text.truncate(at.unwrap_or(0));
+        text.push_str("...");
+    }
+    text
+}
+
 /// `sql` with the literal after each `PASSWORD` keyword (outside quotes) replaced by
 /// `***` (`CREATE USER`, `ALTER USER`): passwords are not kept in the log.
 fn masked(sql: &str) -> String {
@@ -486,6 +498,12 @@ mod tests {
             "CREATE USER c PASSWORD '***"
         );
         assert_eq!(masked("SELECT passwords FROM t"), "SELECT passwords FROM t");
+        let long = format!("INSERT INTO t VALUES {}", "('é', 1), ".repeat(1_000));
+        let kept = cut(long.clone());
+        assert!(
+            kept.len() <= TEXT_BYTES + 3 && kept.ends_with("...") && long.starts_with(&kept[..100])
+        );
+        assert_eq!(cut("SELECT 1".into()), "SELECT 1");
     }
 
     #[tokio::test]
