@@ -173,8 +173,6 @@ impl AppendStream {
 /// How long [`Node::write`] keeps looking for a leader that takes its command.
 pub const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 
-/// How long a write forwarded to another node may take before it is sent again (to the
-/// leader known then; a copy that was committed after all is dropped by the state machine, by its write id).
 /// How long a call waits before its peer is asked whether it still answers at all, and how
 /// often again after that ([`Node::call_while_answering`]).
 pub(crate) const PROBE_AFTER: Duration = Duration::from_millis(500);
@@ -182,6 +180,9 @@ pub(crate) const PROBE_AFTER: Duration = Duration::from_millis(500);
 pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
 /// How long a node that failed a probe is asked last by reads ([`Node::silent_lately`]).
 const SILENT_FOR: Duration = Duration::from_secs(10);
+/// How long a write forwarded to another node may take before it is sent again (to the
+/// leader known then; a copy that was committed after all is dropped by the state machine, by its write id),
+/// and how long a read-index call to a leader that answers probes may take.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Why [`Node::write`] failed.

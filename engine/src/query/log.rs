@@ -369,16 +369,16 @@ impl crate::engine::Engine {
             database: &database,
             text: &text,
         });
-        let answer = match kind {
-            "partial" => within(running.clone(), self.serve_partial(request)).await,
-            _ => {
-                let engine = self.clone();
-                let blocking = tokio::task::spawn_blocking(move || match kind {
-                    "synopses" => engine.serve_summary(&request),
-                    _ => engine.shard_rows(&request),
-                });
-                (blocking.await).unwrap_or_else(|e| Err(Error::invalid(e.to_string())))
-            }
+        let answer = if request.partial.is_some() {
+            within(running.clone(), self.serve_partial(request)).await
+        } else {
+            // Both may wait for the catalog to know the table: off the runtime's threads.
+            let engine = self.clone();
+            let blocking = tokio::task::spawn_blocking(move || match request.summary {
+                Some(_) => engine.serve_summary(&request),
+                None => engine.shard_rows(&request),
+            });
+            (blocking.await).unwrap_or_else(|e| Err(Error::invalid(e.to_string())))
         };
         running.end(answer.as_ref().map(|_| None).map_err(|e| e.to_string()));
         answer
