@@ -51,6 +51,8 @@ pub struct Cluster {
     /// Shards whose replica was opened here after the start and has not caught up yet: the
     /// last-value caches missed their rows while another node held them.
     pub(crate) fresh: Mutex<BTreeSet<u32>>,
+    /// Writes to a table this node does not know wait for the metadata group through it.
+    pub(crate) catalog_barrier: crate::writes::Coalesced,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -181,6 +183,7 @@ impl Cluster {
             relay,
             ready: Mutex::new(BTreeSet::new()),
             fresh: Mutex::new(BTreeSet::new()),
+            catalog_barrier: Default::default(),
         });
         let server = Arc::downgrade(&cluster);
         let _ = cluster.relay.rows_server.set(Arc::new(move |body| {

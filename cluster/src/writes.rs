@@ -15,7 +15,7 @@ use sluice_engine::types::{ColumnType, Value};
 use sluice_engine::{Error, TableDef, WriteLog, WriteRecord, encode_record};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 /// A shard entry carries writes, each `[length u32][write id][engine record]`; the write id
@@ -127,6 +127,11 @@ impl WriteLog for Cluster {
         Ok(None)
     }
 
+    async fn catalog_barrier(&self) -> sluice_engine::Result<()> {
+        let meta = || self.node.read_barrier(GroupId::Meta);
+        self.catalog_barrier.run(meta).await.map_err(replication)
+    }
+
     fn evaluates_alerts(&self) -> bool {
         (self.node.group(GroupId::Meta)).is_some_and(|m| self.leads(&m))
     }
@@ -177,6 +182,39 @@ impl WriteLog for Cluster {
         meta.map_err(replication)?;
         let held: Vec<u32> = held.into_iter().flatten().collect();
         self.caught_up(&held);
+        Ok(())
+    }
+}
+
+/// Barriers shared by the callers that wait together: a caller is answered by the first
+/// barrier that began after it arrived (one that began before may have read the leader's
+/// position before the change the caller must see), so that callers arriving while one
+/// runs share the next one; at most one runs at a time. A flood of messages to a table
+/// that exists nowhere costs one metadata read-index round at a time, not one each.
+#[derive(Default)]
+pub(crate) struct Coalesced {
+    /// Callers that arrived so far.
+    arrived: AtomicU64,
+    /// Callers answered: every caller numbered below it.
+    answered: AtomicU64,
+    running: tokio::sync::Mutex<()>,
+}
+
+impl Coalesced {
+    /// Waits for a barrier `barrier` makes that began after this call.
+    pub(crate) async fn run<F, Fut, E>(&self, barrier: F) -> Result<(), E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<(), E>>,
+    {
+        let me = self.arrived.fetch_add(1, Ordering::AcqRel);
+        let _turn = self.running.lock().await;
+        if self.answered.load(Ordering::Acquire) > me {
+            return Ok(());
+        }
+        let covers = self.arrived.load(Ordering::Acquire);
+        barrier().await?;
+        self.answered.fetch_max(covers, Ordering::AcqRel);
         Ok(())
     }
 }
@@ -252,5 +290,63 @@ pub(crate) async fn ship(
                 let _ = w.send(out.clone());
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Coalesced;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tokio::sync::Semaphore;
+
+    /// Callers arriving while a barrier runs share the next one; none is answered by a
+    /// barrier that began before it arrived.
+    #[tokio::test]
+    async fn callers_share_the_next_barrier() {
+        let c = Arc::new(Coalesced::default());
+        let (made, gate) = (Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(0)));
+        let call = |c: Arc<Coalesced>| {
+            let (made, gate) = (made.clone(), gate.clone());
+            tokio::spawn(async move {
+                let barrier = || async {
+                    let n = made.fetch_add(1, Ordering::SeqCst) + 1;
+                    gate.acquire().await.unwrap().forget();
+                    Ok::<u64, ()>(n)
+                };
+                c.run(|| async { barrier().await.map(|_| ()) }).await
+            })
+        };
+        let first = call(c.clone());
+        while made.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let later: Vec<_> = (0..8).map(|_| call(c.clone())).collect();
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            made.load(Ordering::SeqCst),
+            1,
+            "the later callers wait their turn"
+        );
+        gate.add_permits(1);
+        first.await.unwrap().unwrap();
+        while made.load(Ordering::SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+        gate.add_permits(1);
+        for h in later {
+            h.await.unwrap().unwrap();
+        }
+        assert_eq!(
+            made.load(Ordering::SeqCst),
+            2,
+            "eight callers shared one barrier"
+        );
+        // A caller after them gets a barrier of its own.
+        gate.add_permits(1);
+        call(c).await.unwrap().unwrap();
+        assert_eq!(made.load(Ordering::SeqCst), 3);
     }
 }

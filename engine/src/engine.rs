@@ -371,6 +371,22 @@ impl Engine {
             .cloned()
     }
 
+    /// [`Engine::table`] for a write: on a cluster, a table (or database) this node does not
+    /// know is looked up again after the catalog's barrier ([`WriteLog::catalog_barrier`]),
+    /// since the metadata group may not have brought another node's `CREATE` here yet; a
+    /// message to it must not be taken for one to a missing table and go unstored.
+    pub async fn table_to_write(&self, database: &str, table: &str) -> Result<Arc<TableDef>> {
+        match self.table(database, table) {
+            Err(Error::UnknownTable { .. } | Error::UnknownDatabase { .. }) if self.clustered() => {
+                if let Some(log) = self.log.get() {
+                    log.catalog_barrier().await?;
+                }
+                self.table(database, table)
+            }
+            found => found,
+        }
+    }
+
     /// Appends already-decoded rows for a table (what [`QueryPort::write`] does after
     /// decoding); `overloaded` when the log's queue is full.
     pub async fn append_rows(
@@ -561,7 +577,7 @@ impl IngestPort for Engine {
             };
             return Ok(Some(WriteReceipt { rows: w.rows, lsn }));
         }
-        let def = match self.table(p.database, p.table) {
+        let def = match self.table_to_write(p.database, p.table).await {
             Ok(def) => def,
             Err(Error::UnknownTable { .. }) if p.auto_create && p.format == Format::Json => {
                 self.table_for_json(p.database, p.table, p.payload).await?

@@ -34,6 +34,14 @@ pub trait WriteLog: Send + Sync + 'static {
     /// call, so that a query run next sees them.
     async fn read_barrier(&self) -> Result<()>;
 
+    /// Returns once this node's catalog holds every change committed (on any node) before
+    /// the call: a write to a table this node does not know yet looks again after it, so
+    /// that a table created on another node a moment ago is not taken for a missing one.
+    /// A single node's catalog always does.
+    async fn catalog_barrier(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Whether this node evaluates the alerts now (one node of a cluster does).
     fn evaluates_alerts(&self) -> bool;
 

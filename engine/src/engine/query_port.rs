@@ -112,7 +112,7 @@ impl QueryPort for Engine {
         payload: &[u8],
     ) -> Result<WriteReceipt> {
         self.authorize(user, crate::access::Need::Insert { database, table })?;
-        let def = self.table(database, table)?;
+        let def = self.table_to_write(database, table).await?;
         let rows = decode(&def, format, payload, now_micros())?;
         self.append_rows(&def, rows).await
     }

@@ -65,7 +65,7 @@ impl Engine {
             database: database.into(),
             table: table.into(),
         };
-        match self.table(database, table) {
+        match self.table_to_write(database, table).await {
             Ok(_) => {}
             Err(Error::UnknownTable { .. }) => {
                 self.create_table(new_table(name.clone(), &fields)?, false)?;
@@ -129,7 +129,7 @@ impl Engine {
                 table: &m.name,
             };
             self.authorize(user, need)?;
-            let def = match (self.table(database, &m.name), auto) {
+            let def = match (self.table_to_write(database, &m.name).await, auto) {
                 (Ok(def), false) => def,
                 (Ok(_) | Err(Error::UnknownTable { .. }), true) => {
                     let columns = std::mem::take(&mut m.columns);

@@ -439,7 +439,7 @@ impl Engine {
             }
             Ok(def)
         };
-        match self.table(database, group) {
+        match self.table_to_write(database, group).await {
             Ok(def) => return fits(def),
             Err(Error::UnknownDatabase { .. }) => {
                 let sql = format!("CREATE DATABASE IF NOT EXISTS \"{database}\"");
