@@ -127,6 +127,31 @@ impl WriteLog for Cluster {
         Ok(None)
     }
 
+    fn read_ahead(&self) -> Option<futures::future::BoxFuture<'_, bool>> {
+        // The groups `read_barrier` would wait for, each replica here caught up already
+        // (else the barrier is what marks it so).
+        let ready = self.ready.lock().clone();
+        let mut groups = vec![GroupId::Meta];
+        for s in (0..self.shards).filter(|s| self.replica_here(*s)) {
+            if !ready.contains(&s) {
+                return None;
+            }
+            groups.push(GroupId::Shard(s));
+        }
+        let applied = (groups.into_iter())
+            .map(|g| Some((g, self.node.applied_index(g)?)))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Box::pin(async move {
+            let each = (applied.into_iter()).map(|(g, at)| async move {
+                match self.node.applied_covers(g, at).await {
+                    true => Ok(()),
+                    false => Err(()),
+                }
+            });
+            futures::future::try_join_all(each).await.is_ok()
+        }))
+    }
+
     async fn catalog_barrier(&self) -> sluice_engine::Result<()> {
         let meta = || self.node.read_barrier(GroupId::Meta);
         self.catalog_barrier.run(meta).await.map_err(replication)

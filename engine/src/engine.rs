@@ -29,6 +29,7 @@ const ROOM_WAITERS: usize = 64;
 mod maintenance;
 mod meta_state;
 mod query_port;
+mod read_ahead;
 mod replicated;
 mod rollups;
 
@@ -59,6 +60,10 @@ pub struct Engine {
     pub(crate) flushes: std::sync::atomic::AtomicU64,
     /// Rows applied from the shard logs this node replicates (a cluster node).
     pub(crate) shard_rows_applied: std::sync::atomic::AtomicU64,
+    /// Cluster queries whose read barrier, taken alongside them, found this node up to
+    /// date (`reads_ahead`) or behind, so that they ran again after it (`reads_again`).
+    pub(crate) reads_ahead: std::sync::atomic::AtomicU64,
+    pub(crate) reads_again: std::sync::atomic::AtomicU64,
     /// Where the manifest is kept: the file store itself on a single node; the node's own
     /// data directory in a cluster (the files are on the shared store, each node's copy of
     /// the manifest is its own).
@@ -255,6 +260,8 @@ impl Engine {
             alerts,
             flushes: Default::default(),
             shard_rows_applied: Default::default(),
+            reads_ahead: Default::default(),
+            reads_again: Default::default(),
             manifests,
             manifest_index: tokio::sync::watch::Sender::new(manifest_index),
             journal_replay: parking_lot::Mutex::new(journal),

@@ -34,6 +34,15 @@ pub trait WriteLog: Send + Sync + 'static {
     /// call, so that a query run next sees them.
     async fn read_barrier(&self) -> Result<()>;
 
+    /// [`WriteLog::read_barrier`] taken alongside a query instead of before it: notes what
+    /// this node has applied now and returns a future that says whether that already held
+    /// every write acknowledged (by any node) before this call; then a query that reads this
+    /// node's state from now on needs no barrier. `None` where that cannot be told now (a
+    /// replica here not caught up) or there is no barrier to save: take the barrier.
+    fn read_ahead(&self) -> Option<futures::future::BoxFuture<'_, bool>> {
+        None
+    }
+
     /// Returns once this node's catalog holds every change committed (on any node) before
     /// the call: a write to a table this node does not know yet looks again after it, so
     /// that a table created on another node a moment ago is not taken for a missing one.

@@ -430,12 +430,7 @@ impl Node {
         let deadline = tokio::time::Instant::now() + WRITE_DEADLINE;
         let mut last;
         loop {
-            let leader = raft.metrics().borrow_watched().current_leader;
-            let answer = match leader {
-                Some(l) if l == self.id => Self::read_index_local(&raft).await,
-                Some(l) => self.forward_read(l, group).await,
-                None => ReadAnswer::NotLeader,
-            };
+            let (leader, answer) = self.ask_read_index(&raft, group).await;
             match answer {
                 ReadAnswer::Index(index) => {
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -457,6 +452,34 @@ impl Node {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// `group`'s commit index as its leader confirms it now, one try.
+    async fn ask_read_index(&self, raft: &GroupRaft, group: GroupId) -> (Option<u64>, ReadAnswer) {
+        let leader = raft.metrics().borrow_watched().current_leader;
+        let answer = match leader {
+            Some(l) if l == self.id => Self::read_index_local(raft).await,
+            Some(l) => self.forward_read(l, group).await,
+            None => ReadAnswer::NotLeader,
+        };
+        (leader, answer)
+    }
+
+    /// Where this node's replica of `group` has applied its log to (0: nothing yet).
+    pub(crate) fn applied_index(&self, group: GroupId) -> Option<u64> {
+        let raft = self.group(group)?;
+        let applied = raft.metrics().borrow_watched().last_applied;
+        Some(applied.map_or(0, |l| l.index))
+    }
+
+    /// Whether `applied` (this node's applied index of `group`, taken before the call)
+    /// already covers everything the group had committed when this was called; one try:
+    /// `false` when its leader is not known or does not answer.
+    pub(crate) async fn applied_covers(&self, group: GroupId, applied: u64) -> bool {
+        let Some(raft) = self.group(group) else {
+            return false;
+        };
+        matches!(self.ask_read_index(&raft, group).await.1, ReadAnswer::Index(i) if i <= applied)
     }
 
     async fn read_index_local(raft: &GroupRaft) -> ReadAnswer {

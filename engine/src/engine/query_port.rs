@@ -82,7 +82,13 @@ impl QueryPort for Engine {
         });
         let run = async {
             if let Some(log) = self.log.get() {
-                // Every write acknowledged anywhere before this query is applied here first.
+                // Every write acknowledged anywhere before this query is applied here first,
+                // or was already when a query that only reads began (`query_ahead`).
+                if super::read_ahead::only_reads(sql)
+                    && let Some(ahead) = log.read_ahead()
+                {
+                    return self.query_ahead(sql, options, ahead, &**log).await;
+                }
                 log.read_barrier().await?;
             }
             Engine::query(self, sql, options).await
@@ -148,12 +154,24 @@ impl QueryPort for Engine {
         self.access.render_metrics(&mut out);
         let h = QueryPort::health(self);
         let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-        let figures: [(&str, &str, &str, u64); 10] = [
+        let figures: [(&str, &str, &str, u64); 12] = [
             (
                 "sluice_shard_rows_applied_total",
                 "counter",
                 "Rows applied from the shard logs this cluster node replicates.",
                 load(&self.shard_rows_applied),
+            ),
+            (
+                "sluice_queries_read_ahead_total",
+                "counter",
+                "Cluster queries run while their read barrier was asked, which found this node up to date.",
+                load(&self.reads_ahead),
+            ),
+            (
+                "sluice_queries_read_again_total",
+                "counter",
+                "Cluster queries run while their read barrier was asked that found this node behind, so ran again after it.",
+                load(&self.reads_again),
             ),
             (
                 "sluice_remote_rows_read_total",
