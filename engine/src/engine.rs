@@ -64,6 +64,8 @@ pub struct Engine {
     /// date (`reads_ahead`) or behind, so that they ran again after it (`reads_again`).
     pub(crate) reads_ahead: std::sync::atomic::AtomicU64,
     pub(crate) reads_again: std::sync::atomic::AtomicU64,
+    /// When a query that ran ahead last found this node behind (µs since the epoch).
+    pub(crate) read_behind_at: std::sync::atomic::AtomicI64,
     /// Where the manifest is kept: the file store itself on a single node; the node's own
     /// data directory in a cluster (the files are on the shared store, each node's copy of
     /// the manifest is its own).
@@ -262,6 +264,7 @@ impl Engine {
             shard_rows_applied: Default::default(),
             reads_ahead: Default::default(),
             reads_again: Default::default(),
+            read_behind_at: Default::default(),
             manifests,
             manifest_index: tokio::sync::watch::Sender::new(manifest_index),
             journal_replay: parking_lot::Mutex::new(journal),

@@ -85,6 +85,7 @@ impl QueryPort for Engine {
                 // Every write acknowledged anywhere before this query is applied here first,
                 // or was already when a query that only reads began (`query_ahead`).
                 if super::read_ahead::only_reads(sql)
+                    && self.may_read_ahead()
                     && let Some(ahead) = log.read_ahead()
                 {
                     return self.query_ahead(sql, options, ahead, &**log).await;

@@ -21,7 +21,27 @@ pub(crate) fn only_reads(sql: &str) -> bool {
         && text[6..].starts_with(|c: char| c.is_whitespace() || c == '*' || c == '(')
 }
 
+/// After a query read ahead of its barrier found this node behind (writes were arriving),
+/// queries take the barrier first for this long: under a steady stream of writes a node
+/// is mostly behind by a few entries, and running a query twice costs more than waiting.
+const PAUSE_AFTER_BEHIND_MICROS: i64 = 1_000_000;
+
+/// Microseconds on a clock that does not go back, from one pause after its first use (so
+/// that 0 is "never").
+fn steady_micros() -> i64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let since = START.get_or_init(std::time::Instant::now).elapsed();
+    since.as_micros() as i64 + PAUSE_AFTER_BEHIND_MICROS
+}
+
 impl Engine {
+    /// Whether a query may run ahead of its barrier now (none found this node behind
+    /// lately).
+    pub(crate) fn may_read_ahead(&self) -> bool {
+        let behind = self.read_behind_at.load(Ordering::Relaxed);
+        steady_micros().saturating_sub(behind) >= PAUSE_AFTER_BEHIND_MICROS
+    }
+
     /// Runs `sql` on this node's state as it stands now while `ahead` (from
     /// [`WriteLog::read_ahead`], sampled before) asks the leaders whether that state already
     /// holds every write acknowledged before the query: then the answer stands, and its
@@ -73,6 +93,7 @@ impl Engine {
         counter.fetch_add(1, Ordering::Relaxed);
         if !ok {
             drop(out);
+            (self.read_behind_at).store(steady_micros(), Ordering::Relaxed);
             log.read_barrier().await?;
             return Engine::query(self, sql, options).await;
         }
