@@ -487,7 +487,7 @@ pub struct Answer {
     pub keys: Vec<GroupKey>,
     /// The aggregated columns.
     pub columns: Vec<usize>,
-    pub groups: HashMap<Vec<Key>, (u64, Vec<ColumnSynopsis>)>,
+    pub groups: foldhash::HashMap<Vec<Key>, (u64, Vec<ColumnSynopsis>)>,
     /// Rows of sealed chunks that may still be grouped from their rows (and kept) while
     /// adding up this answer...
     pub budget: u64,
@@ -500,7 +500,7 @@ impl Answer {
         Self {
             keys,
             columns,
-            groups: HashMap::new(),
+            groups: Default::default(),
             budget: u64::MAX,
             over_budget: false,
         }
@@ -529,7 +529,10 @@ impl Answer {
             return false;
         };
         let none = ColumnSynopsis::default();
+        // Each admitted group and its key here, all decided before any is added (a group
+        // that cannot be decided leaves the answer as it was); the keys side by side.
         let mut admitted = Vec::with_capacity(groups.groups.len());
+        let mut admitted_keys = Vec::with_capacity(groups.groups.len() * keys.len());
         'groups: for g in &groups.groups {
             for (k, values) in &equal {
                 let Key::Str(s) = &g.key[*k] else {
@@ -546,17 +549,22 @@ impl Answer {
                     None => return false,
                 }
             }
-            let key = (keys.iter()).map(|k| match *k {
-                GroupKey::Column(at) => Some(g.key[at].clone()),
-                GroupKey::Day(c) => day_of(g.synopsis.get(c).unwrap_or(&none), g.rows),
-            });
-            let Some(key) = key.collect::<Option<Vec<Key>>>() else {
-                return false;
-            };
-            admitted.push((key, g));
+            for k in &keys {
+                let key = match *k {
+                    GroupKey::Column(at) => Some(g.key[at].clone()),
+                    GroupKey::Day(c) => day_of(g.synopsis.get(c).unwrap_or(&none), g.rows),
+                };
+                let Some(key) = key else {
+                    return false;
+                };
+                admitted_keys.push(key);
+            }
+            admitted.push(g);
         }
-        for (key, g) in admitted {
-            self.merge(key, g);
+        let width = keys.len();
+        for (i, g) in admitted.into_iter().enumerate() {
+            let key = &admitted_keys[i * width..(i + 1) * width];
+            self.add_group(key, g.rows, |_, c| g.synopsis.get(c).unwrap_or(&none));
         }
         true
     }
@@ -572,31 +580,38 @@ impl Answer {
     pub fn add_answered(&mut self, groups: &[crate::store::remote::SummaryGroup]) {
         let none = ColumnSynopsis::default();
         for (key, rows, syn) in groups {
-            let key = key.iter().cloned().map(Key::from).collect();
-            self.add_group(key, *rows, |i, _| syn.get(i).unwrap_or(&none));
+            let key: Vec<Key> = key.iter().cloned().map(Key::from).collect();
+            self.add_group(&key, *rows, |i, _| syn.get(i).unwrap_or(&none));
         }
     }
 
     fn merge(&mut self, key: Vec<Key>, g: &Group) {
         let none = ColumnSynopsis::default();
-        self.add_group(key, g.rows, |_, c| g.synopsis.get(c).unwrap_or(&none));
+        self.add_group(&key, g.rows, |_, c| g.synopsis.get(c).unwrap_or(&none));
     }
 
     /// Adds `rows` rows of group `key`; `syn` gives the synopsis of each of this answer's
     /// columns (by its place here and its position in the table).
     fn add_group<'a>(
         &mut self,
-        key: Vec<Key>,
+        key: &[Key],
         rows: u64,
         syn: impl Fn(usize, usize) -> &'a ColumnSynopsis,
     ) {
         let columns = &self.columns;
-        let (n, out) = (self.groups.entry(key))
-            .or_insert_with(|| (0, vec![ColumnSynopsis::default(); columns.len()]));
-        *n += rows;
-        for (i, (o, c)) in out.iter_mut().zip(columns).enumerate() {
-            o.merge(syn(i, *c));
+        let add = |n: &mut u64, out: &mut [ColumnSynopsis]| {
+            *n += rows;
+            for (i, (o, c)) in out.iter_mut().zip(columns).enumerate() {
+                o.merge(syn(i, *c));
+            }
+        };
+        // Looked up by reference: the key is copied only for a group not met before.
+        if let Some((n, out)) = self.groups.get_mut(key) {
+            return add(n, out);
         }
+        let (mut n, mut out) = (0, vec![ColumnSynopsis::default(); columns.len()]);
+        add(&mut n, &mut out);
+        self.groups.insert(key.to_vec(), (n, out));
     }
 }
 
