@@ -64,7 +64,8 @@ pub struct Engine {
     /// date (`reads_ahead`) or behind, so that they ran again after it (`reads_again`).
     pub(crate) reads_ahead: std::sync::atomic::AtomicU64,
     pub(crate) reads_again: std::sync::atomic::AtomicU64,
-    /// When a query that ran ahead last found this node behind (µs since the epoch).
+    /// When a query that ran ahead last found this node behind (`read_ahead::steady_micros`;
+    /// 0: never).
     pub(crate) read_behind_at: std::sync::atomic::AtomicI64,
     /// Where the manifest is kept: the file store itself on a single node; the node's own
     /// data directory in a cluster (the files are on the shared store, each node's copy of
