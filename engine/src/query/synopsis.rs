@@ -99,8 +99,12 @@ impl ColumnSynopsis {
     /// Adds another part of the same column.
     pub fn merge(&mut self, o: &ColumnSynopsis) {
         let both_ordered = (self.ordered || self.count == 0) && (o.ordered || o.count == 0);
+        // Floats with floats and integers with integers first: a mixed pair converts an
+        // i128, a library call (`__floattidf`) that the compiled code made for float pairs
+        // too (8% of a grouped synopsis answer's profile).
         self.sum = match (self.sum, o.sum) {
             (Some(Num::Int(a)), Some(Num::Int(b))) => a.checked_add(b).map(Num::Int),
+            (Some(Num::Float(a)), Some(Num::Float(b))) => Some(Num::Float(a + b)),
             (Some(a), Some(b)) => Some(Num::Float(a.as_f64() + b.as_f64())),
             (a, b) => a.or(b),
         };
@@ -108,6 +112,7 @@ impl ColumnSynopsis {
             (Some(x), Some(y)) => {
                 let x_first = match (x, y) {
                     (Num::Int(p), Num::Int(q)) => (p < q) == less,
+                    (Num::Float(p), Num::Float(q)) => (p < q) == less,
                     _ => (x.as_f64() < y.as_f64()) == less,
                 };
                 Some(if x_first { x } else { y })
