@@ -130,13 +130,15 @@ impl WriteLog for Cluster {
     fn read_ahead(&self) -> Option<futures::future::BoxFuture<'_, bool>> {
         // The groups `read_barrier` would wait for, each replica here caught up already
         // (else the barrier is what marks it so).
-        let ready = self.ready.lock().clone();
         let mut groups = vec![GroupId::Meta];
-        for s in (0..self.shards).filter(|s| self.replica_here(*s)) {
-            if !ready.contains(&s) {
-                return None;
+        {
+            let ready = self.ready.lock();
+            for s in (0..self.shards).filter(|s| self.replica_here(*s)) {
+                if !ready.contains(&s) {
+                    return None;
+                }
+                groups.push(GroupId::Shard(s));
             }
-            groups.push(GroupId::Shard(s));
         }
         let applied = (groups.into_iter())
             .map(|g| Some((g, self.node.applied_index(g)?)))

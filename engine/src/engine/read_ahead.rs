@@ -155,10 +155,17 @@ mod tests {
 
     async fn rows(e: &Engine, sql: &str, ahead: bool, log: &Behind) -> usize {
         let options = QueryOptions::default();
-        let answer = Box::pin(async move {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            ahead
-        });
+        // The leaders' answer comes while the query runs: after a number of polls (each
+        // turn of `query_ahead`'s wait reads a batch first), not after a time.
+        let mut polls = 64;
+        let answer = Box::pin(futures::future::poll_fn(move |cx| {
+            if polls == 0 {
+                return std::task::Poll::Ready(ahead);
+            }
+            polls -= 1;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }));
         let out = e.query_ahead(sql, &options, answer, log).await.unwrap();
         let batches: Vec<_> = out.stream.try_collect().await.unwrap();
         batches.iter().map(|b| b.num_rows()).sum()

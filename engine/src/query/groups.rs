@@ -571,8 +571,10 @@ impl Answer {
 
     /// Adds groups keyed as this answer is ([`Groups::by`] by its keys).
     pub fn add_rows(&mut self, groups: Vec<Group>) {
+        let none = ColumnSynopsis::default();
         for mut g in groups {
-            self.merge(std::mem::take(&mut g.key), &g);
+            let key = std::mem::take(&mut g.key);
+            self.add_group(key, g.rows, |_, c| g.synopsis.get(c).unwrap_or(&none));
         }
     }
 
@@ -581,20 +583,16 @@ impl Answer {
         let none = ColumnSynopsis::default();
         for (key, rows, syn) in groups {
             let key: Vec<Key> = key.iter().cloned().map(Key::from).collect();
-            self.add_group(&key, *rows, |i, _| syn.get(i).unwrap_or(&none));
+            self.add_group(key, *rows, |i, _| syn.get(i).unwrap_or(&none));
         }
     }
 
-    fn merge(&mut self, key: Vec<Key>, g: &Group) {
-        let none = ColumnSynopsis::default();
-        self.add_group(&key, g.rows, |_, c| g.synopsis.get(c).unwrap_or(&none));
-    }
-
-    /// Adds `rows` rows of group `key`; `syn` gives the synopsis of each of this answer's
+    /// Adds `rows` rows of group `key` (a borrowed key is copied only for a group not met
+    /// before; an owned one is moved in); `syn` gives the synopsis of each of this answer's
     /// columns (by its place here and its position in the table).
-    fn add_group<'a>(
+    fn add_group<'a, K: AsRef<[Key]> + Into<Vec<Key>>>(
         &mut self,
-        key: &[Key],
+        key: K,
         rows: u64,
         syn: impl Fn(usize, usize) -> &'a ColumnSynopsis,
     ) {
@@ -605,13 +603,12 @@ impl Answer {
                 o.merge(syn(i, *c));
             }
         };
-        // Looked up by reference: the key is copied only for a group not met before.
-        if let Some((n, out)) = self.groups.get_mut(key) {
+        if let Some((n, out)) = self.groups.get_mut(key.as_ref()) {
             return add(n, out);
         }
         let (mut n, mut out) = (0, vec![ColumnSynopsis::default(); columns.len()]);
         add(&mut n, &mut out);
-        self.groups.insert(key.to_vec(), (n, out));
+        self.groups.insert(key.into(), (n, out));
     }
 }
 
