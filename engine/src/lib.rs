@@ -60,9 +60,13 @@ pub use store::remote::{
 pub static NODE_BYTES_SENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Engine parts that the criterion benches and `raft_load` measure directly (the
-/// write-ahead log and one partition's buffer). Not an interface: servers use the ports.
+/// write-ahead log, one partition's buffer, the payload decoders). Not an interface: servers
+/// use the ports.
 #[doc(hidden)]
 pub mod internals {
+    pub use crate::ingest::decode::decode_message;
     pub use crate::log::wal::{RecordSink, Wal};
     pub use crate::store::buffer::PartitionBuffer;
+    pub use crate::store::catalog::ColumnDef;
+    pub use crate::store::partition::PartitionFn;
 }

@@ -92,7 +92,7 @@ pub(crate) fn decode(
 /// index, text) pairs taken from the MQTT topic. Fixed texts are parsed into the column's
 /// type, set in every row and win over the payload. A CSV line then carries either the
 /// other columns in order or all columns (the fixed ones are overwritten).
-pub(crate) fn decode_message(
+pub fn decode_message(
     table: &TableDef,
     format: Format,
     body: &[u8],
@@ -137,12 +137,22 @@ pub(crate) fn decode_message(
 #[derive(Debug)]
 struct Target<'a> {
     table: &'a TableDef,
-    /// Per column: the value fixed by the topic, if any.
+    /// Per column: the value fixed by the topic, if any; empty when the topic fixes none
+    /// (most messages: then nothing is allocated for it).
     fixed: Vec<Option<Value>>,
+    /// How many columns the topic fixes.
+    fixed_count: usize,
 }
 
 impl<'a> Target<'a> {
     fn new(table: &'a TableDef, fixed: &[(usize, String)]) -> Result<Self> {
+        if fixed.is_empty() {
+            return Ok(Self {
+                table,
+                fixed: Vec::new(),
+                fixed_count: 0,
+            });
+        }
         let mut values = vec![None; table.columns.len()];
         for (c, text) in fixed {
             let col = table.columns.get(*c).ok_or_else(|| {
@@ -164,14 +174,16 @@ impl<'a> Target<'a> {
                 reason: format!("value from the topic: {reason}"),
             })?);
         }
+        let fixed_count = values.iter().filter(|v| v.is_some()).count();
         Ok(Self {
             table,
             fixed: values,
+            fixed_count,
         })
     }
 
     fn is_fixed(&self, c: usize) -> bool {
-        self.fixed[c].is_some()
+        self.fixed.get(c).is_some_and(Option::is_some)
     }
 
     /// An empty row to fill.
@@ -184,15 +196,16 @@ impl<'a> Target<'a> {
     fn finish(&self, row: Vec<Option<Value>>) -> Vec<Value> {
         let pc = self.table.partition_column;
         row.into_iter()
-            .zip(&self.fixed)
             .zip(&self.table.columns)
             .enumerate()
-            .map(|(c, ((v, fixed), col))| match (fixed, v) {
-                (Some(f), _) => f.clone(),
-                (None, Some(v)) => v,
-                (None, None) if c == pc && col.ty.is_time() => Value::Null,
-                (None, None) => missing(col.nullable, col.ty),
-            })
+            .map(
+                |(c, (v, col))| match (self.fixed.get(c).and_then(Option::as_ref), v) {
+                    (Some(f), _) => f.clone(),
+                    (None, Some(v)) => v,
+                    (None, None) if c == pc && col.ty.is_time() => Value::Null,
+                    (None, None) => missing(col.nullable, col.ty),
+                },
+            )
             .collect()
     }
 

@@ -3,45 +3,45 @@
 use super::{Target, parse_text};
 use crate::error::{Error, Result};
 use crate::types::{ColumnType, Value};
+use std::borrow::Cow;
 
 /// Decodes CSV lines. A line holds either every column in order, or, when the topic fixes
 /// some columns, only the others in order.
 pub(super) fn decode(target: &Target<'_>, text: &str) -> Result<Vec<Vec<Value>>> {
     let table = target.table;
-    let all: Vec<usize> = (0..table.columns.len()).collect();
-    let free: Vec<usize> = all
-        .iter()
-        .copied()
-        .filter(|&c| !target.is_fixed(c))
-        .collect();
+    let width = table.columns.len();
+    let free = width - target.fixed_count;
     let mut rows = Vec::new();
+    let mut fields = Vec::new();
     for (i, raw) in text.split('\n').enumerate() {
         let line = i + 1;
         let raw = raw.strip_suffix('\r').unwrap_or(raw);
         if raw.trim().is_empty() {
             continue;
         }
-        let fields = split_csv(raw).map_err(|reason| Error::BadPayload { line, reason })?;
-        let columns = if fields.len() == free.len() {
-            &free
-        } else if fields.len() == all.len() {
-            &all
-        } else {
+        fields.clear();
+        split_csv(raw, &mut fields).map_err(|reason| Error::BadPayload { line, reason })?;
+        // The fields fill the columns the topic leaves free, or all of them (the fixed
+        // ones then read and dropped).
+        let skip_fixed = fields.len() == free;
+        if !skip_fixed && fields.len() != width {
             return Err(Error::BadPayload {
                 line,
                 reason: format!(
                     "expected {} fields (columns {}), found {}",
-                    free.len(),
-                    free.iter()
-                        .map(|&c| table.columns[c].name.as_str())
+                    free,
+                    (table.columns.iter().enumerate())
+                        .filter(|(c, _)| !target.is_fixed(*c))
+                        .map(|(_, col)| col.name.as_str())
                         .collect::<Vec<_>>()
                         .join(", "),
                     fields.len()
                 ),
             });
-        };
+        }
+        let columns = (0..width).filter(|&c| !(skip_fixed && target.is_fixed(c)));
         let mut row = target.blank();
-        for (&c, (field, quoted)) in columns.iter().zip(fields) {
+        for (c, (field, quoted)) in columns.zip(fields.drain(..)) {
             if target.is_fixed(c) {
                 continue;
             }
@@ -61,48 +61,111 @@ pub(super) fn decode(target: &Target<'_>, text: &str) -> Result<Vec<Vec<Value>>>
     Ok(rows)
 }
 
-/// Splits one CSV line (RFC 4180 quoting). Returns each field and whether it was quoted.
-fn split_csv(line: &str) -> Result<Vec<(String, bool)>, String> {
-    let mut out = Vec::new();
-    let mut chars = line.chars().peekable();
+/// Splits one CSV line (RFC 4180 quoting) into `out`: each field and whether it was quoted.
+/// Unquoted fields are trimmed; a field is borrowed from the line unless it holds an
+/// escaped quote.
+fn split_csv<'a>(line: &'a str, out: &mut Vec<(Cow<'a, str>, bool)>) -> Result<(), String> {
+    let mut rest = line;
     loop {
-        let mut field = String::new();
-        let mut quoted = false;
-        if chars.peek() == Some(&'"') {
-            quoted = true;
-            chars.next();
-            loop {
-                match chars.next() {
-                    Some('"') if chars.peek() == Some(&'"') => {
-                        chars.next();
-                        field.push('"');
-                    }
-                    Some('"') => break,
-                    Some(c) => field.push(c),
-                    None => return Err("unterminated quoted field".into()),
-                }
-            }
-            match chars.next() {
-                None => {
-                    out.push((field, quoted));
-                    return Ok(out);
-                }
-                Some(',') => {}
+        if let Some(quoted) = rest.strip_prefix('"') {
+            let (field, after) = quoted_field(quoted)?;
+            out.push((field, true));
+            let mut after = after.chars();
+            match after.next() {
+                None => return Ok(()),
+                Some(',') => rest = after.as_str(),
                 Some(c) => return Err(format!("unexpected '{c}' after a quoted field")),
             }
         } else {
-            loop {
-                match chars.next() {
-                    Some(',') => break,
-                    Some(c) => field.push(c),
-                    None => {
-                        out.push((field.trim().to_string(), quoted));
-                        return Ok(out);
-                    }
+            match rest.split_once(',') {
+                Some((field, after)) => {
+                    out.push((Cow::Borrowed(field.trim()), false));
+                    rest = after;
+                }
+                None => {
+                    out.push((Cow::Borrowed(rest.trim()), false));
+                    return Ok(());
                 }
             }
-            field = field.trim().to_string();
         }
-        out.push((field, quoted));
+    }
+}
+
+/// A quoted field's text (`text` starts after its opening quote) and what follows its
+/// closing quote.
+fn quoted_field(text: &str) -> Result<(Cow<'_, str>, &str), String> {
+    let mut owned: Option<String> = None;
+    let mut from = 0;
+    loop {
+        let Some(at) = text[from..].find('"').map(|i| from + i) else {
+            return Err("unterminated quoted field".into());
+        };
+        if text[at + 1..].starts_with('"') {
+            // `""`: one quote in the field.
+            owned
+                .get_or_insert_with(String::new)
+                .push_str(&text[from..=at]);
+            from = at + 2;
+            continue;
+        }
+        let field = match owned {
+            Some(mut s) => {
+                s.push_str(&text[from..at]);
+                Cow::Owned(s)
+            }
+            None => Cow::Borrowed(&text[..at]),
+        };
+        return Ok((field, &text[at + 1..]));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(line: &str) -> Result<Vec<(String, bool)>, String> {
+        let mut out = Vec::new();
+        split_csv(line, &mut out)?;
+        Ok(out.into_iter().map(|(f, q)| (f.into_owned(), q)).collect())
+    }
+
+    #[test]
+    fn fields_quoted_and_not() {
+        let f = |s: &str, q| (s.to_string(), q);
+        assert_eq!(
+            split("a, b ,c").unwrap(),
+            [f("a", false), f("b", false), f("c", false)]
+        );
+        assert_eq!(split("").unwrap(), [f("", false)]);
+        assert_eq!(
+            split("a,,").unwrap(),
+            [f("a", false), f("", false), f("", false)]
+        );
+        // The line `"x, ""y""",2,""`: an escaped quote, and an empty quoted field.
+        assert_eq!(
+            split("\"x, \"\"y\"\"\",2,\"\"").unwrap(),
+            [f("x, \"y\"", true), f("2", false), f("", true)]
+        );
+        // `"x",""""`: a field of one quote.
+        assert_eq!(
+            split("\"x\",\"\"\"\"").unwrap(),
+            [f("x", true), f("\"", true)]
+        );
+        // `"x","""`: the escaped quote leaves the field open.
+        assert_eq!(
+            split("\"x\",\"\"\"").unwrap_err(),
+            "unterminated quoted field"
+        );
+        assert_eq!(split(r#"" a ""#).unwrap(), [f(" a ", true)]);
+        assert_eq!(split(r#""""#).unwrap(), [f("", true)]);
+        assert_eq!(
+            split(r#""é""ü",ß"#).unwrap(),
+            [f(r#"é"ü"#, true), f("ß", false)]
+        );
+        assert_eq!(
+            split(r#""a"b"#).unwrap_err(),
+            "unexpected 'b' after a quoted field"
+        );
+        assert_eq!(split("\"a").unwrap_err(), "unterminated quoted field");
     }
 }

@@ -10,10 +10,10 @@ use serde_json::Value as J;
 pub(super) fn decode(target: &Target<'_>, text: &str) -> Result<Vec<Vec<Value>>> {
     let mut rows = Vec::new();
     // A device's reading: one small object, read without a map of owned keys.
-    if let Some(fields) = one_object(text) {
+    if let Some(mut fields) = one_object(text) {
         let rest = text.trim_start();
         let line = 1 + text[..text.len() - rest.len()].matches('\n').count();
-        let row = fields_row(target, &fields.effective(), line)?;
+        let row = fields_row(target, fields.effective(), line)?;
         target.push(&mut rows, row)?;
         return Ok(rows);
     }
@@ -139,34 +139,36 @@ impl<'de> serde::Deserialize<'de> for Key<'de> {
 }
 
 impl Fields<'_> {
-    /// The fields that count: of keys given twice the last, as a map keeps it; in the
-    /// order of their keys, as a map iterates.
-    fn effective(&self) -> Vec<(&str, &J)> {
-        let mut out: Vec<(&str, &J)> = self.0.iter().map(|(k, v)| (k.as_ref(), v)).collect();
+    /// The fields that count, in place: of keys given twice the last, as a map keeps it; in
+    /// the order of their keys, as a map iterates.
+    fn effective(&mut self) -> &[(std::borrow::Cow<'_, str>, J)] {
         // Stable: of equal keys, the last given stays last in its run.
-        out.sort_by(|a, b| a.0.cmp(b.0));
-        let mut kept: Vec<(&str, &J)> = Vec::with_capacity(out.len());
-        for f in out {
-            match kept.last_mut() {
-                Some(last) if last.0 == f.0 => *last = f,
-                _ => kept.push(f),
+        self.0.sort_by(|a, b| a.0.cmp(&b.0));
+        // `dedup_by` drops the later of two equal neighbours: move its value into the
+        // earlier one first, so the last given is the one kept.
+        self.0.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                std::mem::swap(later, kept);
             }
-        }
-        kept
+            same
+        });
+        &self.0
     }
 }
 
 /// A row from an object's fields, sorted by key and each key once (as a map holds them):
 /// fields name columns, matched exactly first, then ignoring ASCII case; a field naming no
 /// column is refused unless it is null (it then says nothing).
-fn fields_row(
+fn fields_row<K: AsRef<str>, V: std::borrow::Borrow<J>>(
     target: &Target<'_>,
-    fields: &[(&str, &J)],
+    fields: &[(K, V)],
     line: usize,
 ) -> Result<Vec<Option<Value>>> {
     let table = target.table;
     for (key, value) in fields {
-        if table.column_index(key).is_none() && !value.is_null() {
+        let key = key.as_ref();
+        if table.column_index(key).is_none() && !value.borrow().is_null() {
             return Err(target.unknown(line, key));
         }
     }
@@ -176,11 +178,11 @@ fn fields_row(
             continue;
         }
         let name = col.name.as_str();
-        let field = (fields.binary_search_by(|(k, _)| (*k).cmp(name)).ok())
+        let field = (fields.binary_search_by(|(k, _)| k.as_ref().cmp(name)).ok())
             .map(|i| &fields[i])
-            .or_else(|| fields.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)));
+            .or_else(|| (fields.iter()).find(|(k, _)| k.as_ref().eq_ignore_ascii_case(name)));
         if let Some((_, field)) = field {
-            row[c] = Some(cell(col, field).map_err(|reason| Error::BadRow {
+            row[c] = Some(cell(col, field.borrow()).map_err(|reason| Error::BadRow {
                 line,
                 column: col.name.clone(),
                 reason,

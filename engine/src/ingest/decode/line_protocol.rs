@@ -85,6 +85,19 @@ pub(super) fn decode(target: &Target<'_>, text: &str, now_micros: i64) -> Result
     Ok(rows)
 }
 
+/// `v` as a value of the integer column type `ty` when it is in the type's range.
+fn int_value(ty: ColumnType, v: i128) -> Option<Value> {
+    use super::IntRange;
+    match super::int_range(ty)? {
+        IntRange::Signed(lo, hi) => (i128::from(lo)..=i128::from(hi))
+            .contains(&v)
+            .then_some(Value::Int(v as i64)),
+        IntRange::Unsigned(hi) => (0..=i128::from(hi))
+            .contains(&v)
+            .then_some(Value::UInt(v as u64)),
+    }
+}
+
 /// One parsed line (the measurement is checked and dropped); keys and values borrow from
 /// the line unless they held escapes.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,8 +140,13 @@ impl Field<'_> {
             (Field::Str(s), _) => parse_text(ty, s),
             (Field::Bool(b), T::Bool) => Ok(Value::Bool(*b)),
             (Field::Bool(b), T::String) => Ok(Value::Str(b.to_string())),
-            (Field::Int(i), _) if int_type => parse_text(ty, &i.to_string()),
-            (Field::UInt(u), _) if int_type => parse_text(ty, &u.to_string()),
+            // In range: as is; otherwise `parse_text` words the error.
+            (Field::Int(i), _) if int_type => {
+                int_value(ty, i128::from(*i)).map_or_else(|| parse_text(ty, &i.to_string()), Ok)
+            }
+            (Field::UInt(u), _) if int_type => {
+                int_value(ty, i128::from(*u)).map_or_else(|| parse_text(ty, &u.to_string()), Ok)
+            }
             (Field::Int(i), T::Float32 | T::Float64) => Ok(Value::Float(*i as f64)),
             (Field::UInt(u), T::Float32 | T::Float64) => Ok(Value::Float(*u as f64)),
             (Field::Float(x), T::Float32 | T::Float64) => Ok(Value::Float(*x)),
