@@ -95,9 +95,29 @@ impl<K: std::hash::Hash + Eq + Clone, V> Tree<K, V> {
 
     /// Calls `f(filter_node_values)` for every filter matching `topic`.
     pub(crate) fn for_each_match<'a>(&'a self, topic: &str, mut f: impl FnMut(&'a K, &'a V)) {
-        let levels: Vec<&str> = topic.split('/').collect();
+        // Nothing subscribed: no filter can match (a topic has at least one level).
+        if self.root.children.is_empty() {
+            return;
+        }
+        // The levels on the stack for the usual topic, in a vector past `SHORT` of them.
+        const SHORT: usize = 16;
+        let mut short = [""; SHORT];
+        let mut long = Vec::new();
+        let mut n = 0;
+        for level in topic.split('/') {
+            match n < SHORT {
+                true => short[n] = level,
+                false if long.is_empty() => {
+                    long.extend_from_slice(&short);
+                    long.push(level);
+                }
+                false => long.push(level),
+            }
+            n += 1;
+        }
+        let levels = if n <= SHORT { &short[..n] } else { &long[..] };
         let dollar = topic.starts_with('$');
-        walk(&self.root, &levels, 0, dollar, &mut f);
+        walk(&self.root, levels, 0, dollar, &mut f);
     }
 
     /// Number of filters with at least one value.
@@ -164,6 +184,31 @@ mod tests {
         assert!(t.remove("a/b/#", &6).is_some());
         assert!(t.remove("a/b/#", &6).is_none());
         assert_eq!(t.len(), 6);
+    }
+
+    #[test]
+    fn empty_trees_and_deep_topics() {
+        let mut t = Tree::default();
+        assert_eq!(hits(&t, "a/b"), Vec::<u32>::new());
+        // Past the levels kept on the stack, matching goes on the same.
+        let deep: Vec<String> = (0..40).map(|i| format!("l{i}")).collect();
+        let topic = deep.join("/");
+        for (i, f) in [
+            topic.clone(),
+            format!("{}/+", deep[..39].join("/")),
+            format!("{}/#", deep[..16].join("/")),
+            format!("{}/#", deep[..17].join("/")),
+            format!("{}/x", deep[..39].join("/")),
+            format!("{}/l16", deep[..16].join("/")),
+        ]
+        .iter()
+        .enumerate()
+        {
+            t.insert(f, i as u32, ());
+        }
+        assert_eq!(hits(&t, &topic), vec![0, 1, 2, 3]);
+        assert_eq!(hits(&t, &deep[..17].join("/")), vec![2, 3, 5]);
+        assert_eq!(hits(&t, &deep[..16].join("/")), vec![2]);
     }
 
     #[test]

@@ -240,9 +240,17 @@ trait CloneInto {
 
 impl CloneInto for Vec<Value> {
     fn clone_from_slice_or_vec(&mut self, row: &[Value]) {
-        match self.len() == row.len() {
-            true => self.clone_from_slice(row),
-            false => *self = row.to_vec(),
+        if self.len() != row.len() {
+            *self = row.to_vec();
+            return;
+        }
+        for (kept, new) in self.iter_mut().zip(row) {
+            match (kept, new) {
+                // A device's key, the same text message after message: into the kept
+                // buffer, not a new one.
+                (Value::Str(kept), Value::Str(new)) => kept.clone_from(new),
+                (kept, new) => *kept = new.clone(),
+            }
         }
     }
 }
@@ -340,6 +348,21 @@ mod tests {
         let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
         lines.sort();
         lines
+    }
+
+    /// A kept row takes a new row's values whatever their types, in place or not.
+    #[test]
+    fn kept_rows_take_new_values() {
+        let mut kept = vec![Value::Str("abc".into()), Value::Int(1), Value::Null];
+        let new = [
+            Value::Str("a longer text".into()),
+            Value::Str("x".into()),
+            Value::Int(2),
+        ];
+        kept.clone_from_slice_or_vec(&new);
+        assert_eq!(kept, new);
+        kept.clone_from_slice_or_vec(&new[..1]);
+        assert_eq!(kept, new[..1]);
     }
 
     /// The newest row per key whatever the order rows come in; a batch made again after
