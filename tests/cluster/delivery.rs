@@ -217,13 +217,8 @@ pub(crate) async fn one_broker_across_nodes(c: &mut Cluster) {
     assert_eq!(c.node(z).rows(q).await[0]["n"].as_u64(), Some(2 * N));
     // Node z's queries ran alongside their read barriers (kept, or run again after it).
     let text = c.node(z).metrics().await;
-    let figure = |name: &str| -> u64 {
-        let line = text.lines().find(|l| l.starts_with(name));
-        line.and_then(|l| l.split(' ').nth(1)?.parse().ok())
-            .unwrap_or(0)
-    };
-    let ahead = figure("sluice_queries_read_ahead_total ");
-    let again = figure("sluice_queries_read_again_total ");
+    let ahead = crate::common::metric(&text, "sluice_queries_read_ahead_total");
+    let again = crate::common::metric(&text, "sluice_queries_read_again_total");
     assert!(
         ahead + again > 0,
         "no query on node z read ahead of its barrier"

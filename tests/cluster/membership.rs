@@ -356,11 +356,7 @@ async fn summarized_elsewhere(c: &Cluster) {
         let got = (w["n"].as_f64(), w["low"].as_f64(), w["top"].as_f64());
         assert_eq!(got, (Some(960.0 * m), Some(0.5), Some(959.5)), "{at}: {w}");
     };
-    let counter = |text: &str, name: &str| -> u64 {
-        let line = text.lines().find(|l| l.starts_with(&format!("{name} ")));
-        line.and_then(|l| l.rsplit(' ').next()?.parse().ok())
-            .unwrap_or(0)
-    };
+    let counter = crate::common::metric;
     let (read, summarized) = (
         "sluice_remote_rows_read_total",
         "sluice_remote_rows_aggregated_total",
