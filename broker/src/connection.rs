@@ -24,6 +24,7 @@ use crate::session::{Message, Session};
 use crate::topic;
 use bytes::BytesMut;
 use connect::{read_connect, send_connack};
+use futures::FutureExt;
 use futures::stream::{FuturesOrdered, StreamExt};
 use inbound::{handle, on_publish};
 use outbound::{Outbound, fill, resend, resend_given};
@@ -91,6 +92,9 @@ pub(crate) async fn serve<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // A plain TCP stream writes straight to the socket: nothing waits for a flush there
+    // (TLS and WebSocket writers keep bytes back until flushed).
+    let buffered = std::any::TypeId::of::<S>() != std::any::TypeId::of::<tokio::net::TcpStream>();
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut buf = BytesMut::new();
     // The handshake runs boxed, and what it leaves is boxed: held only while needed, its
@@ -106,7 +110,7 @@ pub(crate) async fn serve<S>(
     else {
         return;
     };
-    let r = run(&shared, hello, rd, wr, buf, peer).await;
+    let r = run(&shared, hello, (rd, wr, buffered), buf, peer).await;
     shared.metrics.connections.fetch_sub(1, Ordering::AcqRel);
     if let Err(e) = r {
         tracing::debug!(%peer, error = %e, "connection closed");
@@ -454,8 +458,7 @@ where
 async fn run<R, W>(
     shared: &Arc<BrokerState>,
     hello: Box<Hello>,
-    mut rd: R,
-    mut wr: W,
+    (mut rd, mut wr, buffered): (R, W, bool),
     mut buf: BytesMut,
     peer: std::net::SocketAddr,
 ) -> Result<()>
@@ -591,18 +594,7 @@ where
                     woken = true;
                 }
                 r = write_some(&mut wr, &client.out), if unflushed || !client.out.is_empty() => {
-                    match r? {
-                        0 => unflushed = false,
-                        n => {
-                            shared.metrics.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
-                            bytes::Buf::advance(&mut client.out, n);
-                            // Give a large buffer back (a burst of deliveries grew it).
-                            if client.out.is_empty() && client.out.capacity() > 16 * 1024 {
-                                client.out = BytesMut::new();
-                            }
-                            unflushed = true;
-                        }
-                    }
+                    unflushed = wrote(shared, &mut client.out, r?) && buffered;
                 }
                 r = read_scratch(&mut rd, &mut buf), if reading => {
                     let n = r?;
@@ -621,6 +613,13 @@ where
                     keep_alive_timer.as_mut().reset(deadline);
                 }
                 _ = cancel.cancelled() => return Ok(()),
+            }
+            // What was queued (a PUBACK, nearly always) goes out now when the socket takes
+            // it, rather than on another turn of the loop.
+            if !client.out.is_empty()
+                && let Some(r) = write_some(&mut wr, &client.out).now_or_never()
+            {
+                unflushed = wrote(shared, &mut client.out, r?) && buffered;
             }
             // May wait for room in a slow subscriber's queue: reading then stops, which
             // slows this publisher. Boxed (most stored readings have no subscriber).
@@ -722,6 +721,23 @@ pub(crate) async fn journal_done(
 
 /// Writes some of `out` (returns how much), or when it is empty flushes the socket (returns
 /// 0). A write of nothing with data waiting means the peer is gone.
+/// Takes the `n` bytes written (0: a flush) off `out`; whether any were.
+fn wrote(shared: &BrokerState, out: &mut BytesMut, n: usize) -> bool {
+    if n == 0 {
+        return false;
+    }
+    shared
+        .metrics
+        .bytes_out
+        .fetch_add(n as u64, Ordering::Relaxed);
+    bytes::Buf::advance(out, n);
+    // Give a large buffer back (a burst of deliveries grew it).
+    if out.is_empty() && out.capacity() > 16 * 1024 {
+        *out = BytesMut::new();
+    }
+    true
+}
+
 async fn write_some<W: AsyncWrite + Unpin>(wr: &mut W, out: &[u8]) -> std::io::Result<usize> {
     if out.is_empty() {
         wr.flush().await?;
