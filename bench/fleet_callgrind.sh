@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Instructions per stored message of a fleet's sparse messages, counted by valgrind's
-# callgrind: a figure that, unlike CPU time on a shared 2-core box, moves by well under 1%
+# callgrind: a figure that, unlike CPU time on a shared 2-core box, moves by about 0.3%
 # between runs, so two builds can be compared one change at a time.
 #
 #   bash bench/fleet_callgrind.sh SLUICE_BIN [CONNS INTERVAL_S SECS] [OUT]
@@ -55,6 +55,6 @@ kill "$server"
 wait "$server" 2>/dev/null || true
 total=$(grep '^totals:' "$out" | cut -d' ' -f2)
 msgs=$(callgrind_annotate --tree=calling "$out" 2>/dev/null \
-  | grep -m1 -E '> +\?\?\?:sluice_broker::connection::inbound::on_publish \(' \
+  | awk '!n && /> +\?\?\?:sluice_broker::connection::inbound::on_publish \(/ {print; n=1}' \
   | sed 's/.*(\([0-9,]*\)x).*/\1/' | tr -d ,)
 echo "instructions $total, messages $msgs, per message $((total / msgs))"
