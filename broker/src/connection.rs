@@ -501,6 +501,12 @@ where
     // One timer for the keep-alive, moved only when it fires before the (later) deadline.
     let keep_alive_timer = tokio::time::sleep_until(deadline);
     tokio::pin!(keep_alive_timer);
+    // The session's wake-up and the cancellation are waited on by futures kept across the
+    // loop's turns (made again only once the wake-up came), not made and dropped each turn.
+    let wake = session.wake_writer.notified();
+    let cancelled = cancel.cancelled();
+    tokio::pin!(wake, cancelled);
+    let mut rearm = false;
     let result: Result<()> = async {
         loop {
             while pending.len() < cap {
@@ -605,14 +611,17 @@ where
                     deadline = tokio::time::Instant::now() + keep_alive;
                 }
                 // Deliveries queued for this session, or room in the client's window.
-                _ = session.wake_writer.notified() => woken = true,
+                () = wake.as_mut() => (woken, rearm) = (true, true),
                 () = keep_alive_timer.as_mut(), if !keep_alive.is_zero() && reading => {
                     if tokio::time::Instant::now() >= deadline {
                         return Err(Error::KeepAlive);
                     }
                     keep_alive_timer.as_mut().reset(deadline);
                 }
-                _ = cancel.cancelled() => return Ok(()),
+                () = cancelled.as_mut() => return Ok(()),
+            }
+            if std::mem::take(&mut rearm) {
+                wake.set(session.wake_writer.notified());
             }
             // What was queued (a PUBACK, nearly always) goes out now when the socket takes
             // it, rather than on another turn of the loop.
