@@ -728,8 +728,6 @@ pub(crate) async fn journal_done(
         .map(|_| ())
 }
 
-/// Writes some of `out` (returns how much), or when it is empty flushes the socket (returns
-/// 0). A write of nothing with data waiting means the peer is gone.
 /// Takes the `n` bytes written (0: a flush) off `out`; whether any were.
 fn wrote(shared: &BrokerState, out: &mut BytesMut, n: usize) -> bool {
     if n == 0 {
@@ -747,6 +745,8 @@ fn wrote(shared: &BrokerState, out: &mut BytesMut, n: usize) -> bool {
     true
 }
 
+/// Writes some of `out` (returns how much), or when it is empty flushes the socket (returns
+/// 0). A write of nothing with data waiting means the peer is gone.
 async fn write_some<W: AsyncWrite + Unpin>(wr: &mut W, out: &[u8]) -> std::io::Result<usize> {
     if out.is_empty() {
         wr.flush().await?;
