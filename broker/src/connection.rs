@@ -13,6 +13,7 @@
 mod connect;
 mod inbound;
 mod outbound;
+mod socket;
 mod will;
 pub(crate) use will::{publish_kept_will, publish_replayed_wills};
 
@@ -29,6 +30,8 @@ use futures::stream::{FuturesOrdered, StreamExt};
 use inbound::{handle, on_publish};
 use outbound::{Outbound, fill, resend, resend_given};
 use rumqttc::v5::mqttbytes::v5::*;
+pub(super) use socket::read_scratch;
+use socket::{write_some, wrote};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -42,32 +45,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a closing connection may take to write what it still has before it is dropped.
 const WRITER_GRACE: Duration = Duration::from_secs(5);
-
-/// The largest read: what the thread's scratch buffer holds.
-const MAX_READ: usize = 64 * 1024;
-
-thread_local! {
-    /// Each worker thread's read buffer: a read lands here and what it got is copied to the
-    /// connection's buffer, so a connection waiting for data holds none.
-    static SCRATCH: std::cell::RefCell<Box<[u8]>> =
-        std::cell::RefCell::new(vec![0; MAX_READ].into_boxed_slice());
-}
-
-/// Reads what the socket has (at most [`MAX_READ`] bytes) and appends it to `buf`; 0 at the
-/// end of the stream.
-pub(super) fn read_scratch<'a, R: AsyncRead + Unpin>(
-    rd: &'a mut R,
-    buf: &'a mut BytesMut,
-) -> impl Future<Output = std::io::Result<usize>> + 'a {
-    std::future::poll_fn(move |cx| {
-        SCRATCH.with_borrow_mut(|scratch| {
-            let mut got = tokio::io::ReadBuf::new(scratch);
-            std::task::ready!(Pin::new(&mut *rd).poll_read(cx, &mut got))?;
-            buf.extend_from_slice(got.filled());
-            std::task::Poll::Ready(Ok(got.filled().len()))
-        })
-    })
-}
 
 /// A pending publish (or PUBREL, or PUBREC of a message in the journal): the packet to send
 /// once it completes, and the message to route then with its targets (a message in the
@@ -726,36 +703,6 @@ pub(crate) async fn journal_done(
     db.journal(vec![journal::entry(&record, None)], true)
         .await
         .map(|_| ())
-}
-
-/// Takes the `n` bytes written (0: a flush) off `out`; whether any were.
-fn wrote(shared: &BrokerState, out: &mut BytesMut, n: usize) -> bool {
-    if n == 0 {
-        return false;
-    }
-    shared
-        .metrics
-        .bytes_out
-        .fetch_add(n as u64, Ordering::Relaxed);
-    bytes::Buf::advance(out, n);
-    // Give a large buffer back (a burst of deliveries grew it).
-    if out.is_empty() && out.capacity() > 16 * 1024 {
-        *out = BytesMut::new();
-    }
-    true
-}
-
-/// Writes some of `out` (returns how much), or when it is empty flushes the socket (returns
-/// 0). A write of nothing with data waiting means the peer is gone.
-async fn write_some<W: AsyncWrite + Unpin>(wr: &mut W, out: &[u8]) -> std::io::Result<usize> {
-    if out.is_empty() {
-        wr.flush().await?;
-        return Ok(0);
-    }
-    match wr.write(out).await? {
-        0 => Err(std::io::ErrorKind::WriteZero.into()),
-        n => Ok(n),
-    }
 }
 
 /// The end of a connection: stored messages still waiting for the log finish (and are

@@ -464,8 +464,6 @@ where
     }
 }
 
-/// Waits, in code without a runtime, until `ready` holds; past `secs` it panics with
-/// `what()` (which says what did not happen, with any log that tells why).
 /// The value of the unlabelled metric `name` in a `/metrics` text ([`Server::metrics`]);
 /// 0 when absent.
 pub fn metric(metrics: &str, name: &str) -> u64 {
@@ -474,6 +472,8 @@ pub fn metric(metrics: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Waits, in code without a runtime, until `ready` holds; past `secs` it panics with
+/// `what()` (which says what did not happen, with any log that tells why).
 pub fn wait_until(secs: u64, what: impl Fn() -> String, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !ready() {
